@@ -1,0 +1,130 @@
+"""Exact (not sampled) one-step output laws of any rule, in float64 numpy.
+
+One verification step drafts ``n ~ p``, accepts it with probability ``phi_n`` and otherwise emits a
+token from ``g_n``; its output law is
+
+    h_alg(y) = sum_n p_n [phi_n 1(y = n) + (1 - phi_n) g_n(y)]            (the paper's mixture)
+
+``induced_distribution`` evaluates this for any rule (generic path: all ``V`` recovery rows,
+chunked) or, for the two-block family (SpS, Cactus with any divergence), in O(V log V) by sorting.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .rules import Rule, ScalingRule, _check_inputs
+
+__all__ = ["induced_distribution", "acceptance_rate", "induced_generic", "induced_scaling", "step_divergence"]
+
+CHUNK_ELEMENTS = 1 << 22  # residual rows held at once by the generic path: ~32 MiB of float64
+
+
+def _as_f64(p, q):
+    p = np.asarray(p, dtype=np.float64)
+    q = np.asarray(q, dtype=np.float64)
+    return p, q
+
+
+def acceptance_rate(rule: Rule, p, q, *, check: bool = True) -> np.ndarray:
+    """Probability that the drafted token is accepted: ``sum_n p_n phi_n``; (..., V) -> (...)."""
+    p, q = _as_f64(p, q)
+    if check:
+        _check_inputs(p, q, None)
+    return np.sum(p * rule.accept_prob_all(p, q), axis=-1)
+
+
+def induced_generic(rule: Rule, p, q, *, check: bool = True, chunk_elements: int = CHUNK_ELEMENTS) -> np.ndarray:
+    """``h_alg`` for any rule by summing ``p_n (1 - phi_n) g_n`` over ``n``; memory O(chunk) not O(V^2)."""
+    p, q = _as_f64(p, q)
+    if check:
+        _check_inputs(p, q, None)
+    batch, V = p.shape[:-1], p.shape[-1]
+    p2, q2 = p.reshape(-1, V), q.reshape(-1, V)
+    phi = rule.accept_prob_all(p2, q2)
+    out = p2 * phi
+    w = p2 * (1 - phi)  # (R, V): weight of each candidate's recovery row
+    step = max(1, chunk_elements // V)
+    for r in range(p2.shape[0]):
+        live = np.flatnonzero(w[r] > 0)
+        for s in range(0, live.size, step):
+            n = live[s:s + step]
+            P = np.broadcast_to(p2[r], (n.size, V))
+            Q = np.broadcast_to(q2[r], (n.size, V))
+            g = rule.residual(P, Q, n, check=False)
+            out[r] += w[r, n] @ g
+    return out.reshape(*batch, V)
+
+
+def _induced_scaling_row(rule: ScalingRule, p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """O(V log V) ``h_alg`` for a two-block rule, one row.
+
+    For candidate ``n`` with ``gamma_n < p_n`` (so rejection is possible) and scale
+    ``s_n = (1 - gamma_n)/(1 - q_n)``, the recovery mass at ``y != n`` is ``(s_n q_y - p_y)_+ / Z_n``,
+    positive iff ``r_y = p_y / q_y < s_n``. Sorting ``r`` gives every ``Z_n`` by a prefix sum; sorting
+    ``s`` gives every output ``y`` by a suffix sum; the ``y = n`` terms are then removed.
+    """
+    V = p.size
+    gamma = rule.gamma(q)
+    phi = rule.accept_from(p, q)
+    out = p * phi
+    rej = (p > 0) & (phi < 1)
+    if not rej.any():
+        return out
+    s = rule.scale(q, gamma)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = np.where(q > 0, p / np.where(q > 0, q, 1.0), np.inf)
+    # Z_n = sum_{i != n} (s_n q_i - p_i)_+  (the n term itself is (gamma_n - p_n)_+ = 0 when rejecting)
+    order = np.argsort(r, kind="stable")
+    cq = np.concatenate([[0.0], np.cumsum(q[order])])
+    cp = np.concatenate([[0.0], np.cumsum(p[order])])
+    idx = np.flatnonzero(rej)
+    k = np.searchsorted(r[order], s[idx], side="left")  # count of r_i < s_n
+    Z = s[idx] * cq[k] - cp[k]
+    Z -= np.where(r[idx] < s[idx], s[idx] * q[idx] - p[idx], 0.0)
+    w = p[idx] * (1 - phi[idx]) / Z
+    # out[y] += sum_{n: s_n > r_y, n != y} w_n (s_n q_y - p_y)
+    so = np.argsort(s[idx], kind="stable")
+    s_sorted = s[idx][so]
+    ws = np.concatenate([np.cumsum((w * s[idx])[so][::-1])[::-1], [0.0]])
+    w1 = np.concatenate([np.cumsum(w[so][::-1])[::-1], [0.0]])
+    j = np.searchsorted(s_sorted, r, side="right")  # first n with s_n > r_y
+    add = q * ws[j] - p * w1[j]
+    add = np.where(np.isfinite(r), add, 0.0)  # q_y = 0 receives nothing
+    self_term = np.zeros(V)
+    self_term[idx] = np.where(s[idx] > r[idx], w * (s[idx] * q[idx] - p[idx]), 0.0)
+    out += np.maximum(add - self_term, 0.0)
+    return out
+
+
+def induced_scaling(rule: ScalingRule, p, q, *, check: bool = True) -> np.ndarray:
+    """Fast path of ``induced_distribution`` for SpS / Cactus (any divergence, any solver)."""
+    if not isinstance(rule, ScalingRule):
+        raise ValueError(f"the fast path needs a two-block rule (SpS, Cactus), got {rule!r}")
+    p, q = _as_f64(p, q)
+    if check:
+        _check_inputs(p, q, None)
+    V = p.shape[-1]
+    p2, q2 = p.reshape(-1, V), q.reshape(-1, V)
+    out = np.stack([_induced_scaling_row(rule, a, b) for a, b in zip(p2, q2)])
+    return out.reshape(p.shape)
+
+
+def induced_distribution(rule: Rule, p, q, *, method: str = "auto", check: bool = True) -> np.ndarray:
+    """Exact output law ``h_alg`` (..., V) of one verification step of ``rule`` with draft ``p``.
+
+    ``method``: ``"auto"`` (fast path for SpS / Cactus, generic otherwise), ``"fast"`` or ``"generic"``.
+    """
+    if method not in ("auto", "fast", "generic"):
+        raise ValueError(f"method must be 'auto', 'fast' or 'generic', got {method!r}")
+    if method == "fast" or (method == "auto" and isinstance(rule, ScalingRule)):
+        return induced_scaling(rule, p, q, check=check)
+    return induced_generic(rule, p, q, check=check)
+
+
+def step_divergence(rule: Rule, p, q, name: str = "kl", *, check: bool = True) -> np.ndarray:
+    """``D(h_alg || q)`` of one step (Theorem 3's left-hand side); (..., V) -> (...)."""
+    from .divergences import divergence
+
+    h = induced_distribution(rule, p, q, check=check)
+    return divergence(h, np.asarray(q, dtype=np.float64), name, check=False)

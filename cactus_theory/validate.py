@@ -1,0 +1,97 @@
+"""Input validation: every public entry point checks its arguments and names the bad one.
+
+Tolerances (stated once, used everywhere): a probability row must be finite, non-negative
+(entries down to ``-PROB_ATOL`` are treated as rounding and accepted) and sum to 1 within
+``PROB_ATOL``: 1e-6 for float64, 1e-4 for float32, 1e-2 for float16 / bfloat16.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from array_api_compat import is_torch_array
+
+from ._array import Array
+
+__all__ = ["prob_atol", "check_probs", "check_same_shape", "check_token", "check_nonneg"]
+
+
+def prob_atol(x: Array) -> float:
+    """Tolerance on the row sums of ``x``, by dtype (see module docstring)."""
+    name = str(x.dtype).replace("torch.", "")
+    if name == "float64":
+        return 1e-6
+    if name == "float32":
+        return 1e-4
+    return 1e-2
+
+
+def _describe(bad) -> str:
+    return np.array2string(np.asarray(bad)[:5], precision=6, separator=", ")
+
+
+def check_probs(x: Array, name: str) -> None:
+    """Raise ``ValueError`` unless ``x`` (..., V) holds probability rows over its last axis."""
+    if is_torch_array(x):
+        if not x.is_floating_point():
+            raise ValueError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
+        xf = x.detach().double()  # reductions stay on x's device
+        finite, mn = bool(xf.isfinite().all()), (float(xf.min()) if xf.numel() else 0.0)
+        sums = xf.sum(-1).flatten().cpu().numpy()
+    else:
+        x = np.asarray(x)
+        if not np.issubdtype(x.dtype, np.floating):
+            raise ValueError(f"{name} must hold floating-point probabilities, got dtype {x.dtype}")
+        finite, mn = bool(np.all(np.isfinite(x))), (float(x.min()) if x.size else 0.0)
+        sums = np.ravel(x.sum(-1))
+    if x.ndim < 1 or x.shape[-1] < 1:
+        raise ValueError(f"{name} must have a vocabulary axis last, got shape {tuple(x.shape)}")
+    atol = prob_atol(x)
+    if not finite:
+        raise ValueError(f"{name} contains NaN or infinite entries")
+    if mn < -atol:
+        raise ValueError(f"{name} has a negative probability {mn:.3g} (tolerance {atol:g})")
+    dev = np.abs(sums - 1)
+    if dev.size and dev.max() > atol:
+        raise ValueError(
+            f"{name} is not normalised: row sums {_describe(sums[dev > atol])} differ from 1 by "
+            f"up to {dev.max():.3g} (tolerance {atol:g})"
+        )
+
+
+def check_same_shape(a: Array, b: Array, name_a: str = "p", name_b: str = "q") -> None:
+    """Raise ``ValueError`` unless ``a`` and ``b`` have identical shapes."""
+    if tuple(a.shape) != tuple(b.shape):
+        raise ValueError(
+            f"{name_a} and {name_b} must have the same shape (same vocabulary), got "
+            f"{tuple(a.shape)} and {tuple(b.shape)}"
+        )
+
+
+def check_token(n: Array, V: int, batch_shape: tuple, name: str = "n") -> None:
+    """Raise ``ValueError`` unless ``n`` is an integer array of shape ``batch_shape`` in [0, V)."""
+    if is_torch_array(n):
+        if n.is_floating_point() or str(n.dtype) == "torch.bool":
+            raise ValueError(f"{name} must hold integer token ids, got dtype {n.dtype}")
+        arr = n.detach().cpu().numpy()
+    else:
+        arr = np.asarray(n)
+        if not np.issubdtype(arr.dtype, np.integer):
+            raise ValueError(f"{name} must hold integer token ids, got dtype {arr.dtype}")
+    if tuple(arr.shape) != tuple(batch_shape):
+        raise ValueError(
+            f"{name} must have shape {tuple(batch_shape)} (the leading axes of p and q), "
+            f"got {tuple(arr.shape)}"
+        )
+    if arr.size and (arr.min() < 0 or arr.max() >= V):
+        bad = arr[(arr < 0) | (arr >= V)]
+        raise ValueError(f"{name} has token ids out of range [0, {V}): {_describe(bad)}")
+
+
+def check_nonneg(value: float, name: str) -> None:
+    """Raise ``ValueError`` unless ``value`` is a finite number >= 0."""
+    if not isinstance(value, (int, float, np.floating, np.integer)) or isinstance(value, bool):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be finite and >= 0, got {value!r}")
