@@ -5,11 +5,31 @@ Notation follows Hao & Mou (ICLR 2026): ``p`` draft, ``q`` verifier, ``n`` draft
 """
 
 from .divergences import (
-    DIVERGENCES, F_DIVERGENCES, chi2, cross_entropy, divergence, entropy, hellinger, js, kl,
-    reverse_kl, tv,
+    DIVERGENCES,
+    F_DIVERGENCES,
+    chi2,
+    cross_entropy,
+    divergence,
+    entropy,
+    hellinger,
+    js,
+    kl,
+    reverse_kl,
+    tv,
 )
 from .exact import acceptance_rate, induced_distribution, step_divergence
-from .rules import EARS, RULES, TAS, Cactus, Interpolation, Rule, SpS, TopK, make_rule, two_block_root
+from .rules import (
+    EARS,
+    RULES,
+    TAS,
+    Cactus,
+    Interpolation,
+    Rule,
+    SpS,
+    TopK,
+    make_rule,
+    two_block_root,
+)
 
 __version__ = "0.1.0"
 

@@ -106,7 +106,7 @@ def induced_scaling(rule: ScalingRule, p, q, *, check: bool = True) -> np.ndarra
         _check_inputs(p, q, None)
     V = p.shape[-1]
     p2, q2 = p.reshape(-1, V), q.reshape(-1, V)
-    out = np.stack([_induced_scaling_row(rule, a, b) for a, b in zip(p2, q2)])
+    out = np.stack([_induced_scaling_row(rule, a, b) for a, b in zip(p2, q2, strict=True)])
     return out.reshape(p.shape)
 
 

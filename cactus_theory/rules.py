@@ -311,7 +311,7 @@ class TAS(Rule):
     def phi(self, p_n, q_n, exp_neg_h):
         xp = xp_of(q_n)
         thr = xp.clip(self.alpha * exp_neg_h, None, self.epsilon)
-        return xp.astype(q_n > thr, q_n.dtype) if not is_torch_array(q_n) else (q_n > thr).to(q_n.dtype)
+        return xp.astype(q_n > thr, q_n.dtype)
 
     def residual(self, p, q, n, *, check=True):
         """``g_n = e_{argmax q}`` for every ``n``."""
