@@ -1,0 +1,188 @@
+"""Shared plumbing of the reproduction steps: paths, fast mode, atomic cached results, figures, claims."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "paper_repro" / "results"
+FIGURES = ROOT / "figures"
+REPORT = ROOT / "paper_repro" / "REPORT.md"
+VERDICTS = ("holds", "differs", "out of reach")
+
+
+def fast_mode() -> bool:
+    """``CACTUS_FAST=1`` shrinks every step (CI, notebooks in tests)."""
+    return os.environ.get("CACTUS_FAST", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+@dataclass
+class Ctx:
+    """Where a run writes and how big it is. ``lm`` holds the LM options (verifier, draft, device...)."""
+
+    results: Path = RESULTS
+    figures: Path = FIGURES
+    fast: bool = False
+    force: bool = False
+    seed: int = 0
+    lm: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.results, self.figures = Path(self.results), Path(self.figures)
+
+
+@dataclass
+class Claim:
+    """One row of REPORT.md: a claim of the paper, how we checked it, both numbers, a verdict."""
+
+    claim: str
+    paper_ref: str
+    how: str
+    ours: str
+    paper: str
+    verdict: str  # one of VERDICTS
+    detail: str = ""
+
+    def __post_init__(self):
+        if self.verdict not in VERDICTS:
+            raise ValueError(f"verdict must be one of {VERDICTS}, got {self.verdict!r}")
+
+
+def to_jsonable(x: Any) -> Any:
+    """numpy scalars / arrays and dataclasses -> plain JSON types (NaN and inf kept as floats)."""
+    if isinstance(x, dict):
+        return {str(k): to_jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [to_jsonable(v) for v in x]
+    if isinstance(x, np.ndarray):
+        return to_jsonable(x.tolist())
+    if isinstance(x, np.generic):
+        return x.item()
+    if hasattr(x, "__dataclass_fields__"):
+        return to_jsonable(asdict(x))
+    return x
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` via a temporary file and ``os.replace`` (never a half-written file)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    atomic_write_text(path, json.dumps(to_jsonable(obj), indent=1, sort_keys=True) + "\n")
+
+
+def config_key(cfg: dict) -> str:
+    return hashlib.sha256(json.dumps(to_jsonable(cfg), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def cached(ctx: Ctx, name: str, cfg: dict, fn: Callable[[], dict]) -> dict:
+    """``fn()`` cached in ``results/<name>.json``; reused while ``cfg`` is unchanged (unless ``force``)."""
+    path = ctx.results / f"{name}.json"
+    key = config_key(cfg)
+    if path.exists() and not ctx.force:
+        try:
+            stored = json.loads(path.read_text())
+            if stored.get("key") == key:
+                return stored["data"]
+        except (json.JSONDecodeError, KeyError):
+            pass  # a damaged cache is recomputed
+    t0 = time.perf_counter()
+    data = to_jsonable(fn())
+    atomic_write_json(path, {"key": key, "config": cfg, "seconds": round(time.perf_counter() - t0, 2), "data": data})
+    return data
+
+
+class Parts:
+    """Resumable pieces of one long step: ``results/<name>.parts/<piece>.json``, valid for one config."""
+
+    def __init__(self, ctx: Ctx, name: str, cfg: dict):
+        self.dir = ctx.results / f"{name}.parts"
+        self.key = config_key(cfg)
+        marker = self.dir / "KEY"
+        if ctx.force or not marker.exists() or marker.read_text().strip() != self.key:
+            if self.dir.exists():
+                for f in self.dir.glob("*.json"):
+                    f.unlink()
+            atomic_write_text(marker, self.key + "\n")
+
+    def get(self, piece: str, fn: Callable[[], Any]) -> Any:
+        path = self.dir / f"{piece}.json"
+        if path.exists():
+            try:
+                return json.loads(path.read_text())
+            except json.JSONDecodeError:
+                pass
+        value = to_jsonable(fn())
+        atomic_write_json(path, value)
+        return value
+
+
+def save_figure(fig, ctx: Ctx, stem: str, dpi: int = 110) -> list[Path]:
+    """Save ``fig`` as ``<stem>.png`` (modest dpi) and ``<stem>.svg`` (vector), reproducibly."""
+    import matplotlib.pyplot as plt
+
+    ctx.figures.mkdir(parents=True, exist_ok=True)
+    out = []
+    for ext, kw in (("png", {"dpi": dpi, "metadata": {"Software": None}}), ("svg", {"metadata": {"Date": None}})):
+        path = ctx.figures / f"{stem}.{ext}"
+        tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.{ext}")
+        with plt.rc_context({"svg.hashsalt": "cactus-theory", "svg.fonttype": "none"}):
+            fig.savefig(tmp, bbox_inches="tight", **kw)
+        os.replace(tmp, path)
+        out.append(path)
+    plt.close(fig)
+    return out
+
+
+def fmt(x: float, digits: int = 3) -> str:
+    """Short number for tables: ``fmt(0.19834) == '0.198'``; inf / nan spelt out."""
+    if x is None:
+        return "-"
+    x = float(x)
+    if not np.isfinite(x):
+        return str(x)
+    if x != 0 and (abs(x) < 10 ** -digits or abs(x) >= 10 ** 5):
+        return f"{x:.{digits - 1}e}"
+    return f"{x:.{digits}f}"
+
+
+@dataclass
+class StepResult:
+    """What one step hands to the report: its numbers, the files it drew and its claims."""
+
+    name: str
+    data: dict
+    figures: list[Path]
+    claims: list[Claim]
+    seconds: float = 0.0
+
+
+def standalone(run: Callable[[Ctx], StepResult], argv: list[str] | None = None) -> StepResult:
+    """``python -m paper_repro.<step> [--fast] [--force]``: run one step on the default paths."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=run.__module__)
+    ap.add_argument("--fast", action="store_true", help="small sizes (also CACTUS_FAST=1)")
+    ap.add_argument("--force", action="store_true", help="ignore cached results")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    res = run(Ctx(fast=args.fast or fast_mode(), force=args.force, seed=args.seed))
+    for c in res.claims:
+        print(f"[{c.verdict}] {c.claim}: ours {c.ours} | paper {c.paper}")
+    for f in res.figures:
+        print("wrote", f)
+    return res
