@@ -1,0 +1,294 @@
+"""Toy autoregressive models with exact conditionals, the speculative decoding loop over them, and
+the exact law of the loop's first ``T`` emitted tokens.
+
+A model is any ``cond(prefix: tuple[int, ...]) -> (V,) probabilities`` (the law of the next token
+given everything before it, prompt included), so the same code serves the n-gram tables here and
+tiny transformers elsewhere.
+
+The loop (``speculative_decode``): from the current prefix the draft samples ``n_1..n_k`` one after
+another from ``p(. | prefix, n_<j)``; ``sampler.verify`` checks them against
+``q(. | prefix, n_<j)`` (rows ``0..k-1``) and ``q(. | prefix, n_1..n_k)`` (row ``k``, the bonus);
+the accepted drafts and the one recovered or bonus token are appended; repeat.
+
+Its exact law (``sequence_law``) is a dynamic programme over block boundaries: a block starting at
+prefix ``s`` accepts drafts ``d_1..d_a`` with probability ``prod_j p(d_j) phi(d_j)`` and then emits
+``y`` with probability ``sum_n p_n (1 - phi_n) g_n(y)`` (a rejection, ``a < k``) or ``q(y)`` (the
+bonus, ``a = k``), with ``phi`` and ``g`` taken from the rule's own ``accept_prob_all`` and
+``residual``. With a lossy rule the bonus comes from ``q`` while other tokens come from the
+rule's mixture, so the law depends on where boundaries fall (on ``k``); SpS gives ``q``'s own law.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .rules import Rule
+from .sampler import sample_rows, verify
+from .validate import check_probs
+
+__all__ = [
+    "Cond", "NGram", "random_ngram", "perturbed", "random_pair", "step_parts",
+    "speculative_decode", "DecodeResult", "sequence_law", "autoregressive_law",
+]
+
+Cond = Callable[[tuple], np.ndarray]
+
+
+@dataclass(frozen=True)
+class NGram:
+    """n-gram model: the next token's law depends on the last ``order - 1`` tokens.
+
+    ``table`` has shape ``(V + 1,) * (order - 1) + (V,)``; index ``V`` stands for "before the
+    start", so short prefixes are padded on the left. ``order = 2`` is a Markov chain with an
+    initial law ``table[V]``; ``order = 1`` is i.i.d.
+    """
+
+    table: np.ndarray
+
+    def __post_init__(self):
+        t = np.asarray(self.table, dtype=np.float64)
+        V = t.shape[-1]
+        if any(d != V + 1 for d in t.shape[:-1]):
+            raise ValueError(f"table must have shape (V + 1,) * (order - 1) + (V,), got {t.shape}")
+        check_probs(t, "table")
+        object.__setattr__(self, "table", t)
+
+    @property
+    def V(self) -> int:
+        return int(self.table.shape[-1])
+
+    @property
+    def order(self) -> int:
+        return self.table.ndim
+
+    def __call__(self, prefix: tuple) -> np.ndarray:
+        c = self.order - 1
+        if c == 0:
+            return self.table
+        tail = tuple(prefix[-c:]) if len(prefix) >= c else (self.V,) * (c - len(prefix)) + tuple(prefix)
+        return self.table[tail]
+
+
+def random_ngram(V: int, order: int = 2, concentration: float = 1.0, seed: int = 0) -> NGram:
+    """n-gram with every row drawn from ``Dirichlet(concentration)`` (seeded)."""
+    if not (isinstance(V, (int, np.integer)) and V >= 2):
+        raise ValueError(f"V must be an integer >= 2, got {V!r}")
+    if not (isinstance(order, (int, np.integer)) and order >= 1):
+        raise ValueError(f"order must be an integer >= 1, got {order!r}")
+    if not concentration > 0:
+        raise ValueError(f"concentration must be > 0, got {concentration!r}")
+    rng = np.random.default_rng(seed)
+    t = rng.dirichlet(np.full(V, float(concentration)), size=(V + 1,) * (order - 1))
+    return NGram(t.reshape((V + 1,) * (order - 1) + (V,)))
+
+
+def perturbed(model: NGram, weight: float, concentration: float = 1.0, seed: int = 1) -> NGram:
+    """``(1 - weight) * model + weight * random_ngram``: a draft that resembles the verifier."""
+    if not 0 <= weight <= 1:
+        raise ValueError(f"weight must be in [0, 1], got {weight!r}")
+    other = random_ngram(model.V, model.order, concentration, seed)
+    return NGram((1 - weight) * model.table + weight * other.table)
+
+
+def random_pair(V: int, order: int = 2, concentration: float = 1.0, weight: float = 0.5,
+                seed: int = 0) -> tuple[NGram, NGram]:
+    """``(draft, verifier)``: a random verifier and a draft that mixes it with ``weight`` noise."""
+    verifier = random_ngram(V, order, concentration, seed)
+    return perturbed(verifier, weight, concentration, seed + 1), verifier
+
+
+class _Cached:
+    """Memoised conditional; each new row is validated once."""
+
+    def __init__(self, cond: Cond, name: str):
+        self.cond, self.name, self.rows = cond, name, {}
+
+    def __call__(self, prefix: tuple) -> np.ndarray:
+        r = self.rows.get(prefix)
+        if r is None:
+            r = np.asarray(self.cond(prefix), dtype=np.float64)
+            check_probs(r, f"{self.name}{prefix}")
+            self.rows[prefix] = r
+        return r
+
+
+
+class _Trie:
+    """Prefix ids: node 0 is the prompt; ``step`` appends one token to many nodes at once."""
+
+    def __init__(self, prompt: tuple, V: int):
+        self.V, self.prefix, self.child = V, [prompt], {}
+
+    def step(self, nodes: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+        keys, inv = np.unique(nodes * self.V + tokens, return_inverse=True)
+        ids = np.empty(keys.size, dtype=np.int64)
+        for i, key in enumerate(keys.tolist()):
+            c = self.child.get(key)
+            if c is None:
+                c = self.child[key] = len(self.prefix)
+                self.prefix.append(self.prefix[key // self.V] + (key % self.V,))
+            ids[i] = c
+        return ids[np.ravel(inv)]
+
+    def rows(self, cond: _Cached, nodes: np.ndarray) -> np.ndarray:
+        """``cond`` at every node's prefix: (A,) -> (A, V), one evaluation per distinct node."""
+        uniq, inv = np.unique(nodes, return_inverse=True)
+        return np.stack([cond(self.prefix[i]) for i in uniq.tolist()])[np.ravel(inv)]
+
+
+@dataclass(frozen=True)
+class DecodeResult:
+    """``tokens`` (B, T) the first T emitted tokens; ``blocks`` (B,) verification steps used;
+    ``accepted`` (B,) accepted drafts in those steps (bonus tokens not counted)."""
+
+    tokens: np.ndarray
+    blocks: np.ndarray
+    accepted: np.ndarray
+
+
+def speculative_decode(
+    draft: Cond, verifier: Cond, rule: Rule, k: int, T: int, *, num_sequences: int = 1,
+    prompt: tuple = (), generator: torch.Generator | None = None, sampler: Callable = verify,
+) -> DecodeResult:
+    """Run the speculative decoding loop on ``num_sequences`` independent sequences until each has
+    emitted ``T`` tokens (the last block may emit more; they are dropped).
+
+    All sequences advance together: each step drafts ``k`` tokens per sequence (inverse-CDF draws
+    from ``generator``) and calls ``sampler(draft_tokens, p, q, rule, generator=generator)``
+    (default ``sampler.verify``) once for the whole batch. Conditionals are evaluated once per
+    distinct prefix.
+    """
+    if not (isinstance(k, (int, np.integer)) and k >= 1):
+        raise ValueError(f"k must be an integer >= 1, got {k!r}")
+    if not (isinstance(T, (int, np.integer)) and T >= 1):
+        raise ValueError(f"T must be an integer >= 1, got {T!r}")
+    if not (isinstance(num_sequences, (int, np.integer)) and num_sequences >= 1):
+        raise ValueError(f"num_sequences must be an integer >= 1, got {num_sequences!r}")
+    P, Q = _Cached(draft, "draft"), _Cached(verifier, "verifier")
+    prompt = tuple(int(t) for t in prompt)
+    B = int(num_sequences)
+    V = P(prompt).size
+    trie = _Trie(prompt, V)
+    out = np.full((B, T + k + 1), -1, dtype=np.int64)
+    nodes = np.zeros(B, dtype=np.int64)  # prefix id of each sequence
+    lens = np.zeros(B, dtype=np.int64)  # tokens emitted so far
+    blocks = np.zeros(B, dtype=np.int64)
+    accepted = np.zeros(B, dtype=np.int64)
+    dev = generator.device if generator is not None else torch.device("cpu")
+    while True:
+        act = np.flatnonzero(lens < T)
+        if act.size == 0:
+            break
+        c = nodes[act]
+        ps, qs, ns = [], [], []
+        for _ in range(k):
+            p, q = trie.rows(P, c), trie.rows(Q, c)
+            if p.shape[-1] != V or q.shape[-1] != V:
+                raise ValueError(f"draft and verifier must share one vocabulary of size {V}, got {p.shape[-1]} and {q.shape[-1]}")
+            u = torch.rand(act.size, generator=generator, dtype=torch.float64, device=dev).cpu()
+            n = sample_rows(torch.from_numpy(p), u).numpy()
+            ps.append(p), qs.append(q), ns.append(n)
+            c = trie.step(c, n)
+        qs.append(trie.rows(Q, c))
+        p_t, q_t = torch.from_numpy(np.stack(ps, 1)), torch.from_numpy(np.stack(qs, 1))
+        tokens, na = sampler(torch.from_numpy(np.stack(ns, 1)), p_t, q_t, rule, generator=generator)
+        tokens, m = tokens.cpu().numpy(), na.cpu().numpy() + 1
+        c = nodes[act]
+        for j in range(k + 1):
+            sel = np.flatnonzero(j < m)
+            out[act[sel], lens[act[sel]] + j] = tokens[sel, j]
+            c[sel] = trie.step(c[sel], tokens[sel, j])
+        nodes[act] = c
+        lens[act] += m
+        blocks[act] += 1
+        accepted[act] += m - 1
+    return DecodeResult(out[:, :T].copy(), blocks, accepted)
+
+
+def step_parts(rule: Rule, p: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One verification step split by outcome, from the rule's own code, both (V,):
+    ``accept[n] = p_n phi_n`` (draft ``n`` accepted) and ``reject[y] = sum_n p_n (1 - phi_n) g_n(y)``
+    (a rejection followed by recovery token ``y``); they sum to 1 together."""
+    V = p.size
+    phi = rule.accept_prob_all(p, q)
+    w = p * (1 - phi)
+    live = np.flatnonzero(w > 0)
+    reject = np.zeros(V)
+    if live.size:
+        g = rule.residual(np.broadcast_to(p, (live.size, V)), np.broadcast_to(q, (live.size, V)), live, check=False)
+        reject = w[live] @ g
+    return p * phi, reject
+
+
+def sequence_law(draft: Cond, verifier: Cond, rule: Rule, k: int, T: int, *, prompt: tuple = ()) -> np.ndarray:
+    """Exact law of the first ``T`` tokens emitted by ``speculative_decode``: array ``(V,) * T``.
+
+    Dynamic programme over block boundaries: ``frontier[s]`` is the probability that a block
+    starts right after emitted prefix ``s`` (``len(s) < T``); each block from ``s`` is enumerated
+    over its accepted drafts (see ``step_parts``) until it ends or reaches ``T`` tokens. Cost:
+    O(number of prefixes of length <= T) rule evaluations of size V.
+    """
+    if not (isinstance(k, (int, np.integer)) and k >= 1):
+        raise ValueError(f"k must be an integer >= 1, got {k!r}")
+    if not (isinstance(T, (int, np.integer)) and T >= 1):
+        raise ValueError(f"T must be an integer >= 1, got {T!r}")
+    P, Q = _Cached(draft, "draft"), _Cached(verifier, "verifier")
+    prompt = tuple(int(t) for t in prompt)
+    V = P(prompt).size
+    parts: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+    law = np.zeros((V,) * T)
+    frontier: list[dict[tuple, float]] = [{} for _ in range(T)]
+    frontier[0][()] = 1.0
+
+    def emit(t: tuple, w: float) -> None:
+        if len(t) >= T:
+            law[t[:T]] += w
+        else:
+            frontier[len(t)][t] = frontier[len(t)].get(t, 0.0) + w
+
+    for length in range(T):
+        for s, w in frontier[length].items():
+            stack = [((), w)]
+            while stack:
+                d, wd = stack.pop()
+                if len(s) + len(d) >= T:
+                    emit(s + d, wd)
+                    continue
+                c = prompt + s + d
+                if len(d) == k:
+                    q = Q(c)
+                    for y in np.flatnonzero(q > 0):
+                        emit(s + d + (int(y),), wd * q[y])
+                    continue
+                if c not in parts:
+                    q, p = Q(c), P(c)
+                    if p.size != q.size:
+                        raise ValueError(f"draft and verifier must share one vocabulary, got sizes {p.size} and {q.size}")
+                    parts[c] = step_parts(rule, p, q)
+                acc, rej = parts[c]
+                for y in np.flatnonzero(rej > 0):
+                    emit(s + d + (int(y),), wd * rej[y])
+                for n in np.flatnonzero(acc > 0):
+                    stack.append((d + (int(n),), wd * acc[n]))
+    return law
+
+
+def autoregressive_law(cond: Cond, T: int, *, prompt: tuple = ()) -> np.ndarray:
+    """Law of ``T`` tokens sampled plainly from ``cond``: ``prod_t cond(x_<t)[x_t]``, (V,) * T."""
+    C = _Cached(cond, "cond")
+    prompt = tuple(int(t) for t in prompt)
+    V = C(prompt).size
+    law = np.zeros((V,) * T)
+    stack = [((), 1.0)]
+    while stack:
+        s, w = stack.pop()
+        if len(s) == T:
+            law[s] += w
+            continue
+        r = C(prompt + s)
+        stack.extend((s + (int(y),), w * r[y]) for y in np.flatnonzero(r > 0))
+    return law
