@@ -209,6 +209,8 @@ def two_block_root(q_n: Array, delta: float, divergence: str = "kl", iters: int 
     xp = xp_of(q_n)
     q = xp.clip(q_n, 0.0, 1.0)
     one = xp.ones_like(q)
+    if delta == 0:  # only h = q is feasible; bisection would stop ~1e-8 above q_n (D ~ (gamma - q_n)^2)
+        return q
     if method == "auto":
         g = _closed_form_root(q, delta, divergence)
         if g is not None:
