@@ -32,7 +32,8 @@ from .validate import check_probs
 
 __all__ = [
     "Cond", "NGram", "random_ngram", "perturbed", "random_pair", "step_parts",
-    "speculative_decode", "DecodeResult", "sequence_law", "autoregressive_law",
+    "speculative_decode", "DecodeResult", "sequence_law", "autoregressive_law", "one_step_test",
+    "sequence_test",
 ]
 
 Cond = Callable[[tuple], np.ndarray]
@@ -292,3 +293,44 @@ def autoregressive_law(cond: Cond, T: int, *, prompt: tuple = ()) -> np.ndarray:
         r = C(prompt + s)
         stack.extend((s + (int(y),), w * r[y]) for y in np.flatnonzero(r > 0))
     return law
+
+
+# -- harness: the statistical checks the test-suite (and users) run on a sampler ----------------
+
+def one_step_test(rule: Rule, draft_rows: np.ndarray, verifier_rows: np.ndarray, *, num_samples: int,
+                  sampler: Callable = verify, seed: int = 0, alpha: float = 1e-4,
+                  statistic: str = "chi2"):
+    """Goodness of fit of the first emitted token of ``sampler`` to ``induced_distribution``.
+
+    ``draft_rows`` (k, V), ``verifier_rows`` (k + 1, V) are shared by ``num_samples`` sequences;
+    drafts are drawn from them (seeded), ``sampler`` is called once on the whole batch, and
+    ``tokens[:, 0]`` must follow ``h_alg`` of ``(draft_rows[0], verifier_rows[0])``.
+    """
+    from .exact import induced_distribution
+    from .stats import goodness_of_fit
+
+    p = np.asarray(draft_rows, dtype=np.float64)
+    q = np.asarray(verifier_rows, dtype=np.float64)
+    k, V = p.shape
+    if q.shape != (k + 1, V):
+        raise ValueError(f"verifier_rows must have shape (k + 1, V) = ({k + 1}, {V}), got {q.shape}")
+    g = torch.Generator().manual_seed(seed)
+    P = torch.from_numpy(p).expand(num_samples, k, V)
+    Q = torch.from_numpy(q).expand(num_samples, k + 1, V)
+    u = torch.rand((num_samples, k), generator=g, dtype=torch.float64)
+    n = torch.stack([sample_rows(P[:, j], u[:, j]) for j in range(k)], 1)
+    tokens, _ = sampler(n, P, Q, rule, generator=g)
+    return goodness_of_fit(tokens[:, 0].numpy(), induced_distribution(rule, p[0], q[0]),
+                           alpha=alpha, statistic=statistic, kind="samples")
+
+
+def sequence_test(draft: Cond, verifier: Cond, rule: Rule, k: int, T: int, *, num_sequences: int,
+                  sampler: Callable = verify, seed: int = 0, alpha: float = 1e-4, prompt: tuple = (),
+                  statistic: str = "chi2"):
+    """Goodness of fit of ``speculative_decode``'s first ``T`` tokens to ``sequence_law``."""
+    from .stats import goodness_of_fit
+
+    res = speculative_decode(draft, verifier, rule, k, T, num_sequences=num_sequences, prompt=prompt,
+                             generator=torch.Generator().manual_seed(seed), sampler=sampler)
+    law = sequence_law(draft, verifier, rule, k, T, prompt=prompt)
+    return goodness_of_fit(res.tokens, law, alpha=alpha, statistic=statistic, kind="samples")
