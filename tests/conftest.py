@@ -1,0 +1,33 @@
+"""Shared test setup: a deterministic hypothesis profile and case strategies.
+
+Cases are drawn as (kind, V, seed) by hypothesis and built by ``cactus_theory.report.make_pair``,
+so every random and adversarial kind (p = q, one-hot q, disjoint supports, zeros on either side,
+q_n = 1, tiny q_n) is covered and any failure replays exactly.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+
+from cactus_theory.report import CASE_KINDS, make_pair
+
+settings.register_profile(
+    "cactus", derandomize=True, max_examples=40, deadline=None, print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.load_profile("cactus")
+
+
+@st.composite
+def cases(draw, min_V: int = 2, max_V: int = 12, kinds=CASE_KINDS):
+    """A (p, q, n) case: ``n`` drawn from ``p``; positive masses >= 1e-6."""
+    kind = draw(st.sampled_from(kinds))
+    V = draw(st.integers(min_V, max_V))
+    seed = draw(st.integers(0, 2**32 - 1))
+    p, q, n = make_pair(kind, V, np.random.default_rng(seed))
+    return p, q, n
+
+
+deltas = st.sampled_from([1e-4, 1e-3, 0.01, 0.05, 0.2, 0.5, 1.0, 3.0])
