@@ -74,7 +74,7 @@ def sample_rows(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     The CDF is accumulated in float64; the draw is the first ``y`` with ``cdf[y] > u * cdf[V-1]``,
     capped at the last token with positive mass, so a zero-mass token is never returned.
     """
-    cdf = probs.double().clamp_min(0).cumsum(-1)  # [R, V]
+    cdf = probs.clamp_min(0).cumsum(-1, dtype=torch.float64)  # [R, V]
     total = cdf[:, -1:].contiguous()
     y = torch.searchsorted(cdf, u.double().unsqueeze(-1) * total, right=True)
     last_pos = torch.searchsorted(cdf, total, right=False)  # cdf first reaches the total here
@@ -135,7 +135,8 @@ def verify(
     p_r, q_r, n_r = p_all[rows, j].to(dt), q_all[rows, j].to(dt), n[rows, j]  # [B, V], [B, V], [B]
     g = rule.residual(p_r, q_r, n_r, check=False)  # [B, V]
     full = (num_accepted == k).unsqueeze(-1)
-    dist = torch.where(full, q_all[:, k].to(dt), g)  # [B, V]
+    own = g.dtype == dt and g.is_contiguous()  # g is built from our row copies: safe to overwrite
+    dist = torch.where(full, q_all[:, k].to(dt), g, out=g if own else None)  # [B, V]
     last = sample_rows(dist, u[:, k])  # [B]
 
     pos = torch.arange(k + 1, device=n.device)
