@@ -57,7 +57,7 @@ def plot(d: dict, ctx: Ctx) -> list:
     keys = ["sps", "cactus", "cactus_exact"]
     acc = [d[k]["accept_n"] for k in keys]
     bars = a1.bar(names, acc, color=["tab:gray", "tab:green", "tab:olive"])
-    for b, k in zip(bars, keys):
+    for b, k in zip(bars, keys, strict=True):
         a1.annotate(f"accept {d[k]['accept_n']:.3f}\nKL(h||q) {d[k]['kl_h']:.3f} nats",
                     (b.get_x() + b.get_width() / 2, b.get_height()), ha="center", va="bottom", fontsize=8)
     a1.axhline(PAPER["cactus_accept"], ls=":", color="k", lw=1, label="paper: Cactus 0.825")

@@ -94,7 +94,7 @@ def plot(d: dict, ctx: Ctx) -> list:
     fig, (a0, a1) = plt.subplots(1, 2, figsize=(11, 4.3))
     qg = np.array(d["q_grid"])
     colors = plt.cm.viridis(np.linspace(0, 0.85, len(d["lines"])))
-    for c, (delta, ln) in zip(colors, d["lines"].items()):
+    for c, (delta, ln) in zip(colors, d["lines"].items(), strict=True):
         a0.plot(qg, ln["taylor"], color=c, lw=1.8, label=f"Taylor (Cor. 5), delta={delta}")
         a0.plot(qg, ln["exact"], color=c, lw=1.2, ls="--", label=f"exact KL root, delta={delta}")
         pts = [pt for pt in d["points"] if pt["div"] == "kl" and str(pt["delta"]) == delta]
@@ -108,7 +108,7 @@ def plot(d: dict, ctx: Ctx) -> list:
     a0.legend(fontsize=6.5, ncol=2, loc="lower right")
 
     qn, dl, R = np.array(d["qn"]), np.array(d["deltas_grid"]), np.array(d["ratio"])
-    im = a1.pcolormesh(qn, dl, R, shading="auto", cmap="magma", vmin=0, vmax=max(2.0, float(R.max())))
+    im = a1.pcolormesh(qn, dl, R, shading="auto", rasterized=True, cmap="magma", vmin=0, vmax=max(2.0, float(R.max())))
     fig.colorbar(im, ax=a1, label="KL(h_taylor || q) / delta")
     cs = a1.contour(qn, dl, R, levels=[1.0], colors="cyan", linewidths=1.5)
     a1.clabel(cs, fmt={1.0: "KL = delta"}, fontsize=8)
