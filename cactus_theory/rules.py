@@ -202,26 +202,41 @@ def two_block_root(q_n: Array, delta: float, divergence: str = "kl", iters: int 
     """Theorem 2's ``gamma*``: the largest ``gamma`` in ``[q_n, 1]`` with
     ``q_n f(gamma/q_n) + (1 - q_n) f((1 - gamma)/(1 - q_n)) <= delta`` (1 if the budget allows 1).
 
-    ``method="auto"`` uses a closed form for chi2, TV and Hellinger and bisection otherwise
-    (``"bisect"`` forces bisection). Bisection returns the feasible end of the bracket, so the
-    constraint always holds; after 100 halvings the bracket is below float64 resolution.
+    ``method="auto"`` uses a closed form for chi2, TV and Hellinger and a bracketing solve otherwise
+    (``"bisect"`` forces the bracketing solve). The bracket ``[lo, hi]`` keeps ``D(lo) <= delta < D(hi)``
+    and shrinks by Illinois regula falsi steps (bisection where the secant is unusable, e.g. an
+    infinite ``D(hi)``) until it is below float64 resolution (``hi - lo <= 2^-52 hi + 1e-18``) or
+    ``iters`` steps; the feasible end ``lo`` is returned, so the constraint always holds.
     """
     xp = xp_of(q_n)
     q = xp.clip(q_n, 0.0, 1.0)
     one = xp.ones_like(q)
-    if delta == 0:  # only h = q is feasible; bisection would stop ~1e-8 above q_n (D ~ (gamma - q_n)^2)
+    if delta == 0:  # only h = q is feasible; a bracket would stop ~1e-8 above q_n (D ~ (gamma - q_n)^2)
         return q
     if method == "auto":
         g = _closed_form_root(q, delta, divergence)
         if g is not None:
             return xp.clip(g, q, one)
     with errstate():
-        done = two_block_divergence(one, q, divergence) <= delta
-        lo, hi = q, one
+        f_hi = two_block_divergence(one, q, divergence) - delta
+        done = f_hi <= 0
+        lo, hi, f_lo = q, one, xp.zeros_like(q) - delta  # D(q_n) = 0
+        last_ok = xp.zeros_like(q)  # +1: lo moved last step, -1: hi moved, 0: neither yet
         for _ in range(iters):
-            mid = (lo + hi) / 2
-            ok = two_block_divergence(mid, q, divergence) <= delta
-            lo, hi = xp.where(ok, mid, lo), xp.where(ok, hi, mid)
+            width = hi - lo
+            if bool(xp.all(done | (width <= 2.0**-52 * hi + 1e-18))):
+                break
+            sec = lo - f_lo * width / (f_hi - f_lo)
+            use = xp.isfinite(sec) & (sec > lo) & (sec < hi)
+            x = xp.where(use, sec, (lo + hi) / 2)
+            f_x = two_block_divergence(x, q, divergence) - delta
+            ok = f_x <= 0
+            lo, f_lo = xp.where(ok, x, lo), xp.where(ok, f_x, f_lo)
+            hi, f_hi = xp.where(ok, hi, x), xp.where(ok, f_hi, f_x)
+            # Illinois: an end kept twice in a row has its value halved, so both ends converge
+            f_hi = xp.where(ok & (last_ok > 0), f_hi / 2, f_hi)
+            f_lo = xp.where(~ok & (last_ok < 0), f_lo / 2, f_lo)
+            last_ok = xp.where(ok, one, -one)
     return xp.where(done, one, lo)
 
 
