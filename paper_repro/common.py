@@ -34,10 +34,15 @@ class Ctx:
     fast: bool = False
     force: bool = False
     seed: int = 0
+    cache_only: bool = False  # steps not selected by --only: reuse their cache, never compute
     lm: dict = field(default_factory=dict)
 
     def __post_init__(self):
         self.results, self.figures = Path(self.results), Path(self.figures)
+
+
+class NotCached(Exception):
+    """A step that may only reuse its cache (``Ctx.cache_only``) has none for its configuration."""
 
 
 @dataclass
@@ -100,6 +105,8 @@ def cached(ctx: Ctx, name: str, cfg: dict, fn: Callable[[], dict]) -> dict:
                 return stored["data"]
         except (json.JSONDecodeError, KeyError):
             pass  # a damaged cache is recomputed
+    if ctx.cache_only:
+        raise NotCached(name)
     t0 = time.perf_counter()
     data = to_jsonable(fn())
     atomic_write_json(path, {"key": key, "config": cfg, "seconds": round(time.perf_counter() - t0, 2), "data": data})
@@ -112,8 +119,12 @@ class Parts:
     def __init__(self, ctx: Ctx, name: str, cfg: dict):
         self.dir = ctx.results / f"{name}.parts"
         self.key = config_key(cfg)
+        self.cache_only = ctx.cache_only
         marker = self.dir / "KEY"
-        if ctx.force or not marker.exists() or marker.read_text().strip() != self.key:
+        stale = not marker.exists() or marker.read_text().strip() != self.key
+        if ctx.cache_only and stale:
+            raise NotCached(name)
+        if (ctx.force and not ctx.cache_only) or stale:
             if self.dir.exists():
                 for f in self.dir.glob("*.json"):
                     f.unlink()
@@ -126,6 +137,8 @@ class Parts:
                 return json.loads(path.read_text())
             except json.JSONDecodeError:
                 pass
+        if self.cache_only:
+            raise NotCached(f"{self.dir.name}/{piece}")
         value = to_jsonable(fn())
         atomic_write_json(path, value)
         return value

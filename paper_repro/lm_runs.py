@@ -1,0 +1,189 @@
+"""Real decoding runs shared by figure e and table f (and the LM-derived pairs of figure c).
+
+Every run is one (method, prompt style): ``lm.speculative_generate`` with the rule (or
+``lm.autoregressive_generate`` for the verifier alone) on the style's prompts, sampling as in the
+paper (temperature 0.6, top-k 20, top-p 0.95). Each run is cached as its own piece, so an
+interrupted job resumes where it stopped. Defaults: the embedded pair (SmolLM2-135M-Instruct and
+the project's draft, ``cactus-theory build-draft``); ``--verifier`` / ``--draft`` take any pair.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+
+import numpy as np
+from tqdm import tqdm
+
+from .common import Ctx, Parts
+
+NAME = "lm_runs"
+SAMPLING = {"temperature": 0.6, "top_k": 20, "top_p": 0.95}
+STYLES = ("math", "code", "prose")
+PAIR_SUPPORT = 40  # union support of two top-20 laws
+
+
+def methods(fast: bool) -> dict[str, dict]:
+    """Method name -> {rule, params, k}; ``rule=None`` is the verifier alone."""
+    m = {"verifier alone": {"rule": None, "params": {}, "k": 0},
+         "SpS": {"rule": "sps", "params": {}, "k": 4},
+         "TAS": {"rule": "tas", "params": {}, "k": 4}}
+    for d in ([1.0, 0.75] if fast else [0.1, 0.25, 0.5, 0.75, 1.0, 2.0]):
+        m[f"Cactus delta={d:g}"] = {"rule": "cactus", "params": {"delta": d}, "k": 4}
+    m["top-k k=3"] = {"rule": "topk", "params": {"k": 3}, "k": 4}
+    m["interpolation alpha=0.5"] = {"rule": "interpolation", "params": {"alpha": 0.5}, "k": 4}
+    if not fast:
+        m["top-k k=10"] = {"rule": "topk", "params": {"k": 10}, "k": 4}
+        m["interpolation alpha=0.9"] = {"rule": "interpolation", "params": {"alpha": 0.9}, "k": 4}
+        m["EARS beta=0.5"] = {"rule": "ears", "params": {"beta": 0.5}, "k": 4}
+        for k in (2, 8):
+            m[f"SpS k={k}"] = {"rule": "sps", "params": {}, "k": k}
+            m[f"Cactus delta=1 k={k}"] = {"rule": "cactus", "params": {"delta": 1.0}, "k": k}
+    return m
+
+
+def lm_config(ctx: Ctx) -> dict:
+    o = ctx.lm
+    return {"verifier": o.get("verifier", "smollm2"), "draft": o.get("draft", "embedded"),
+            "per_style": o.get("per_style", 1 if ctx.fast else 3),
+            "max_new_tokens": o.get("max_new_tokens", 8 if ctx.fast else 40),
+            "sampling": SAMPLING, "seed": ctx.seed, "methods": methods(ctx.fast),
+            "injected": o.get("pair") is not None}
+
+
+_PAIRS: dict = {}
+
+
+def get_pair(ctx: Ctx):
+    """The (draft, verifier) pair: injected (``ctx.lm['pair']``, tests), else loaded once per process.
+
+    In fast mode with the embedded pair and no cached draft, the draft is the verifier's untrained
+    early exit (no build: CI and notebooks stay short); the full run builds the real draft first."""
+    if ctx.lm.get("pair") is not None:
+        return ctx.lm["pair"]
+    cfg = lm_config(ctx)
+    key = (cfg["verifier"], cfg["draft"], ctx.fast)
+    if key not in _PAIRS:
+        import torch
+
+        from cactus_theory.lm import load_pair
+
+        if cfg["draft"] == "embedded" and ctx.fast:
+            from cactus_theory.lm.draft import DraftConfig, draft_path
+            if not os.path.exists(draft_path(DraftConfig())):
+                from cactus_theory.lm.draft import ShortlistDraft
+                from cactus_theory.lm.pair import ModelPair, load_model
+
+                v, tok = load_model(cfg["verifier"])
+                L = len(v.model.layers)
+                d = ShortlistDraft(v, 2 * L // 3, torch.arange(v.config.vocab_size), adapter=0).eval()
+                _PAIRS[key] = ModelPair(d, v, tok, name="smollm2+untrained-early-exit")
+                return _PAIRS[key]
+        pair = load_pair(cfg["draft"], cfg["verifier"])
+        dev = ctx.lm.get("device")
+        if dev:
+            pair.draft.to(dev)
+            pair.verifier.to(dev)
+        _PAIRS[key] = pair
+    return _PAIRS[key]
+
+
+def prompts_for(pair, style: str, n: int, seed: int) -> list:
+    """The first ``n`` prompts of ``style``; token-id prompts when the pair has no tokenizer."""
+    from cactus_theory.lm.data import CODE_PROMPTS, MATH_PROMPTS, PROSE_PROMPTS
+
+    texts = {"math": MATH_PROMPTS, "code": CODE_PROMPTS, "prose": PROSE_PROMPTS}[style][:n]
+    if pair.tokenizer is not None:
+        return texts
+    rng = np.random.default_rng([seed, STYLES.index(style)])
+    return [rng.integers(0, pair.vocab_size, size=6).tolist() for _ in texts]
+
+
+def decode(ctx: Ctx, cfg: dict, name: str, style: str) -> dict:
+    from cactus_theory import make_rule
+    from cactus_theory.lm import autoregressive_generate, speculative_generate
+
+    pair = get_pair(ctx)
+    spec = cfg["methods"][name]
+    prompts = prompts_for(pair, style, cfg["per_style"], cfg["seed"])
+    kw = dict(max_new_tokens=cfg["max_new_tokens"], batch_size=len(prompts), seed=cfg["seed"], **SAMPLING)
+    if spec["rule"] is None:
+        res = autoregressive_generate(pair, prompts, **kw)
+    else:
+        res = speculative_generate(pair, prompts, make_rule(spec["rule"], **spec["params"]), k=spec["k"], **kw)
+    out = {"stats": res.stats.as_dict(), "texts": res.texts}
+    if name == "SpS":
+        out["prompts"], out["tokens"] = res.prompts, res.tokens
+    return out
+
+
+def run_all(ctx: Ctx) -> dict:
+    """All runs ``{method: {style: {"stats": ..., ...}}}``, each cached as a piece."""
+    cfg = lm_config(ctx)
+    parts = Parts(ctx, NAME, cfg)
+    jobs = [(m, s) for m in cfg["methods"] for s in STYLES]
+    out: dict = {}
+    for m, s in tqdm(jobs, desc="LM decoding runs"):
+        out.setdefault(m, {})[s] = parts.get(f"{m}__{s}".replace(" ", "_").replace("=", ""),
+                                              lambda m=m, s=s: decode(ctx, cfg, m, s))
+    return out
+
+
+def pooled(runs: dict, method: str, styles=STYLES) -> dict:
+    """Counters summed over styles, with the derived figures recomputed (see ``lm.DecodeStats``)."""
+    keys = ("sequences", "new_tokens", "steps", "accepted", "drafted", "verifier_calls", "seconds",
+            "kl_sum", "kl_count", "kl_skipped", "nll_sum", "nll_count")
+    t = {k: sum(runs[method][s]["stats"][k] for s in styles) for k in keys}
+    div = lambda a, b: a / b if b else math.nan  # noqa: E731
+    t.update(al=div(t["accepted"], t["steps"]), acceptance_rate=div(t["accepted"], t["drafted"]),
+             tokens_per_s=div(t["new_tokens"], t["seconds"]), mean_step_kl=div(t["kl_sum"], t["kl_count"]),
+             nll=div(t["nll_sum"], t["nll_count"]), rejected_per_token=div(t["drafted"] - t["accepted"], t["new_tokens"]))
+    return t
+
+
+def save_lm_pairs(ctx: Ctx, runs: dict, max_rows: int = 256) -> int:
+    """(p, q) rows of the pair along the SpS continuations (teacher-forced, sampling transforms applied),
+    cut to their union support and zero-padded to ``PAIR_SUPPORT``; saved to ``results/lm_pairs.npz``.
+    These feed figure c's LM panel. Returns the number of rows."""
+    import torch
+
+    from cactus_theory.lm import sampling_probs
+
+    path = ctx.results / "lm_pairs.npz"
+    if path.exists() and not ctx.force:
+        return int(np.load(path)["p"].shape[0])
+    if ctx.cache_only:
+        return 0
+    pair = get_pair(ctx)
+    P, Q = [], []
+    with torch.inference_mode():
+        for s in STYLES:
+            r = runs["SpS"][s]
+            for prompt, gen in zip(r["prompts"], r["tokens"], strict=True):
+                if len(gen) < 2:
+                    continue
+                ids = torch.tensor([prompt + gen], device=next(pair.verifier.parameters()).device)
+                lo, hi = len(prompt) - 1, ids.shape[1] - 1
+                q = sampling_probs(pair.verifier(input_ids=ids).logits[0, lo:hi], **SAMPLING).double().cpu().numpy()
+                p = sampling_probs(pair.draft(input_ids=ids).logits[0, lo:hi], **SAMPLING).double().cpu().numpy()
+                for a, b in zip(p, q, strict=True):
+                    sup = np.flatnonzero((a > 0) | (b > 0))[:PAIR_SUPPORT]
+                    if a[sup].sum() < 1 - 1e-6 or b[sup].sum() < 1 - 1e-6:
+                        continue  # support larger than PAIR_SUPPORT (cannot happen with top-k 20)
+                    pa, pb = np.zeros(PAIR_SUPPORT), np.zeros(PAIR_SUPPORT)
+                    pa[:sup.size], pb[:sup.size] = a[sup] / a[sup].sum(), b[sup] / b[sup].sum()
+                    P.append(pa)
+                    Q.append(pb)
+    P, Q = np.array(P[:max_rows]), np.array(Q[:max_rows])
+    ctx.results.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".lm_pairs.{os.getpid()}.tmp.npz")
+    np.savez_compressed(tmp, p=P, q=Q)
+    os.replace(tmp, path)
+    return int(P.shape[0])
+
+
+def timed_run_all(ctx: Ctx) -> tuple[dict, float]:
+    t0 = time.perf_counter()
+    runs = run_all(ctx)
+    return runs, time.perf_counter() - t0

@@ -1,0 +1,142 @@
+"""``cactus-theory repro``: regenerate every figure and table and ``paper_repro/REPORT.md``.
+
+Order: a (worked example), b (gamma*), d (Gamma(delta)), the embedded draft (built when not cached),
+e (real decoding), f (main-table analogue), c (rule sweeps; its LM panel uses rows saved by e),
+the randomised claim checks of ``cactus-theory verify``, then the report. Every step caches its
+numbers under ``--results`` (atomic writes), so a rerun only redraws and an interrupted run resumes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import time
+from pathlib import Path
+
+from .common import FIGURES, REPORT, RESULTS, Ctx, NotCached, cached, fast_mode
+
+STEPS = {
+    "a": "fig_a_worked_example", "b": "fig_b_gamma", "d": "fig_d_gamma_delta", "e": "fig_e_lm",
+    "f": "table_f_main", "c": "fig_c_tradeoff",
+}
+LM_STEPS = ("e", "f")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--fast", action="store_true", help="small sizes for CI (also CACTUS_FAST=1)")
+    parser.add_argument("--only", default=None,
+                        help="comma-separated steps to (re)compute among a,b,c,d,e,f,verify; the others are "
+                             "taken from their cache when present")
+    parser.add_argument("--no-lm", action="store_true", help="skip the language-model steps e and f")
+    parser.add_argument("--force", action="store_true", help="recompute the selected steps, ignoring caches")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cases", type=int, default=None, help="cases per claim for the randomised checks")
+    parser.add_argument("--verifier", default="smollm2", help="verifier: 'smollm2' (embedded), .gguf, folder or hub id")
+    parser.add_argument("--draft", default="embedded", help="draft: 'embedded' (built for smollm2) or a model like --verifier")
+    parser.add_argument("--device", default=None, help="torch device for the LM steps (default: cpu)")
+    parser.add_argument("--per-style", type=int, default=None, help="prompts per style (math, code, prose)")
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="new tokens per prompt")
+    parser.add_argument("--results", default=str(RESULTS), help="cache folder for the numbers")
+    parser.add_argument("--figures", default=str(FIGURES), help="output folder for the figures")
+    parser.add_argument("--report", default=str(REPORT), help="path of the report to write")
+
+
+def _check(args: argparse.Namespace) -> list[str]:
+    only = list(STEPS) + ["verify"] if args.only is None else [s.strip() for s in args.only.split(",") if s.strip()]
+    bad = [s for s in only if s not in (*STEPS, "verify")]
+    if bad:
+        raise ValueError(f"--only must list steps among {sorted([*STEPS, 'verify'])}, got {bad}")
+    for name in ("per_style", "max_new_tokens", "cases"):
+        v = getattr(args, name)
+        if v is not None and v < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {v}")
+    return only
+
+
+def _build_draft_if_needed(ctx: Ctx) -> float:
+    """Build the embedded draft (the full run only) and return the seconds it took (0 if cached)."""
+    if ctx.fast or ctx.lm.get("draft", "embedded") != "embedded" or ctx.lm.get("pair") is not None:
+        return 0.0
+    from cactus_theory.lm.draft import DraftConfig, build_draft, draft_path
+
+    if os.path.exists(draft_path(DraftConfig())):
+        return 0.0
+    t0 = time.perf_counter()
+    print("building the embedded draft (cached afterwards) ...", flush=True)
+    build_draft(DraftConfig())
+    return time.perf_counter() - t0
+
+
+def _verify(ctx: Ctx, cases: int, selected: bool) -> list:
+    from cactus_theory.report import verify_claims
+
+    from .report import from_verify
+
+    c = dataclasses.replace(ctx, cache_only=not selected, force=ctx.force and selected)
+
+    def go():
+        return [dataclasses.asdict(r) for r in verify_claims(ctx.seed, cases)]
+
+    from cactus_theory.report import ClaimResult
+
+    rows = cached(c, "verify_claims", {"seed": ctx.seed, "cases": cases}, go)
+    return from_verify([ClaimResult(**r) for r in rows])
+
+
+def repro(ctx: Ctx, only: list[str], lm: bool = True, cases: int | None = None,
+          report: Path = REPORT) -> dict:
+    """Run the steps; returns ``{"steps": [...], "timings": {...}, "skipped": {...}, "report": text}``."""
+    import importlib
+
+    from .report import write_report
+
+    t_all = time.perf_counter()
+    steps, timings, skipped = [], {}, {}
+    for key, mod in STEPS.items():
+        if key in LM_STEPS and not lm:
+            skipped[f"{key} ({mod})"] = "language-model steps disabled (--no-lm)"
+            continue
+        selected = key in only
+        c = dataclasses.replace(ctx, cache_only=not selected, force=ctx.force and selected)
+        if key == "e" and selected:
+            t = _build_draft_if_needed(ctx)
+            if t:
+                timings["build embedded draft"] = t
+        t0 = time.perf_counter()
+        try:
+            res = importlib.import_module(f"paper_repro.{mod}").run(c)
+        except NotCached as e:
+            skipped[f"{key} ({mod})"] = f"not selected by --only and no cached result ({e})"
+            continue
+        steps.append(res)
+        timings[f"{key}: {mod}" + ("" if selected else " (from cache)")] = time.perf_counter() - t0
+        print(f"[{key}] {mod}: {timings[list(timings)[-1]]:.1f} s", flush=True)
+    extra = []
+    t0 = time.perf_counter()
+    cases = cases or (20 if ctx.fast else 100)
+    try:
+        extra = _verify(ctx, cases, "verify" in only)
+        timings["verify: randomised claim checks"] = time.perf_counter() - t0
+    except NotCached as e:
+        skipped["verify"] = f"not selected by --only and no cached result ({e})"
+    timings["total"] = time.perf_counter() - t_all
+    mode = "fast mode" if ctx.fast else "full run"
+    text = write_report(report, steps, extra, timings, mode, skipped, ctx.figures)
+    return {"steps": steps, "extra": extra, "timings": timings, "skipped": skipped, "report": text}
+
+
+def run(args: argparse.Namespace) -> int:
+    only = _check(args)
+    lm = {"verifier": args.verifier, "draft": args.draft}
+    for k in ("device", "per_style", "max_new_tokens"):
+        if getattr(args, k) is not None:
+            lm[k] = getattr(args, k)
+    ctx = Ctx(results=args.results, figures=args.figures, fast=args.fast or fast_mode(), force=args.force,
+              seed=args.seed, lm=lm)
+    out = repro(ctx, only, lm=not args.no_lm, cases=args.cases, report=Path(args.report))
+    bad = [c for s in out["steps"] for c in s.claims] + out["extra"]
+    counts = {v: sum(c.verdict == v for c in bad) for v in ("holds", "differs", "out of reach")}
+    print(f"wrote {args.report}: {counts['holds']} hold, {counts['differs']} differ, "
+          f"{counts['out of reach']} out of reach; total {out['timings']['total']:.0f} s")
+    return 0
