@@ -205,3 +205,18 @@ def test_make_rule():
     assert ct.make_rule("sps") == SpS()
     assert set(ct.RULES) == {"sps", "cactus", "tas", "topk", "interpolation", "ears"}
     assert set(ROOT_DIVS) == set(F_DIVERGENCES)
+
+
+@pytest.mark.parametrize("div", ["kl", "reverse_kl", "js"])
+def test_bracketing_root_at_the_edges(div):
+    """The bracketing solve (no closed form) stays feasible and tight at q_n in {0, tiny, ~1}."""
+    q = np.array([0.0, 5e-324, 1e-300, 1e-12, 0.25, 1 - 1e-12, 1.0])
+    for delta in (1e-6, 0.1, 2.0):
+        g = two_block_root(q, delta, div)
+        d = two_block_divergence(g, q, div)
+        assert np.all(d <= delta + 1e-12) and np.all((g >= q) & (g <= 1))
+        up = np.minimum(g + 1e-9, 1.0)
+        loose = (g < 1) & (two_block_divergence(up, q, div) <= delta)
+        assert not loose.any(), (q[loose], g[loose])
+    g32 = two_block_root(torch.tensor([0.0, 0.3, 1.0], dtype=torch.float32), 0.3, div)
+    assert torch.isfinite(g32).all() and g32[2] == 1
