@@ -121,13 +121,17 @@ def peak_bytes(fn, *inputs: torch.Tensor) -> int:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="only B=32, k=8, V=151936")
+    ap.add_argument("--only", type=int, nargs=3, metavar=("B", "K", "V"), help="only this configuration")
     ap.add_argument("--mem-budget-gib", type=float, default=6.0,
                     help="skip configurations whose reference would need more (estimated 10 B*k*V*4 bytes)")
     ap.add_argument("--rule", default="cactus", choices=["cactus", "sps"])
+    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     ap.add_argument("--out", default=None, help="also write the figures as JSON here (atomically)")
     args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     rule: Rule = Cactus(1.0) if args.rule == "cactus" else __import__("cactus_theory").SpS()
-    grid = [(32, 8, 151936)] if args.quick else [(B, k, V) for V in (32000, 151936) for k in (4, 8) for B in (1, 32, 128)]
+    grid = [tuple(args.only)] if args.only else [(32, 8, 151936)] if args.quick else [(B, k, V) for V in (32000, 151936) for k in (4, 8) for B in (1, 32, 128)]
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32 CPU, rule {rule!r}")
     print(f"{'B':>4} {'k':>2} {'V':>7} | {'verify ms':>10} {'ref ms':>10} {'speed-up':>8} | "
           f"{'verify MiB':>10} {'ref MiB':>10} {'B*V*4 MiB':>9} {'B*k*V*4 MiB':>11}")
