@@ -62,7 +62,7 @@ class GammaSearchResult:
     delta: float
     divergence: str
     rule: Rule
-    values: list = field(default_factory=list)  # best value of each start
+    values: list = field(default_factory=list)  # best value of each start (after polishing)
 
 
 def _solve(prob: cp.Problem) -> str:
@@ -184,13 +184,15 @@ def _adversarial_starts(V: int, rng: np.random.Generator, k: int) -> list[np.nda
 
 def gamma_search(delta: float, V: int, divergence: str = "kl", rule: Rule | None = None,
                  starts: int = 12, seed: int = 0, logit_bound: float = 12.0,
-                 maxiter: int = 60) -> GammaSearchResult:
+                 maxiter: int = 60, polish: int = 2, polish_evals: int = 3000) -> GammaSearchResult:
     """Theorem 3's ``Gamma(delta)`` from below: ``max_{p, q} D(h_alg || q)`` over ``V``-token pairs.
 
     ``h_alg = sum_n p_n [phi_n e_n + (1 - phi_n) g_n]`` comes from ``exact.induced_distribution``.
     ``p = softmax(a)``, ``q = softmax(b)`` with logits boxed to ``[-logit_bound, logit_bound]`` (keeps
-    every divergence finite); L-BFGS-B from ``starts`` starts, half random, half adversarial (see
-    ``_adversarial_starts``). Default rule: ``Cactus(delta, divergence, solver="exact")``.
+    every divergence finite); L-BFGS-B (``maxiter``) from ``starts`` starts, half random, half
+    adversarial (see ``_adversarial_starts``), then Nelder-Mead (``polish_evals`` evaluations) from
+    the ``polish`` best. The value is a lower bound on ``Gamma``. Default rule:
+    ``Cactus(delta, divergence, solver="exact")``.
     """
     check_nonneg(delta, "delta")
     if not (isinstance(V, (int, np.integer)) and V >= 2):
@@ -212,13 +214,19 @@ def gamma_search(delta: float, V: int, divergence: str = "kl", rule: Rule | None
     x0s = [rng.normal(0, s, 2 * V) for s in np.linspace(0.5, 3.0, starts - n_adv)]
     x0s += _adversarial_starts(V, rng, n_adv)
     bounds = [(-logit_bound, logit_bound)] * (2 * V)
-    best_x, best, values = None, -np.inf, []
+    found = []
     for x0 in x0s:
         x0 = np.clip(x0, -logit_bound, logit_bound)
         res = minimize(neg, x0, method="L-BFGS-B", bounds=bounds, options=dict(maxiter=maxiter))
-        x, v = (res.x, -res.fun) if -res.fun >= -neg(x0) else (x0, -neg(x0))
-        values.append(float(v))
-        if v > best:
-            best_x, best = x, float(v)
+        found.append((res.x, -res.fun) if -res.fun >= -neg(x0) else (x0, -neg(x0)))
+    values = [float(v) for _, v in found]
+    # h_alg is only piecewise smooth (min(1, .), (.)_+), so gradient steps stall at kinks:
+    # polish the best starts with Nelder-Mead, which does not use gradients
+    for i in np.argsort(values)[::-1][:polish]:
+        res = minimize(neg, found[i][0], method="Nelder-Mead", bounds=bounds,
+                       options=dict(maxfev=polish_evals, xatol=1e-10, fatol=1e-13))
+        if -res.fun > values[i]:
+            found[i], values[i] = (res.x, -res.fun), float(-res.fun)
+    best_x, best = found[int(np.argmax(values))]
     return GammaSearchResult(value=best, p=softmax(best_x[:V]), q=softmax(best_x[V:]), delta=float(delta),
                              divergence=divergence, rule=rule, values=values)
