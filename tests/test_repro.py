@@ -1,0 +1,174 @@
+"""Smoke and behaviour tests of paper_repro in fast mode: caching (atomic, resumable, cache-only),
+the figure steps' numbers, and the whole ``repro`` job end to end on a tiny random LM pair."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # paper_repro lives beside the package
+
+import cactus_theory as ct  # noqa: E402
+from cactus_theory.lm import ModelPair  # noqa: E402
+from paper_repro import fig_a_worked_example, fig_b_gamma, fig_c_tradeoff, lm_runs  # noqa: E402
+from paper_repro.common import Claim, Ctx, NotCached, Parts, cached  # noqa: E402
+from paper_repro.main import STEPS, configure, repro  # noqa: E402
+from paper_repro.main import run as main_run  # noqa: E402
+
+
+def ctx(tmp_path: Path, **kw) -> Ctx:
+    return Ctx(results=tmp_path / "results", figures=tmp_path / "figures", fast=True, **kw)
+
+
+# -- caching -------------------------------------------------------------------------------------
+
+def test_cached_computes_once_per_config_and_leaves_no_temporaries(tmp_path):
+    calls = []
+    c = ctx(tmp_path)
+    f = lambda: calls.append(1) or {"x": np.float64(1.5), "a": np.arange(3)}  # noqa: E731
+    assert cached(c, "s", {"k": 1}, f) == {"x": 1.5, "a": [0, 1, 2]}
+    assert cached(c, "s", {"k": 1}, f) == {"x": 1.5, "a": [0, 1, 2]}
+    assert len(calls) == 1
+    cached(c, "s", {"k": 2}, f)  # new config -> recomputed
+    assert len(calls) == 2
+    (c.results / "s.json").write_text("{not json")  # a damaged cache is recomputed, not fatal
+    cached(c, "s", {"k": 2}, f)
+    assert len(calls) == 3
+    assert json.loads((c.results / "s.json").read_text())["config"] == {"k": 2}
+    assert not [p for p in c.results.iterdir() if "tmp" in p.name]
+
+
+def test_cache_only_never_computes(tmp_path):
+    c = ctx(tmp_path, cache_only=True)
+    with pytest.raises(NotCached):
+        cached(c, "s", {"k": 1}, lambda: {"x": 1})
+    with pytest.raises(NotCached):
+        Parts(c, "p", {"k": 1})
+
+
+def test_parts_resume_and_reset_on_new_config(tmp_path):
+    c = ctx(tmp_path)
+    calls = []
+    parts = Parts(c, "p", {"k": 1})
+    parts.get("a", lambda: calls.append("a") or 1)
+    parts = Parts(c, "p", {"k": 1})  # an interrupted run restarted: finished pieces are kept
+    assert parts.get("a", lambda: calls.append("a2") or 2) == 1
+    assert parts.get("b", lambda: calls.append("b") or 3) == 3
+    assert calls == ["a", "b"]
+    parts = Parts(c, "p", {"k": 2})  # another configuration: old pieces are dropped
+    assert parts.get("a", lambda: calls.append("a3") or 4) == 4
+    assert calls[-1] == "a3"
+
+
+def test_claim_rejects_unknown_verdict():
+    with pytest.raises(ValueError, match="verdict"):
+        Claim("c", "ref", "how", "ours", "paper", "maybe")
+
+
+# -- figure steps -------------------------------------------------------------------------------
+
+def test_fig_a_matches_paper_and_writes_png_and_svg(tmp_path):
+    res = fig_a_worked_example.run(ctx(tmp_path))
+    d = res.data
+    assert d["sps"]["accept_n"] == pytest.approx(0.4375, abs=1e-12)
+    assert np.allclose(d["cactus"]["h"], [0.16, 0.66, 0.18], atol=5e-3)
+    assert d["cactus_exact"]["kl_h"] == pytest.approx(fig_a_worked_example.DELTA, abs=1e-9)  # exact root spends delta
+    assert [c.verdict for c in res.claims] == ["holds"]
+    assert sorted(p.suffix for p in res.figures) == [".png", ".svg"]
+    assert all(p.stat().st_size > 1000 for p in res.figures)
+
+
+def test_fig_b_cvxpy_matches_roots_and_corollary6(tmp_path):
+    res = fig_b_gamma.run(ctx(tmp_path))
+    d = res.data
+    assert max(abs(pt["cvx"] - pt["root"]) for pt in d["points"]) < 1e-6
+    assert d["cor6_max_ratio_in_region"] <= 1 + 1e-9
+    assert 1.5 < d["max_ratio"] <= 2.0  # the Taylor rule does overspend outside Cor. 6's region
+    assert {c.verdict for c in res.claims} == {"holds"}
+
+
+def test_fig_c_sweep_end_points():
+    rng = np.random.default_rng(0)
+    P, Q = fig_c_tradeoff.random_pairs(rng, 6, 30)
+    s = fig_c_tradeoff.sweep(P, Q)
+    sps = float(np.mean(ct.acceptance_rate(ct.SpS(), P, Q)))
+    cac = {pt["param"]: pt for pt in s["Cactus (delta)"]}
+    # delta = 0 is SpS: its law is q exactly
+    assert cac[0.0]["accept"] == pytest.approx(sps, abs=1e-12) and cac[0.0]["kl"] == pytest.approx(0, abs=1e-12)
+    # a huge budget accepts everything, so the law is p and KL(h_alg || q) = KL(p || q)
+    assert cac[4.0]["accept"] > 0.999 and cac[4.0]["kl"] <= s["_kl_pq"] + 1e-12
+    interp = [pt["kl"] for pt in s["interpolation (alpha)"]]
+    assert np.all(np.diff(interp) > 0)  # more weight on p, further from q
+
+
+# -- the whole job ------------------------------------------------------------------------------
+
+def tiny(seed: int, V: int = 10) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=V, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
+                      bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    m = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for p in m.parameters():
+            p.mul_(4.0)
+    return m
+
+
+@pytest.fixture(scope="module")
+def tiny_pair():
+    return ModelPair(tiny(1), tiny(2), None)
+
+
+def test_repro_end_to_end_then_resumes_from_cache(tmp_path, tiny_pair):
+    c = ctx(tmp_path, lm={"pair": tiny_pair})
+    out = repro(c, [*STEPS, "verify"], report=tmp_path / "REPORT.md")
+    assert out["skipped"] == {}
+    text = (tmp_path / "REPORT.md").read_text()
+    for ref in ("Theorem 1", "Theorem 2", "Theorem 3", "Proposition 4", "Corollary 5", "Corollary 6",
+                "overview figure", "main table"):
+        assert ref in text
+    assert "out of reach" in text and "## f. Main-table analogue" in text
+    figs = sorted(p.name for p in c.figures.iterdir())
+    assert figs == sorted(f"{s}.{e}" for s in ("fig_a_worked_example", "fig_b_gamma", "fig_c_tradeoff",
+                                               "fig_d_gamma_delta", "fig_e_lm") for e in ("png", "svg"))
+    pairs = np.load(c.results / "lm_pairs.npz")
+    assert pairs["p"].shape == pairs["q"].shape and pairs["p"].shape[0] > 0
+    assert np.allclose(pairs["p"].sum(-1), 1) and np.allclose(pairs["q"].sum(-1), 1)
+    # every decoding run agrees with the pooled counters it feeds
+    runs = lm_runs.run_all(c)
+    t = lm_runs.pooled(runs, "SpS")
+    assert t["steps"] == sum(runs["SpS"][s]["stats"]["steps"] for s in lm_runs.STYLES) > 0
+    assert 0 <= t["al"] <= 4
+    # a rerun computes nothing: every cached file keeps its modification time
+    stamps = {p: p.stat().st_mtime_ns for p in c.results.rglob("*.json")}
+    out2 = repro(c, [*STEPS, "verify"], report=tmp_path / "REPORT2.md")
+    assert {p: p.stat().st_mtime_ns for p in c.results.rglob("*.json")} == stamps
+    assert [cl.verdict for s in out2["steps"] for cl in s.claims] == [cl.verdict for s in out["steps"] for cl in s.claims]
+    # --only a: the other steps come from their caches
+    out3 = repro(c, ["a"], report=tmp_path / "REPORT3.md")
+    assert out3["skipped"] == {} and any("(from cache)" in k for k in out3["timings"])
+
+
+def test_only_without_cache_reports_skipped_steps(tmp_path):
+    out = repro(ctx(tmp_path), ["a"], lm=False, report=tmp_path / "R.md")
+    assert "b (fig_b_gamma)" in out["skipped"] and "verify" in out["skipped"]
+    assert "e (fig_e_lm)" in out["skipped"] and "--no-lm" in out["skipped"]["e (fig_e_lm)"]
+    assert "Not run in this invocation" in (tmp_path / "R.md").read_text()
+
+
+@pytest.mark.parametrize("argv, match", [(["--only", "a,z"], "--only"), (["--per-style", "0"], "--per-style"),
+                                          (["--max-new-tokens", "0"], "--max-new-tokens")])
+def test_bad_arguments_name_the_option(argv, match, tmp_path):
+    p = argparse.ArgumentParser()
+    configure(p)
+    args = p.parse_args([*argv, "--results", str(tmp_path)])
+    with pytest.raises(ValueError, match=match):
+        main_run(args)
