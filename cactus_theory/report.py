@@ -18,7 +18,17 @@ from tqdm import tqdm
 
 from .divergences import F_DIVERGENCES, cross_entropy, kl, tv
 from .exact import acceptance_rate, induced_distribution, induced_generic, induced_scaling
-from .rules import EARS, TAS, Cactus, Interpolation, SpS, TopK, taylor_gamma, two_block_root
+from .rules import (
+    EARS,
+    TAS,
+    Cactus,
+    Interpolation,
+    SpS,
+    TopK,
+    taylor_gamma,
+    two_block_divergence,
+    two_block_root,
+)
 
 __all__ = ["ClaimResult", "CASE_KINDS", "make_pair", "verify_claims", "format_table", "configure", "run"]
 
@@ -180,7 +190,7 @@ def _corollary5(rng, cases):
         worst_slope, worst_coef = max(worst_slope, abs(slope - 1)), max(worst_coef, e_c)
     return ClaimResult(
         "Taylor root -> exact KL root as delta -> 0; error (1-2q_n) delta/3 (boost is O(sqrt delta))",
-        "Corollary 5", "exact (bisection) vs Taylor gamma, delta in [1e-7, 1e-4], 8 values of q_n; "
+        "Corollary 5", "exact root (two_block_root) vs Taylor gamma, delta in [1e-7, 1e-4], 8 values of q_n; "
         "log-log slope and error/delta vs (1-2q_n)/3",
         f"|slope - 1| {_fmt(worst_slope)}, relative coefficient error {_fmt(worst_coef)}",
         worst_slope <= 0.02 and worst_coef <= 0.02, bad)
@@ -192,18 +202,11 @@ def _taylor_draws(rng, count):
     return q_n, delta
 
 
-def _two_block(q_n, gamma, name):
-    """Divergence of the two-block h from q evaluated on full rows (h_n = gamma, rest rescaled)."""
-    from .rules import two_block_divergence
-
-    return two_block_divergence(gamma, q_n, name)
-
-
 def _corollary6(rng, cases):
     q_n, delta = _taylor_draws(rng, 20 * cases)
     g = taylor_gamma(q_n, delta)
     sel = g <= 0.5
-    slack = delta[sel] - _two_block(q_n[sel], g[sel], "kl")
+    slack = delta[sel] - two_block_divergence(g[sel], q_n[sel], "kl")
     i = int(np.argmin(slack))
     return ClaimResult(
         "Taylor gamma <= 0.5 implies KL(h||q) <= delta", "Corollary 6",
@@ -215,9 +218,9 @@ def _corollary6(rng, cases):
 def _taylor_log_bound(rng, cases):
     q_n, delta = _taylor_draws(rng, 20 * cases)
     g = taylor_gamma(q_n, delta)
-    slack = np.log1p(2 * delta) - _two_block(q_n, g, "kl")
+    slack = np.log1p(2 * delta) - two_block_divergence(g, q_n, "kl")
     unclipped = (q_n + np.sqrt(2 * delta * q_n * (1 - q_n)) <= 1) & (q_n < 1)
-    c = _two_block(q_n[unclipped], g[unclipped], "chi2")
+    c = two_block_divergence(g[unclipped], q_n[unclipped], "chi2")
     e_chi = float(np.max(np.abs(c - 2 * delta[unclipped] * (q_n[unclipped] > 0)) / (2 * delta[unclipped])))
     ok = slack.min() >= -1e-12 and e_chi <= 1e-9
     i = int(np.argmin(slack))
@@ -359,9 +362,9 @@ def _closed_forms(rng, cases):
     zero = max(zero, float(np.abs(Cactus(0.0).accept_from(p, q) - SpS().accept_from(p, q)).max()))
     worst = max(worst, zero)
     return ClaimResult(
-        "closed-form roots (chi2, TV, Hellinger) equal bisection roots; delta = 0 is SpS", "Theorem 2",
+        "closed-form roots (chi2, TV, Hellinger) equal the bracketing solver's roots; delta = 0 is SpS", "Theorem 2",
         f"{q.size} values of q_n x 5 deltas x 3 divergences; delta = 0 for all divergences",
-        f"max |closed - bisection| and |gamma(delta=0) - q_n| {_fmt(worst)}", bool(worst <= 1e-9), "")
+        f"max |closed - bracketed| and |gamma(delta=0) - q_n| {_fmt(worst)}", bool(worst <= 1e-9), "")
 
 
 CLAIMS: list[Callable] = [
