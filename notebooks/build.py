@@ -205,7 +205,8 @@ from cactus_theory.lm import ModelPair, autoregressive_generate, load_pair, spec
 from cactus_theory.lm.draft import DraftConfig, ShortlistDraft, draft_path
 from cactus_theory.lm.pair import load_model
 
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+if FAST or os.getloadavg()[0] >= (os.cpu_count() or 1):
+    torch.set_num_threads(1)  # on a busy CPU two threads contend and run several times slower
 if FAST and not os.path.exists(draft_path(DraftConfig())):
     verifier, tok = load_model("smollm2")
     L = len(verifier.model.layers)

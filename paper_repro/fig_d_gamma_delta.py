@@ -25,7 +25,7 @@ NAME = "fig_d_gamma_delta"
 
 def config(ctx: Ctx) -> dict:
     if ctx.fast:
-        return {"deltas": [0.05, 0.5], "Vs": [3, 4], "starts": 1, "seed": ctx.seed, "dir_V": 100, "dir_R": 8}
+        return {"deltas": [0.05, 0.5], "Vs": [3], "starts": 1, "seed": ctx.seed, "dir_V": 100, "dir_R": 8}
     return {"deltas": [0.01, 0.05, 0.1, 0.25, 0.5, 1.0], "Vs": [3, 10, 30], "starts": 4, "seed": ctx.seed,
             "dir_V": 1000, "dir_R": 64}
 

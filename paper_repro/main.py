@@ -35,6 +35,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--verifier", default="smollm2", help="verifier: 'smollm2' (embedded), .gguf, folder or hub id")
     parser.add_argument("--draft", default="embedded", help="draft: 'embedded' (built for smollm2) or a model like --verifier")
     parser.add_argument("--device", default=None, help="torch device for the LM steps (default: cpu)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads for the LM steps (default: 1 on a busy machine, else torch's)")
     parser.add_argument("--per-style", type=int, default=None, help="prompts per style (math, code, prose)")
     parser.add_argument("--max-new-tokens", type=int, default=None, help="new tokens per prompt")
     parser.add_argument("--results", default=str(RESULTS), help="cache folder for the numbers")
@@ -47,7 +49,7 @@ def _check(args: argparse.Namespace) -> list[str]:
     bad = [s for s in only if s not in (*STEPS, "verify")]
     if bad:
         raise ValueError(f"--only must list steps among {sorted([*STEPS, 'verify'])}, got {bad}")
-    for name in ("per_style", "max_new_tokens", "cases"):
+    for name in ("per_style", "max_new_tokens", "cases", "threads"):
         v = getattr(args, name)
         if v is not None and v < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {v}")
@@ -129,7 +131,7 @@ def repro(ctx: Ctx, only: list[str], lm: bool = True, cases: int | None = None,
 def run(args: argparse.Namespace) -> int:
     only = _check(args)
     lm = {"verifier": args.verifier, "draft": args.draft}
-    for k in ("device", "per_style", "max_new_tokens"):
+    for k in ("device", "threads", "per_style", "max_new_tokens"):
         if getattr(args, k) is not None:
             lm[k] = getattr(args, k)
     ctx = Ctx(results=args.results, figures=args.figures, fast=args.fast or fast_mode(), force=args.force,
