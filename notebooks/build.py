@@ -242,6 +242,8 @@ def build(out: Path = HERE) -> list[Path]:
     paths = []
     for name, cells in NOTEBOOKS.items():
         nb = new_notebook(cells=[new_markdown_cell(s) if kind == "md" else new_code_cell(s) for kind, s in cells])
+        for i, cell in enumerate(nb.cells):
+            cell.id = f"{name[:2]}-{i:02d}"  # stable ids: a rebuild without changes is byte-identical
         nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
         path = out / name
         tmp = path.with_name(f".{name}.{os.getpid()}.tmp")
