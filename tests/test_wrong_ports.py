@@ -71,7 +71,7 @@ def test_wrong_recovery_is_far_and_caught_one_step():
 
 def test_off_by_one_caught_one_step():
     p, q = rows(11)
-    for rule in (ct.SpS(), ct.Cactus(0.5)):
+    for rule in (ct.SpS(), ct.Cactus(0.1)):
         res = one_step_test(rule, p, q, num_samples=N1, seed=5, alpha=ALPHA, sampler=off_by_one)
         assert res.reject and res.pvalue < 1e-12, (rule, res)
 
@@ -100,5 +100,5 @@ def test_misaligned_rows_caught_by_sequence_test(pair, rule, sampler):
 def test_bonus_from_wrong_row_is_invisible_to_the_one_step_test():
     """Why the sequence test is needed: the first token's law does not involve the bonus row."""
     p, q = rows(11)
-    res = one_step_test(ct.Cactus(0.5), p, q, num_samples=N1, seed=5, alpha=ALPHA, sampler=bonus_from_wrong_row)
+    res = one_step_test(ct.Cactus(0.1), p, q, num_samples=N1, seed=5, alpha=ALPHA, sampler=bonus_from_wrong_row)
     assert not res.reject
