@@ -65,34 +65,34 @@ def _induced_scaling_row(rule: ScalingRule, p: np.ndarray, q: np.ndarray) -> np.
     ``s`` gives every output ``y`` by a suffix sum; the ``y = n`` terms are then removed.
     """
     V = p.size
-    gamma = rule.gamma(q)
     phi = rule.accept_from(p, q)
     out = p * phi
     rej = (p > 0) & (phi < 1)
     if not rej.any():
         return out
-    s = rule.scale(q, gamma)
+    idx = np.flatnonzero(rej)
+    qi, pi = q[idx], p[idx]
+    si = rule.scale(qi, rule.gamma(qi))  # gamma is only needed where rejection is possible
     with np.errstate(divide="ignore", invalid="ignore"):
         r = np.where(q > 0, p / np.where(q > 0, q, 1.0), np.inf)
     # Z_n = sum_{i != n} (s_n q_i - p_i)_+  (the n term itself is (gamma_n - p_n)_+ = 0 when rejecting)
     order = np.argsort(r, kind="stable")
     cq = np.concatenate([[0.0], np.cumsum(q[order])])
     cp = np.concatenate([[0.0], np.cumsum(p[order])])
-    idx = np.flatnonzero(rej)
-    k = np.searchsorted(r[order], s[idx], side="left")  # count of r_i < s_n
-    Z = s[idx] * cq[k] - cp[k]
-    Z -= np.where(r[idx] < s[idx], s[idx] * q[idx] - p[idx], 0.0)
-    w = p[idx] * (1 - phi[idx]) / Z
+    k = np.searchsorted(r[order], si, side="left")  # count of r_i < s_n
+    Z = si * cq[k] - cp[k]
+    Z -= np.where(r[idx] < si, si * qi - pi, 0.0)
+    w = pi * (1 - phi[idx]) / Z
     # out[y] += sum_{n: s_n > r_y, n != y} w_n (s_n q_y - p_y)
-    so = np.argsort(s[idx], kind="stable")
-    s_sorted = s[idx][so]
-    ws = np.concatenate([np.cumsum((w * s[idx])[so][::-1])[::-1], [0.0]])
+    so = np.argsort(si, kind="stable")
+    s_sorted = si[so]
+    ws = np.concatenate([np.cumsum((w * si)[so][::-1])[::-1], [0.0]])
     w1 = np.concatenate([np.cumsum(w[so][::-1])[::-1], [0.0]])
     j = np.searchsorted(s_sorted, r, side="right")  # first n with s_n > r_y
     add = q * ws[j] - p * w1[j]
     add = np.where(np.isfinite(r), add, 0.0)  # q_y = 0 receives nothing
     self_term = np.zeros(V)
-    self_term[idx] = np.where(s[idx] > r[idx], w * (s[idx] * q[idx] - p[idx]), 0.0)
+    self_term[idx] = np.where(si > r[idx], w * (si * qi - pi), 0.0)
     out += np.maximum(add - self_term, 0.0)
     return out
 
