@@ -74,3 +74,18 @@ def test_gamma_search_default_rule_and_zero_budget():
     assert 0 < r.value <= float(ct.chi2(r.p, r.q)) + 1e-9
     z = gamma_search(0.0, 3, "hellinger", starts=2, seed=0, maxiter=10, polish=0)
     assert z.value == pytest.approx(0.0, abs=1e-15)  # Gamma(0) = 0: delta = 0 is SpS, h_alg = q
+
+
+def test_inaccurate_answers_are_checked():
+    """Clarabel once returned 'optimal_inaccurate' points 3x over a JS budget of 1e-4 on these rows;
+    solve_target must detect that and retry, ending feasible and at the two-block root."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for _ in range(227):
+        V = int(rng.integers(10, 50))
+        rows.append((rng.dirichlet(np.ones(V)), int(rng.integers(V))))
+    for t in (155, 182, 226):
+        q, n = rows[t]
+        res = solve_target(q, n, 1e-4, "js")
+        assert float(ct.js(res.h, q)) <= 1e-4 + 1e-9
+        assert abs(res.gamma - float(ct.two_block_root(np.asarray(q[n]), 1e-4, "js"))) <= 1e-6
