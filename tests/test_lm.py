@@ -25,7 +25,13 @@ from cactus_theory.lm import (
     sampling_probs,
     speculative_generate,
 )
-from cactus_theory.lm.draft import DraftConfig, ShortlistDraft, heldout_acceptance, train_head
+from cactus_theory.lm.draft import (
+    DraftConfig,
+    ShortlistDraft,
+    collect_teacher,
+    heldout_acceptance,
+    train_draft,
+)
 from cactus_theory.lm.generate import step_kl
 from cactus_theory.lm.pair import check_same_tokenizer
 from cactus_theory.lm.transforms import check_sampling
@@ -245,10 +251,11 @@ def test_step_kl_on_the_support_equals_the_full_vocabulary(rule):
 
 # -- the early-exit draft -------------------------------------------------------------------------
 
-def test_shortlist_draft_cached_logits_and_training():
+@pytest.mark.parametrize("own_layers", [False, True])
+def test_shortlist_draft_cached_logits_and_training(own_layers):
     ver = tiny(7, layers=3, scale=2.0)
     shortlist = torch.tensor([0, 2, 3, 5, 8])
-    d = ShortlistDraft(ver, 1, shortlist, adapter=8)
+    d = ShortlistDraft(ver, 1, shortlist, adapter=8, own_layers=own_layers)
     ids = torch.tensor([[1, 2, 3, 4, 5]])
     full = d(ids).logits
     assert full.shape == (1, 5, V) and torch.isinf(full[..., [1, 4, 6, 7, 9]]).all()
@@ -257,22 +264,24 @@ def test_shortlist_draft_cached_logits_and_training():
     step = d(ids[:, 3:], attention_mask=torch.ones(1, 5, dtype=torch.long),
              position_ids=torch.tensor([[3, 4]]), cache=out.past_key_values)
     assert torch.allclose(step.logits, full[:, 3:], atol=1e-5)
-    # distillation on the verifier's own features raises the held-out acceptance
-    from cactus_theory.lm.draft import collect_teacher
-
-    seqs = torch.randint(0, V, (24, 16), generator=torch.Generator().manual_seed(0))
-    data = collect_teacher(ver, seqs, (1,), batch=8, progress=False)
-    X, lp, ix = data["feats"][1], data["top_lp"][:, :V], data["top_id"][:, :V]
-    before = heldout_acceptance(d, X[300:], lp[300:], ix[300:], top_k=V)
-    cfg = DraftConfig(num_layers=1, shortlist=5, adapter=8, epochs=40, lr=1e-2)
-    losses = train_head(d, X[:300], lp[:300], ix[:300], cfg, progress=False)
-    after = heldout_acceptance(d, X[300:], lp[300:], ix[300:], top_k=V)
+    # distillation on the verifier's next-token laws raises the held-out acceptance
+    seqs = torch.randint(0, V, (40, 16), generator=torch.Generator().manual_seed(0))
+    data = collect_teacher(ver, seqs, batch=8, progress=False)
+    lp, ix = data["top_lp"], data["top_id"]
+    before = heldout_acceptance(d, seqs[32:], lp[32:], ix[32:], top_k=V)
+    layer0 = d.base.layers[0].mlp.up_proj.weight.clone()
+    cfg = DraftConfig(num_layers=1, shortlist=5, adapter=8, epochs=30, batch=8, lr=1e-2, train_layers=own_layers)
+    losses = train_draft(d, seqs[:32], lp[:32], ix[:32], cfg, progress=False)
+    after = heldout_acceptance(d, seqs[32:], lp[32:], ix[32:], top_k=V)
     assert losses[-1] < losses[0] and after > before
+    # the verifier itself is never modified; the draft's copied layers are trained only when owned
+    assert torch.equal(ver.model.layers[0].mlp.up_proj.weight, layer0) or own_layers
+    assert own_layers == (not torch.equal(d.base.layers[0].mlp.up_proj.weight, layer0))
+    assert d.base.embed_tokens is ver.model.embed_tokens
     # a shortlist draft drives speculative decoding with the exact SpS law
-    res = speculative_generate(ModelPair(d, ver, None), [[1, 8]] * 4000, ct.SpS(), k=2, max_new_tokens=2,
-                               batch_size=4000, seed=6, track_kl=False)
-    res_law = autoregressive_law(cond(ver), 2, prompt=(1, 8))
-    assert_fits(res.tokens, res_law, 2)
+    res = speculative_generate(ModelPair(d, ver, None), [[1, 8]] * N, ct.SpS(), k=2, max_new_tokens=2,
+                               batch_size=N, seed=6, track_kl=False)
+    assert_fits(res.tokens, autoregressive_law(cond(ver), 2, prompt=(1, 8)), 2)
 
 
 # -- bad input --------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 __all__ = ["DraftConfig", "ShortlistDraft", "cache_dir", "draft_path", "build_draft", "load_draft",
-           "collect_teacher", "train_head", "heldout_acceptance", "configure", "run"]
+           "collect_teacher", "train_draft", "heldout_acceptance", "configure", "run"]
 
 FORMAT_VERSION = 1
 TOPK = 32  # teacher tokens kept per position
@@ -41,12 +41,13 @@ class DraftConfig:
     num_layers: int = 2
     shortlist: int = 4096
     adapter: int = 1024
-    train_tokens: int = 40_960
-    heldout_tokens: int = 4_096
+    train_tokens: int = 16_384
+    heldout_tokens: int = 2_048
     seq_len: int = 128
     batch: int = 8
-    epochs: int = 6
+    epochs: int = 4
     lr: float = 2e-3
+    train_layers: bool = True
     seed: int = 0
 
     def __post_init__(self):
@@ -73,9 +74,10 @@ def draft_path(cfg: DraftConfig) -> str:
     return os.path.join(cache_dir(), f"smollm2-draft-v{FORMAT_VERSION}-L{cfg.num_layers}-S{cfg.shortlist}-{key}.pt")
 
 
-def _truncated(inner: nn.Module, num_layers: int) -> nn.Module:
-    """The verifier's inner decoder cut to its first ``num_layers`` layers (modules shared, not copied),
-    without the final norm (the exit head has its own)."""
+def _truncated(inner: nn.Module, num_layers: int, copy_layers: bool) -> nn.Module:
+    """The verifier's inner decoder cut to its first ``num_layers`` layers (shared, or copied when
+    ``copy_layers`` so that they can be trained), without the final norm (the exit head has its own);
+    the token embedding is always shared."""
     cfg = copy.deepcopy(inner.config)
     cfg.num_hidden_layers = num_layers
     if isinstance(getattr(cfg, "layer_types", None), list):
@@ -83,7 +85,8 @@ def _truncated(inner: nn.Module, num_layers: int) -> nn.Module:
     with torch.device("meta"):
         base = type(inner)(cfg)
     base.embed_tokens = inner.embed_tokens
-    base.layers = nn.ModuleList(list(inner.layers[:num_layers]))
+    layers = list(inner.layers[:num_layers])
+    base.layers = nn.ModuleList([copy.deepcopy(m) for m in layers] if copy_layers else layers)
     base.rotary_emb = inner.rotary_emb
     base.norm = nn.Identity()
     left = [n for n, t in list(base.named_parameters()) + list(base.named_buffers()) if t.is_meta]
@@ -99,13 +102,15 @@ class ShortlistDraft(nn.Module):
     ``.logits`` over the full vocabulary with ``-inf`` outside the shortlist, and ``.past_key_values``.
     """
 
-    def __init__(self, verifier: nn.Module, num_layers: int, shortlist: torch.Tensor, adapter: int = 1024):
+    def __init__(self, verifier: nn.Module, num_layers: int, shortlist: torch.Tensor, adapter: int = 1024,
+                 own_layers: bool = False):
         super().__init__()
         inner = verifier.model
         if not 1 <= num_layers < len(inner.layers):
             raise ValueError(f"num_layers must be in [1, {len(inner.layers) - 1}], got {num_layers}")
         d = inner.config.hidden_size
-        self.base = _truncated(inner, num_layers)
+        self.base = _truncated(inner, num_layers, own_layers)
+        self.own_layers = own_layers
         self.adapter_in = nn.Linear(d, adapter) if adapter else None
         self.adapter_out = nn.Linear(adapter, d) if adapter else None
         if adapter:
@@ -125,8 +130,18 @@ class ShortlistDraft(nn.Module):
             x = x + self.adapter_out(nn.functional.silu(self.adapter_in(x)))
         return self.head(self.norm(x))
 
-    def head_state(self) -> dict:
-        return {k: v for k, v in self.state_dict().items() if not k.startswith("base.")}
+    def trained_state(self) -> dict:
+        """Everything but the shared verifier modules (embedding; layers too unless own)."""
+        return {k: v for k, v in self.state_dict().items()
+                if not k.startswith("base.") or (self.own_layers and k.startswith("base.layers."))}
+
+    def trainable(self) -> list[nn.Parameter]:
+        return [p for n, p in self.named_parameters()
+                if not n.startswith("base.") or (self.own_layers and n.startswith("base.layers."))]
+
+    def features(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Layer-``L`` features of whole sequences (N, T) -> (N, T, d), no cache."""
+        return self.base(input_ids=input_ids, use_cache=False).last_hidden_state
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None, past_key_values=None,
                 use_cache=True, **_):
@@ -169,28 +184,22 @@ def _token_batches(tokenizer, cfg: DraftConfig, n_tokens: int, seed: int):
 
 
 @torch.no_grad()
-def collect_teacher(verifier: nn.Module, seqs: torch.Tensor, layers: tuple[int, ...], batch: int,
-                    progress: bool = True) -> dict:
-    """One verifier pass over ``seqs`` (N, T): features after each layer in ``layers``, the teacher's
-    top-``TOPK`` log-probabilities and ids, and the summed next-token probabilities per token id."""
-    feats = {L: [] for L in layers}
+def collect_teacher(verifier: nn.Module, seqs: torch.Tensor, batch: int, progress: bool = True) -> dict:
+    """One verifier pass over ``seqs`` (N, T): the teacher's top-``TOPK`` log-probabilities and ids at
+    every position, (N, T, TOPK), and the summed next-token probabilities per token id (V,)."""
     top_lp, top_id = [], []
     mass = torch.zeros(verifier.config.vocab_size, dtype=torch.float64)
     for i in tqdm(range(0, len(seqs), batch), desc="teacher pass", disable=not progress):
-        out = verifier(input_ids=seqs[i:i + batch], output_hidden_states=True, use_cache=False)
-        for L in layers:
-            feats[L].append(out.hidden_states[L].flatten(0, 1).clone())
-        lp = out.logits.float().log_softmax(-1).flatten(0, 1)
-        mass += lp.exp().sum(0).double()
+        lp = verifier(input_ids=seqs[i:i + batch], use_cache=False).logits.float().log_softmax(-1)
+        mass += lp.exp().sum((0, 1)).double()
         v, ix = lp.topk(min(TOPK, lp.shape[-1]), dim=-1)
         top_lp.append(v)
         top_id.append(ix)
-    return {"feats": {L: torch.cat(f) for L, f in feats.items()}, "top_lp": torch.cat(top_lp),
-            "top_id": torch.cat(top_id), "mass": mass}
+    return {"top_lp": torch.cat(top_lp), "top_id": torch.cat(top_id), "mass": mass}
 
 
 def _targets(top_lp: torch.Tensor, top_id: torch.Tensor, shortlist: torch.Tensor, V: int):
-    """Teacher weights on shortlist positions: (N, TOPK) indices into S (0 where absent) and weights."""
+    """Teacher weights on shortlist positions: indices into S (0 where absent) and weights q_i."""
     where = torch.full((V,), -1, dtype=torch.long)
     where[shortlist] = torch.arange(shortlist.numel())
     idx = where[top_id]
@@ -198,25 +207,27 @@ def _targets(top_lp: torch.Tensor, top_id: torch.Tensor, shortlist: torch.Tensor
     return idx.clamp_min(0), w
 
 
-def train_head(draft: ShortlistDraft, feats: torch.Tensor, top_lp: torch.Tensor, top_id: torch.Tensor,
-               cfg: DraftConfig, progress: bool = True) -> list[float]:
-    """Adam on ``-sum_{i in S} q_i log p_i`` over the teacher's top tokens; returns the epoch losses."""
+def train_draft(draft: ShortlistDraft, seqs: torch.Tensor, top_lp: torch.Tensor, top_id: torch.Tensor,
+                cfg: DraftConfig, progress: bool = True) -> list[float]:
+    """Adam on ``-sum_{i in S} q_i log p_i`` (teacher's top tokens) over every position of ``seqs``;
+    trains the exit head, and the copied layers when the draft owns them; returns epoch losses."""
     g = torch.Generator().manual_seed(cfg.seed)
     idx, w = _targets(top_lp, top_id, draft.shortlist, draft.config.vocab_size)
-    params = [p for n, p in draft.named_parameters() if not n.startswith("base.")]
-    opt = torch.optim.Adam(params, lr=cfg.lr)
-    N, bs = feats.shape[0], 512
+    opt = torch.optim.Adam(draft.trainable(), lr=cfg.lr)
+    N, bs = seqs.shape[0], cfg.batch
     steps = cfg.epochs * math.ceil(N / bs)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=steps, pct_start=0.1)
     losses = []
-    bar = tqdm(total=steps, desc="train exit head", disable=not progress)
+    bar = tqdm(total=steps, desc="train draft", disable=not progress)
     for _ in range(cfg.epochs):
         perm = torch.randperm(N, generator=g)
         tot = 0.0
         for s in range(0, N, bs):
             b = perm[s:s + bs]
             with torch.enable_grad():
-                logp = draft.exit(feats[b]).log_softmax(-1)
+                with torch.set_grad_enabled(draft.own_layers):
+                    x = draft.features(seqs[b])
+                logp = draft.exit(x).log_softmax(-1)
                 loss = -(w[b] * logp.gather(-1, idx[b])).sum(-1).mean()
                 opt.zero_grad()
                 loss.backward()
@@ -231,25 +242,25 @@ def train_head(draft: ShortlistDraft, feats: torch.Tensor, top_lp: torch.Tensor,
 
 
 @torch.no_grad()
-def heldout_acceptance(draft: ShortlistDraft, feats: torch.Tensor, top_lp: torch.Tensor, top_id: torch.Tensor,
+def heldout_acceptance(draft: ShortlistDraft, seqs: torch.Tensor, top_lp: torch.Tensor, top_id: torch.Tensor,
                        temperature: float = 0.6, top_k: int = 20, top_p: float = 0.95) -> float:
-    """Mean SpS acceptance ``sum_i min(p_i, q_i)`` on held-out positions, both laws after the sampling
-    transforms (exact when ``top_k <= TOPK``: the teacher's top-``TOPK`` logits determine ``q``)."""
+    """Mean SpS acceptance ``sum_i min(p_i, q_i)`` over the positions of ``seqs``, both laws after the
+    sampling transforms (exact when ``top_k <= TOPK``: the teacher's top logits determine ``q``)."""
     from .transforms import sampling_probs
 
-    if not 0 < top_k <= TOPK:
-        raise ValueError(f"top_k must be in [1, {TOPK}] here, got {top_k}")
-    V = draft.config.vocab_size
-    q_small = sampling_probs(top_lp, temperature, top_k, top_p)  # (N, TOPK) over top_id
-    s = draft.exit(feats)
-    logits = s.new_full((s.shape[0], V), -math.inf).scatter_(-1, draft.shortlist.expand(s.shape[0], -1), s)
-    p = sampling_probs(logits, temperature, top_k, top_p)
-    return float(torch.minimum(p.gather(-1, top_id), q_small).sum(-1).mean())
+    if not 0 < top_k <= top_lp.shape[-1]:
+        raise ValueError(f"top_k must be in [1, {top_lp.shape[-1]}] here, got {top_k}")
+    q_small = sampling_probs(top_lp, temperature, top_k, top_p)  # over top_id
+    acc = []
+    for i in range(0, len(seqs), 8):
+        p = sampling_probs(draft(seqs[i:i + 8], use_cache=False).logits, temperature, top_k, top_p)
+        acc.append(torch.minimum(p.gather(-1, top_id[i:i + 8]), q_small[i:i + 8]).sum(-1).flatten())
+    return float(torch.cat(acc).mean())
 
 
 def build_draft(cfg: DraftConfig = DraftConfig(), verifier=None, tokenizer=None, path: str | None = None,
                 progress: bool = True) -> str:
-    """Build the embedded draft (teacher pass, shortlist, head training) and cache it; returns the path."""
+    """Build the embedded draft (teacher pass, shortlist, training) and cache it; returns the path."""
     from .pair import load_model
 
     t0 = time.time()
@@ -257,40 +268,28 @@ def build_draft(cfg: DraftConfig = DraftConfig(), verifier=None, tokenizer=None,
     if verifier is None or tokenizer is None:
         verifier, tokenizer = load_model("smollm2")
     seqs = _token_batches(tokenizer, cfg, cfg.train_tokens + cfg.heldout_tokens, cfg.seed)
-    n_held = cfg.heldout_tokens // cfg.seq_len
-    data = collect_teacher(verifier, seqs, (cfg.num_layers,), cfg.batch, progress)
-    cut = (len(seqs) - n_held) * cfg.seq_len
-    mass = _targets_mass(data, cut)
-    shortlist = mass.topk(cfg.shortlist).indices.sort().values
+    cut = len(seqs) - cfg.heldout_tokens // cfg.seq_len
+    data = collect_teacher(verifier, seqs[:cut], cfg.batch, progress)
+    held = collect_teacher(verifier, seqs[cut:], cfg.batch, progress)
+    shortlist = data["mass"].topk(cfg.shortlist).indices.sort().values
     if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in set(shortlist.tolist()):
-        shortlist[mass[shortlist].argmin()] = tokenizer.eos_token_id
+        shortlist[data["mass"][shortlist].argmin()] = tokenizer.eos_token_id
         shortlist = shortlist.sort().values
-    draft = ShortlistDraft(verifier, cfg.num_layers, shortlist, cfg.adapter)
-    X = data["feats"][cfg.num_layers]
-    before = heldout_acceptance(draft, X[cut:], data["top_lp"][cut:], data["top_id"][cut:])
-    losses = train_head(draft, X[:cut], data["top_lp"][:cut], data["top_id"][:cut], cfg, progress)
-    after = heldout_acceptance(draft, X[cut:], data["top_lp"][cut:], data["top_id"][cut:])
+    draft = ShortlistDraft(verifier, cfg.num_layers, shortlist, cfg.adapter, own_layers=cfg.train_layers)
+    before = heldout_acceptance(draft, seqs[cut:], held["top_lp"], held["top_id"])
+    losses = train_draft(draft, seqs[:cut], data["top_lp"], data["top_id"], cfg, progress)
+    after = heldout_acceptance(draft, seqs[cut:], held["top_lp"], held["top_id"])
     info = {"config": asdict(cfg), "losses": losses, "heldout_acceptance_untrained": before,
             "heldout_acceptance": after, "seconds": time.time() - t0, "format": FORMAT_VERSION}
     path = path or draft_path(cfg)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.tmp{os.getpid()}"
-    torch.save({"info": info, "shortlist": shortlist, "head": draft.head_state()}, tmp)
+    torch.save({"info": info, "shortlist": shortlist, "state": draft.trained_state()}, tmp)
     os.replace(tmp, path)
     if progress:
         print(f"draft saved to {path}: held-out SpS acceptance {before:.3f} -> {after:.3f} "
               f"(T=0.6, top-k 20, top-p 0.95) in {info['seconds']:.0f} s")
     return path
-
-
-def _targets_mass(data: dict, cut: int) -> torch.Tensor:
-    """Teacher mass per token on the training positions only (the held-out part stays unseen)."""
-    N = data["top_id"].shape[0]
-    if cut >= N:
-        return data["mass"]
-    held = torch.zeros_like(data["mass"])
-    held.index_add_(0, data["top_id"][cut:].flatten(), data["top_lp"][cut:].exp().flatten().double())
-    return data["mass"] - held
 
 
 def load_draft(verifier: nn.Module, cfg: DraftConfig = DraftConfig(), build: bool = True,
@@ -306,9 +305,8 @@ def load_draft(verifier: nn.Module, cfg: DraftConfig = DraftConfig(), build: boo
             tokenizer = load_model("smollm2")[1]
         build_draft(cfg, verifier, tokenizer, path, progress)
     blob = torch.load(path, map_location="cpu", weights_only=False)
-    draft = ShortlistDraft(verifier, cfg.num_layers, blob["shortlist"], cfg.adapter)
-    draft.load_state_dict({**{k: v for k, v in draft.state_dict().items() if k.startswith("base.")},
-                           **blob["head"]})
+    draft = ShortlistDraft(verifier, cfg.num_layers, blob["shortlist"], cfg.adapter, own_layers=cfg.train_layers)
+    draft.load_state_dict({**draft.state_dict(), **blob["state"]})
     draft.eval()
     draft.info = blob["info"]
     return draft
@@ -323,6 +321,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--train-tokens", type=int, default=d.train_tokens)
     parser.add_argument("--epochs", type=int, default=d.epochs)
     parser.add_argument("--seed", type=int, default=d.seed)
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (1 is faster on a busy machine)")
     parser.add_argument("--force", action="store_true", help="rebuild even if cached")
 
 
@@ -333,6 +332,8 @@ def args_config(args) -> DraftConfig:
 
 def run(args) -> int:
     cfg = args_config(args)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     path = draft_path(cfg)
     if os.path.exists(path) and not args.force:
         info = torch.load(path, map_location="cpu", weights_only=False)["info"]
