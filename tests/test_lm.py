@@ -3,8 +3,8 @@ first generated tokens, batching with ragged prompts, EOS, determinism, statisti
 
 Statistical tests: chi-square goodness of fit (``stats.goodness_of_fit``, cells pooled to expected
 count >= 5) at level ALPHA = 1e-3 each, with fixed seeds, so the suite is deterministic; were the
-seeds redrawn, each of the 7 true-null tests here would fail with probability 1e-3 (~0.7% for the
-file). N = 20000 sequences per law: a law at TV distance 0.04 from the exact one over <= 100
+seeds redrawn, each of the 11 true-null checks here would fail with probability 1e-3 (~1.1% for
+the file). N = 20000 sequences per law: a law at TV distance 0.04 from the exact one over <= 100
 pooled cells is rejected with probability > 0.99 (``stats.power``).
 """
 

@@ -47,7 +47,10 @@ def load_model(spec: str, dtype: torch.dtype = torch.float32) -> tuple[torch.nn.
             raise ValueError(f"model file {spec!r} does not exist")
         folder, kw["gguf_file"] = os.path.split(os.path.abspath(spec))
     tok = AutoTokenizer.from_pretrained(folder, **kw)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kw)
+    import transformers
+
+    dtype_kw = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
+    model = AutoModelForCausalLM.from_pretrained(folder, **{dtype_kw: dtype}, **kw)
     model.eval()
     return model, tok
 

@@ -1,9 +1,10 @@
 """Sampling transforms (temperature, top-k, top-p), applied identically to the draft's ``p`` and the
 verifier's ``q`` before any rule sees them, exactly as a plain sampler applies them to ``q``.
 
-Order (the usual one): divide logits by the temperature, keep the ``top_k`` largest (ties kept),
-then keep the smallest set of most likely tokens whose mass reaches ``top_p`` (the token that
-crosses ``top_p`` is kept), renormalise. ``temperature = 0`` means greedy (one-hot at the argmax).
+Order (the usual one): divide logits by the temperature, keep the ``top_k`` largest (ties at the
+k-th value broken by ``torch.topk``), then keep the smallest set of most likely tokens whose mass
+reaches ``top_p`` (the token that crosses ``top_p`` is kept), renormalise. With ``top_k`` set, the
+top-p cut sorts only the ``top_k`` survivors, not the whole vocabulary. ``temperature = 0`` means greedy (one-hot at the argmax).
 Tokens with logit ``-inf`` (outside a draft's shortlist) get probability 0.
 """
 
@@ -35,12 +36,18 @@ def sampling_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 
     x = x / temperature
     V = x.shape[-1]
     if 0 < top_k < V:
-        kth = x.topk(top_k, dim=-1).values[..., -1:]
-        x = x.masked_fill(x < kth, -math.inf)
+        vals, idx = x.topk(top_k, dim=-1)  # sorted, largest first
+        if top_p < 1:
+            vals = _nucleus(vals, top_p)
+        return torch.full_like(x, -math.inf).scatter(-1, idx, vals).softmax(-1)
     if top_p < 1:
         srt, idx = x.sort(dim=-1, descending=True)
-        pr = srt.softmax(-1)
-        before = pr.cumsum(-1) - pr  # mass of strictly more likely tokens (in sorted order)
-        drop = torch.zeros_like(before, dtype=torch.bool).scatter(-1, idx, before >= top_p)
-        x = x.masked_fill(drop, -math.inf)
+        x = torch.full_like(x, -math.inf).scatter(-1, idx, _nucleus(srt, top_p))
     return x.softmax(-1)
+
+
+def _nucleus(srt: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Logits sorted largest first -> the same with tokens past the top-p mass set to ``-inf``."""
+    pr = srt.softmax(-1)
+    before = pr.cumsum(-1) - pr  # mass of strictly more likely tokens
+    return srt.masked_fill(before >= top_p, -math.inf)
