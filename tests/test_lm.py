@@ -321,3 +321,19 @@ def test_tokenizer_mismatch_is_refused():
         check_same_tokenizer(_Tok({"a": 0, "b": 1}), _Tok({"a": 1, "b": 0}))
     with pytest.raises(ValueError, match="eos_token_id"):
         check_same_tokenizer(_Tok({"a": 0}, eos=0), _Tok({"a": 0}, eos=1))
+
+
+def test_run_benchmark_on_the_tiny_pair():
+    from cactus_theory.lm.experiment import format_table, run_benchmark
+
+    rules = [("SpS", ct.SpS()), ("Cactus d=1.0", ct.Cactus(1.0))]
+    res = run_benchmark(pair(), [[1, 2], [3]], rules=rules, ks=(1, 3), max_new_tokens=6, batch_size=2,
+                        progress=False)
+    rows = res["rows"]
+    assert [(r["rule"], r["k"]) for r in rows] == [("SpS", 1), ("Cactus d=1.0", 1), ("SpS", 3), ("Cactus d=1.0", 3)]
+    assert len(res["baseline"]) == 2 and res["reference_tokens_per_s"] > 0
+    for r in rows:
+        assert r["speedup"] == pytest.approx(r["tokens_per_s"] / res["reference_tokens_per_s"])
+        assert r["new_tokens"] == 12 and 0 <= r["al"] <= r["k"]
+    assert all(r["al_vs_sps"] == 1 for r in rows if r["rule"] == "SpS")
+    assert "Cactus d=1.0" in format_table(res)
