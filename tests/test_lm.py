@@ -337,3 +337,28 @@ def test_run_benchmark_on_the_tiny_pair():
         assert r["new_tokens"] == 12 and 0 <= r["al"] <= r["k"]
     assert all(r["al_vs_sps"] == 1 for r in rows if r["rule"] == "SpS")
     assert "Cactus d=1.0" in format_table(res)
+
+
+def test_draft_config_and_cache_location(monkeypatch, tmp_path):
+    from cactus_theory.lm.draft import cache_dir, draft_path, load_draft
+
+    with pytest.raises(ValueError, match="num_layers"):
+        DraftConfig(num_layers=0)
+    with pytest.raises(ValueError, match="chat_heldout"):
+        DraftConfig(chat_prompts=4, chat_heldout=4)
+    monkeypatch.setenv("CACTUS_THEORY_CACHE", str(tmp_path))
+    assert cache_dir() == str(tmp_path)
+    a, b = draft_path(DraftConfig()), draft_path(DraftConfig(seed=1))
+    assert a != b and a.startswith(str(tmp_path)) and b.startswith(str(tmp_path))
+    with pytest.raises(ValueError, match="build-draft"):
+        load_draft(VERIFIER, DraftConfig(), build=False)
+
+
+def test_training_prompts_are_seeded_and_disjoint_from_the_evaluation_set():
+    from cactus_theory.lm.data import prompt_set, training_prompts
+
+    a = training_prompts(30, seed=0)
+    assert a == training_prompts(30, seed=0) and a != training_prompts(30, seed=1)
+    assert len(a) == 30 and not set(a) & set(prompt_set())
+    with pytest.raises(ValueError, match="per_style"):
+        prompt_set(0)

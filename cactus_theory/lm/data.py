@@ -98,3 +98,40 @@ def encode_prompts(tokenizer, prompts: list[str], chat: bool = True) -> list[lis
             ids = tokenizer(p)["input_ids"]
         out.append([int(t) for t in ids])
     return out
+
+
+_TOPICS = ["the moon", "volcanoes", "bees", "the printing press", "rainforests", "electricity", "the Roman Empire",
+           "chess", "coffee", "earthquakes", "the internet", "penguins", "solar panels", "the human heart",
+           "glaciers", "jazz music", "bread baking", "the ocean tides", "airplanes", "vaccines", "recycling",
+           "the Great Wall of China", "photosynthesis", "black holes", "democracy", "honey", "trains", "deserts",
+           "friendship", "libraries", "batteries", "mountains"]
+_TASKS = ["Explain {t} to a curious child.", "Write a short paragraph about {t}.", "Give three facts about {t}.",
+          "Why is {t} important?", "Write a short poem about {t}.", "Describe the history of {t} briefly."]
+_CODE_TASKS = ["Write a Python function that {f}.", "How do I {f} in Python? Show code.",
+               "Write a Python function that {f}, with a docstring and an example."]
+_FUNCS = ["sorts a list of words by length", "counts the lines in a file", "checks whether a year is a leap year",
+          "returns the n-th Fibonacci number", "removes duplicates from a list while keeping order",
+          "converts Celsius to Fahrenheit", "finds the largest element of a list", "reverses the words in a sentence",
+          "computes the average of a list of numbers", "checks whether a string is a valid email address",
+          "reads a CSV file into a list of dictionaries", "computes the factorial of n"]
+_NAMES = ["Anna", "Ben", "Carla", "David", "Emma", "Farid", "Grace", "Hugo"]
+_ITEMS = ["apples", "stickers", "books", "marbles", "cookies", "pencils"]
+
+
+def training_prompts(n: int, seed: int = 0) -> list[str]:
+    """``n`` seeded, templated user requests (prose, code, and GSM8K-style arithmetic word problems)
+    for the draft's training transcripts; disjoint from the evaluation ``prompt_set``."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        kind = i % 3
+        if kind == 0:
+            out.append(rng.choice(_TASKS).format(t=rng.choice(_TOPICS)))
+        elif kind == 1:
+            out.append(rng.choice(_CODE_TASKS).format(f=rng.choice(_FUNCS)))
+        else:
+            a, b, c = rng.randint(3, 40), rng.randint(2, 9), rng.randint(2, 12)
+            name, item = rng.choice(_NAMES), rng.choice(_ITEMS)
+            out.append(f"{name} has {a} {item}. {name} buys {b} packs with {c} {item} in each pack and then gives "
+                       f"away {rng.randint(1, a)} {item}. How many {item} does {name} have now? Explain step by step.")
+    return out

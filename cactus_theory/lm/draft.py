@@ -6,11 +6,13 @@ most (``A`` a small zero-initialised MLP, ``W`` initialised from the tied embedd
 Outside ``S`` the draft has ``p_i = 0``, which every rule handles exactly; the shortlist head
 skips most of the 49,152 x 576 LM head, the largest single cost of a forward on a CPU.
 
-Training (distillation): on offline text (the standard library's Python source) the verifier runs
-once, giving the layer-``L`` features ``x`` and its next-token law ``q``; the head minimises the
-cross-entropy ``-sum_{i in S} q_i log p_i`` over the verifier's top-``TOPK`` tokens, so only the
-head is trained and the teacher pass is the only full-model cost. Seeded, reproducible, cached in
-``cache_dir()`` and written atomically.
+Training (distillation) text: the verifier's own chat answers to seeded templated requests
+(``data.training_prompts``: prose, code, arithmetic word problems; sampled at temperature 0.7,
+top-k 20, top-p 0.95) plus some standard-library source. One teacher pass gives the verifier's
+next-token law ``q`` at every position (top ``TOPK`` tokens kept); the draft's copies of the first
+``L`` layers and its exit head minimise ``-sum_{i in S} q_i log p_i``. Held-out transcripts (requests
+not trained on) give the reported acceptance. Seeded, reproducible, cached in ``cache_dir()``,
+written atomically.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from tqdm.auto import tqdm
 __all__ = ["DraftConfig", "ShortlistDraft", "cache_dir", "draft_path", "build_draft", "load_draft",
            "collect_teacher", "train_draft", "heldout_acceptance", "configure", "run"]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 TOPK = 32  # teacher tokens kept per position
 
 
@@ -41,8 +43,11 @@ class DraftConfig:
     num_layers: int = 2
     shortlist: int = 4096
     adapter: int = 1024
-    train_tokens: int = 16_384
-    heldout_tokens: int = 2_048
+    train_tokens: int = 4_096  # standard-library source
+    chat_prompts: int = 96  # templated requests answered by the verifier (on-policy transcripts)
+    chat_heldout: int = 12  # of which the last ones are held out for the acceptance report
+    chat_tokens: int = 96  # new tokens per transcript
+    gen_batch: int = 32
     seq_len: int = 128
     batch: int = 8
     epochs: int = 4
@@ -51,10 +56,13 @@ class DraftConfig:
     seed: int = 0
 
     def __post_init__(self):
-        for name in ("num_layers", "shortlist", "train_tokens", "heldout_tokens", "seq_len", "batch", "epochs"):
+        for name in ("num_layers", "shortlist", "train_tokens", "chat_prompts", "chat_heldout", "chat_tokens",
+                     "gen_batch", "seq_len", "batch", "epochs"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+        if self.chat_heldout >= self.chat_prompts:
+            raise ValueError(f"chat_heldout must be < chat_prompts, got {self.chat_heldout} >= {self.chat_prompts}")
         if self.adapter < 0:
             raise ValueError(f"adapter must be >= 0, got {self.adapter!r}")
         if not (self.lr > 0 and math.isfinite(self.lr)):
@@ -167,6 +175,30 @@ def _out_cache(out):
 
 # -- training ----------------------------------------------------------------------------------
 
+def _chunks(stream: list[int], seq_len: int) -> torch.Tensor:
+    n = len(stream) // seq_len
+    return torch.tensor(stream[:n * seq_len], dtype=torch.long).view(n, seq_len)
+
+
+def _chat_streams(verifier, tokenizer, cfg: DraftConfig, progress: bool) -> tuple[list[int], list[int]]:
+    """The verifier's answers to ``data.training_prompts``, as two token streams of whole transcripts
+    (chat-templated prompt + answer): training and held-out (the last ``chat_heldout`` requests)."""
+    from .data import training_prompts
+    from .generate import autoregressive_generate
+    from .pair import ModelPair
+
+    prompts = training_prompts(cfg.chat_prompts, cfg.seed)
+    alone = ModelPair(verifier, verifier, tokenizer, name="verifier")
+    streams: list[list[int]] = []
+    for i in tqdm(range(0, len(prompts), cfg.gen_batch), desc="verifier transcripts", disable=not progress):
+        res = autoregressive_generate(alone, prompts[i:i + cfg.gen_batch], max_new_tokens=cfg.chat_tokens,
+                                      temperature=0.7, top_k=20, top_p=0.95, batch_size=cfg.gen_batch,
+                                      seed=cfg.seed + i)
+        streams += [p + t for p, t in zip(res.prompts, res.tokens, strict=True)]
+    cut = len(streams) - cfg.chat_heldout
+    return [t for s in streams[:cut] for t in s], [t for s in streams[cut:] for t in s]
+
+
 def _token_batches(tokenizer, cfg: DraftConfig, n_tokens: int, seed: int):
     """Fixed-length token sequences cut from standard-library source, ``n_tokens`` in all."""
     from .data import stdlib_texts
@@ -267,19 +299,21 @@ def build_draft(cfg: DraftConfig = DraftConfig(), verifier=None, tokenizer=None,
     torch.manual_seed(cfg.seed)
     if verifier is None or tokenizer is None:
         verifier, tokenizer = load_model("smollm2")
-    seqs = _token_batches(tokenizer, cfg, cfg.train_tokens + cfg.heldout_tokens, cfg.seed)
-    cut = len(seqs) - cfg.heldout_tokens // cfg.seq_len
-    data = collect_teacher(verifier, seqs[:cut], cfg.batch, progress)
-    held = collect_teacher(verifier, seqs[cut:], cfg.batch, progress)
+    chat_train, chat_held = _chat_streams(verifier, tokenizer, cfg, progress)
+    code = _token_batches(tokenizer, cfg, cfg.train_tokens, cfg.seed)
+    seqs = torch.cat([_chunks(chat_train, cfg.seq_len), code])
+    held_seqs = _chunks(chat_held, cfg.seq_len)
+    data = collect_teacher(verifier, seqs, cfg.batch, progress)
+    held = collect_teacher(verifier, held_seqs, cfg.batch, progress)
     shortlist = data["mass"].topk(cfg.shortlist).indices.sort().values
     if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in set(shortlist.tolist()):
         shortlist[data["mass"][shortlist].argmin()] = tokenizer.eos_token_id
         shortlist = shortlist.sort().values
     draft = ShortlistDraft(verifier, cfg.num_layers, shortlist, cfg.adapter, own_layers=cfg.train_layers)
-    before = heldout_acceptance(draft, seqs[cut:], held["top_lp"], held["top_id"])
-    losses = train_draft(draft, seqs[:cut], data["top_lp"], data["top_id"], cfg, progress)
-    after = heldout_acceptance(draft, seqs[cut:], held["top_lp"], held["top_id"])
-    info = {"config": asdict(cfg), "losses": losses, "heldout_acceptance_untrained": before,
+    before = heldout_acceptance(draft, held_seqs, held["top_lp"], held["top_id"])
+    losses = train_draft(draft, seqs, data["top_lp"], data["top_id"], cfg, progress)
+    after = heldout_acceptance(draft, held_seqs, held["top_lp"], held["top_id"])
+    info = {"config": asdict(cfg), "losses": losses, "train_tokens": seqs.numel(), "heldout_tokens": held_seqs.numel(), "heldout_acceptance_untrained": before,
             "heldout_acceptance": after, "seconds": time.time() - t0, "format": FORMAT_VERSION}
     path = path or draft_path(cfg)
     os.makedirs(os.path.dirname(path), exist_ok=True)
