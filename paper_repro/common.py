@@ -113,6 +113,14 @@ def cached(ctx: Ctx, name: str, cfg: dict, fn: Callable[[], dict]) -> dict:
     return data
 
 
+def cached_seconds(ctx: Ctx, name: str) -> float | None:
+    """Compute time recorded in ``results/<name>.json`` (None if absent or unreadable)."""
+    try:
+        return float(json.loads((ctx.results / f"{name}.json").read_text())["seconds"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 class Parts:
     """Resumable pieces of one long step: ``results/<name>.parts/<piece>.json``, valid for one config."""
 

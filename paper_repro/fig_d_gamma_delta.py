@@ -26,7 +26,7 @@ NAME = "fig_d_gamma_delta"
 def config(ctx: Ctx) -> dict:
     if ctx.fast:
         return {"deltas": [0.05, 0.5], "Vs": [3], "starts": 1, "seed": ctx.seed, "dir_V": 100, "dir_R": 8}
-    return {"deltas": [0.01, 0.05, 0.1, 0.25, 0.5, 1.0], "Vs": [3, 10, 30], "starts": 4, "seed": ctx.seed,
+    return {"deltas": [0.01, 0.05, 0.2, 0.5, 1.0], "Vs": [3, 10, 30], "starts": 3, "seed": ctx.seed,
             "dir_V": 1000, "dir_R": 64}
 
 
@@ -93,21 +93,25 @@ def claims(d: dict) -> list[Claim]:
         for V in {r["V"] for r in s})
     by_v = {V: max(r["value"] for r in s if r["V"] == V) for V in sorted({r["V"] for r in s})}
     d05 = [r for r in d["dirichlet"] if abs(r["delta"] - 0.05) < 1e-12]
+    min_ratio = min(r["value"] / r["delta"] for r in s)
+    n_eq = sum(r["value"] >= r["kl_pq"] - 1e-6 for r in s)
     out = [Claim(
         claim="Theorem 3: KL(h_alg || q) <= KL(p || q)",
         paper_ref="Theorem 3", how=f"at each of {len(s)} worst-case maximisers and {len(d['dirichlet'])} x random Dirichlet batches",
         ours=f"max KL(h_alg||q)/KL(p||q) = {fmt(max(worst_ratio, dir_ratio), 4)}", paper="<= 1 (a theorem)",
         verdict="holds" if max(worst_ratio, dir_ratio) <= 1 + 1e-9 else "differs"),
         Claim(
-        claim="Theorem 3: Gamma(delta) grows monotonically with delta and can far exceed the per-token budget delta",
-        paper_ref="Theorem 3", how="gamma_search (multi-start L-BFGS-B, Taylor Cactus) per (V, delta); lower bounds on the sup",
+        claim="Theorem 3: the per-token budget delta does not bound the step: Gamma(delta) can far exceed delta",
+        paper_ref="Theorem 3", how="gamma_search (multi-start L-BFGS-B + polish, Taylor Cactus) per (V, delta): lower bounds on the sup",
         ours=("largest found per V: " + ", ".join(f"V={V}: {fmt(v)}" for V, v in by_v.items())
-              + f"; monotone in delta: {'yes' if mono else 'no'}"
+              + f"; smallest found / delta: {fmt(min_ratio, 1)}"
               + (f"; Dirichlet(0.3), V={d['dir_V']}, delta=0.05: mean {fmt(d05[0]['mean'])}, max {fmt(d05[0]['max'])} nats"
                  if d05 else "")),
         paper="no closed form; PAPER.md note: about 1.0 nats at V=1000, delta=0.05 (Dirichlet(0.3))",
-        verdict="holds" if mono else "differs",
-        detail="the found values are lower bounds from a local search, growing with V: the per-token delta does not bound the step")]
+        verdict="holds" if min_ratio > 1 else "differs",
+        detail=("found values are lower bounds from a local search, so they cannot confirm the theorem's continuity "
+                f"and monotonicity of Gamma (the found values are {'' if mono else 'not '}monotone in delta here); "
+                f"at {n_eq} of {len(s)} maximisers KL(h_alg||q) = KL(p||q): Cactus accepts everything and the step emits p"))]
     return out
 
 

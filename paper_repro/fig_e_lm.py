@@ -13,7 +13,7 @@ import math
 import time
 
 from .common import Claim, Ctx, StepResult, cached, fmt, save_figure, standalone
-from .lm_runs import STYLES, lm_config, pooled, run_all, save_lm_pairs
+from .lm_runs import STYLES, get_pair, lm_config, pooled, run_all, save_lm_pairs
 from .paper_numbers import MAIN_TABLE, OTHER
 
 NAME = "fig_e_lm"
@@ -25,7 +25,7 @@ def compute(ctx: Ctx) -> dict:
     cfg = lm_config(ctx)
     return {"pooled": {m: pooled(runs, m) for m in runs},
             "per_style": {m: {s: runs[m][s]["stats"] for s in STYLES} for m in runs},
-            "methods": cfg["methods"], "lm_pair_rows": rows,
+            "methods": cfg["methods"], "lm_pair_rows": rows, "pair_name": getattr(get_pair(ctx), "name", "pair"),
             "samples": {m: (runs[m]["prose"]["texts"] or [])[:1] for m in runs},
             "config": {k: v for k, v in cfg.items() if k != "methods"}}
 
@@ -100,7 +100,7 @@ def plot(d: dict, ctx: Ctx) -> list:
     for a in ax.flat:
         a.grid(alpha=0.3)
     c = d["config"]
-    fig.suptitle(f"real decoding: {c['draft']} draft -> {c['verifier']} verifier, {c['per_style']} prompts x 3 styles, "
+    fig.suptitle(f"real decoding, pair {d.get('pair_name', '?')}: {c['per_style']} prompts x 3 styles, "
                  f"{c['max_new_tokens']} new tokens, T=0.6, top-k 20, top-p 0.95", fontsize=10)
     fig.tight_layout()
     return save_figure(fig, ctx, "fig_e_lm")

@@ -42,9 +42,19 @@ def methods(fast: bool) -> dict[str, dict]:
     return m
 
 
+def _draft_id(draft: str) -> str:
+    """The embedded draft's cache file name (it encodes the draft's build config), else the spec."""
+    if draft != "embedded":
+        return draft
+    from cactus_theory.lm.draft import DraftConfig, draft_path
+
+    return os.path.basename(draft_path(DraftConfig()))
+
+
 def lm_config(ctx: Ctx) -> dict:
     o = ctx.lm
     return {"verifier": o.get("verifier", "smollm2"), "draft": o.get("draft", "embedded"),
+            "draft_id": None if o.get("pair") is not None else _draft_id(o.get("draft", "embedded")),
             "per_style": o.get("per_style", 1 if ctx.fast else 3),
             "max_new_tokens": o.get("max_new_tokens", 8 if ctx.fast else 32),
             "sampling": SAMPLING, "seed": ctx.seed, "methods": methods(ctx.fast),

@@ -129,7 +129,7 @@ def tiny_pair():
 
 def test_repro_end_to_end_then_resumes_from_cache(tmp_path, tiny_pair):
     c = ctx(tmp_path, lm={"pair": tiny_pair})
-    out = repro(c, [*STEPS, "verify"], report=tmp_path / "REPORT.md")
+    out = repro(c, [*STEPS, "verify"], cases=4, report=tmp_path / "REPORT.md")
     assert out["skipped"] == {}
     text = (tmp_path / "REPORT.md").read_text()
     for ref in ("Theorem 1", "Theorem 2", "Theorem 3", "Proposition 4", "Corollary 5", "Corollary 6",
@@ -149,11 +149,11 @@ def test_repro_end_to_end_then_resumes_from_cache(tmp_path, tiny_pair):
     assert 0 <= t["al"] <= 4
     # a rerun computes nothing: every cached file keeps its modification time
     stamps = {p: p.stat().st_mtime_ns for p in c.results.rglob("*.json")}
-    out2 = repro(c, [*STEPS, "verify"], report=tmp_path / "REPORT2.md")
+    out2 = repro(c, [*STEPS, "verify"], cases=4, report=tmp_path / "REPORT2.md")
     assert {p: p.stat().st_mtime_ns for p in c.results.rglob("*.json")} == stamps
     assert [cl.verdict for s in out2["steps"] for cl in s.claims] == [cl.verdict for s in out["steps"] for cl in s.claims]
     # --only a: the other steps come from their caches
-    out3 = repro(c, ["a"], report=tmp_path / "REPORT3.md")
+    out3 = repro(c, ["a"], cases=4, report=tmp_path / "REPORT3.md")
     assert out3["skipped"] == {} and any("(from cache)" in k for k in out3["timings"])
 
 
