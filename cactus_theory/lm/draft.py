@@ -34,7 +34,7 @@ from tqdm.auto import tqdm
 __all__ = ["DraftConfig", "ShortlistDraft", "cache_dir", "draft_path", "build_draft", "load_draft",
            "collect_teacher", "train_draft", "heldout_acceptance", "configure", "run"]
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 TOPK = 32  # teacher tokens kept per position
 
 
@@ -180,9 +180,10 @@ def _chunks(stream: list[int], seq_len: int) -> torch.Tensor:
     return torch.tensor(stream[:n * seq_len], dtype=torch.long).view(n, seq_len)
 
 
-def _chat_streams(verifier, tokenizer, cfg: DraftConfig, progress: bool) -> tuple[list[int], list[int]]:
-    """The verifier's answers to ``data.training_prompts``, as two token streams of whole transcripts
-    (chat-templated prompt + answer): training and held-out (the last ``chat_heldout`` requests)."""
+def _chat_streams(verifier, tokenizer, cfg: DraftConfig, progress: bool):
+    """The verifier's answers to ``data.training_prompts``, as token streams of whole transcripts
+    (chat-templated prompt + answer): training, held-out (the last ``chat_heldout`` requests), and a
+    held-out 0/1 stream marking the positions whose NEXT token is part of an answer."""
     from .data import training_prompts
     from .generate import autoregressive_generate
     from .pair import ModelPair
@@ -190,13 +191,17 @@ def _chat_streams(verifier, tokenizer, cfg: DraftConfig, progress: bool) -> tupl
     prompts = training_prompts(cfg.chat_prompts, cfg.seed)
     alone = ModelPair(verifier, verifier, tokenizer, name="verifier")
     streams: list[list[int]] = []
+    plens: list[int] = []
     for i in tqdm(range(0, len(prompts), cfg.gen_batch), desc="verifier transcripts", disable=not progress):
         res = autoregressive_generate(alone, prompts[i:i + cfg.gen_batch], max_new_tokens=cfg.chat_tokens,
                                       temperature=0.7, top_k=20, top_p=0.95, batch_size=cfg.gen_batch,
                                       seed=cfg.seed + i)
         streams += [p + t for p, t in zip(res.prompts, res.tokens, strict=True)]
+        plens += [len(p) for p in res.prompts]
     cut = len(streams) - cfg.chat_heldout
-    return [t for s in streams[:cut] for t in s], [t for s in streams[cut:] for t in s]
+    held_mask = [m for s, n in zip(streams[cut:], plens[cut:], strict=True) for m in
+                 [int(n - 1 <= i < len(s) - 1) for i in range(len(s))]]
+    return [t for s in streams[:cut] for t in s], [t for s in streams[cut:] for t in s], held_mask
 
 
 def _token_batches(tokenizer, cfg: DraftConfig, n_tokens: int, seed: int):
@@ -275,9 +280,11 @@ def train_draft(draft: ShortlistDraft, seqs: torch.Tensor, top_lp: torch.Tensor,
 
 @torch.no_grad()
 def heldout_acceptance(draft: ShortlistDraft, seqs: torch.Tensor, top_lp: torch.Tensor, top_id: torch.Tensor,
-                       temperature: float = 0.6, top_k: int = 20, top_p: float = 0.95) -> float:
-    """Mean SpS acceptance ``sum_i min(p_i, q_i)`` over the positions of ``seqs``, both laws after the
-    sampling transforms (exact when ``top_k <= TOPK``: the teacher's top logits determine ``q``)."""
+                       temperature: float = 0.6, top_k: int = 20, top_p: float = 0.95,
+                       mask: torch.Tensor | None = None) -> float:
+    """Mean SpS acceptance ``sum_i min(p_i, q_i)`` over the positions of ``seqs`` (those where ``mask``
+    holds, if given: the build reports answer positions only), both laws after the sampling
+    transforms (exact when ``top_k <= TOPK``: the teacher's top logits determine ``q``)."""
     from .transforms import sampling_probs
 
     if not 0 < top_k <= top_lp.shape[-1]:
@@ -287,7 +294,8 @@ def heldout_acceptance(draft: ShortlistDraft, seqs: torch.Tensor, top_lp: torch.
     for i in range(0, len(seqs), 8):
         p = sampling_probs(draft(seqs[i:i + 8], use_cache=False).logits, temperature, top_k, top_p)
         acc.append(torch.minimum(p.gather(-1, top_id[i:i + 8]), q_small[i:i + 8]).sum(-1).flatten())
-    return float(torch.cat(acc).mean())
+    acc = torch.cat(acc)
+    return float(acc[mask.flatten()].mean() if mask is not None else acc.mean())
 
 
 def build_draft(cfg: DraftConfig = DraftConfig(), verifier=None, tokenizer=None, path: str | None = None,
@@ -299,10 +307,11 @@ def build_draft(cfg: DraftConfig = DraftConfig(), verifier=None, tokenizer=None,
     torch.manual_seed(cfg.seed)
     if verifier is None or tokenizer is None:
         verifier, tokenizer = load_model("smollm2")
-    chat_train, chat_held = _chat_streams(verifier, tokenizer, cfg, progress)
+    chat_train, chat_held, held_answer = _chat_streams(verifier, tokenizer, cfg, progress)
     code = _token_batches(tokenizer, cfg, cfg.train_tokens, cfg.seed)
     seqs = torch.cat([_chunks(chat_train, cfg.seq_len), code])
     held_seqs = _chunks(chat_held, cfg.seq_len)
+    held_mask = _chunks(held_answer, cfg.seq_len).bool()
     data = collect_teacher(verifier, seqs, cfg.batch, progress)
     held = collect_teacher(verifier, held_seqs, cfg.batch, progress)
     shortlist = data["mass"].topk(cfg.shortlist).indices.sort().values
@@ -310,19 +319,21 @@ def build_draft(cfg: DraftConfig = DraftConfig(), verifier=None, tokenizer=None,
         shortlist[data["mass"][shortlist].argmin()] = tokenizer.eos_token_id
         shortlist = shortlist.sort().values
     draft = ShortlistDraft(verifier, cfg.num_layers, shortlist, cfg.adapter, own_layers=cfg.train_layers)
-    before = heldout_acceptance(draft, held_seqs, held["top_lp"], held["top_id"])
+    before = heldout_acceptance(draft, held_seqs, held["top_lp"], held["top_id"], mask=held_mask)
     losses = train_draft(draft, seqs, data["top_lp"], data["top_id"], cfg, progress)
-    after = heldout_acceptance(draft, held_seqs, held["top_lp"], held["top_id"])
+    after = heldout_acceptance(draft, held_seqs, held["top_lp"], held["top_id"], mask=held_mask)
+    after_all = heldout_acceptance(draft, held_seqs, held["top_lp"], held["top_id"])
     info = {"config": asdict(cfg), "losses": losses, "train_tokens": seqs.numel(), "heldout_tokens": held_seqs.numel(), "heldout_acceptance_untrained": before,
-            "heldout_acceptance": after, "seconds": time.time() - t0, "format": FORMAT_VERSION}
+            "heldout_acceptance": after,
+            "heldout_acceptance_all_positions": after_all, "seconds": time.time() - t0, "format": FORMAT_VERSION}
     path = path or draft_path(cfg)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.tmp{os.getpid()}"
     torch.save({"info": info, "shortlist": shortlist, "state": draft.trained_state()}, tmp)
     os.replace(tmp, path)
     if progress:
-        print(f"draft saved to {path}: held-out SpS acceptance {before:.3f} -> {after:.3f} "
-              f"(T=0.6, top-k 20, top-p 0.95) in {info['seconds']:.0f} s")
+        print(f"draft saved to {path}: held-out SpS acceptance on answer tokens {before:.3f} -> {after:.3f} "
+              f"({after_all:.3f} on all positions; T=0.6, top-k 20, top-p 0.95) in {info['seconds']:.0f} s")
     return path
 
 
