@@ -192,6 +192,14 @@ class StepResult:
     seconds: float = 0.0
 
 
+def cached_step(ctx: Ctx, name: str, cfg: dict, compute: Callable[[], dict],
+                plot: Callable[[dict, Ctx], list[Path]], claims: Callable[[dict], list[Claim]]) -> StepResult:
+    """A figure step: ``compute()`` cached under ``cfg`` (see ``cached``), then drawn and judged."""
+    t0 = time.perf_counter()
+    d = cached(ctx, name, cfg, compute)
+    return StepResult(name, d, plot(d, ctx), claims(d), time.perf_counter() - t0)
+
+
 def standalone(run: Callable[[Ctx], StepResult], argv: list[str] | None = None) -> StepResult:
     """``python -m paper_repro.<step> [--fast] [--force]``: run one step on the default paths."""
     import argparse

@@ -8,13 +8,11 @@ and scales the rest by ``(1 - gamma*)/(1 - q_n)``, accepting with ``gamma* / p_n
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from cactus_theory import Cactus, SpS, acceptance_rate, induced_distribution, kl
 
-from .common import Claim, Ctx, StepResult, cached, fmt, save_figure, standalone
+from .common import Claim, Ctx, StepResult, cached_step, fmt, save_figure, standalone
 
 NAME = "fig_a_worked_example"
 Q = [0.30, 0.35, 0.35]
@@ -86,9 +84,8 @@ def claims(d: dict) -> list[Claim]:
 
 
 def run(ctx: Ctx) -> StepResult:
-    t0 = time.perf_counter()
-    d = cached(ctx, NAME, {"p": P, "q": Q, "n": N, "delta": DELTA}, lambda: compute(ctx))
-    return StepResult(NAME, d, plot(d, ctx), claims(d), time.perf_counter() - t0)
+    cfg = {"p": P, "q": Q, "n": N, "delta": DELTA}
+    return cached_step(ctx, NAME, cfg, lambda: compute(ctx), plot, claims)
 
 
 if __name__ == "__main__":

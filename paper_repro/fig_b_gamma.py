@@ -10,8 +10,6 @@ is Corollary 6's sufficient condition (below it, ``KL <= delta``).
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 from tqdm import tqdm
 
@@ -19,7 +17,7 @@ from cactus_theory import chi2, two_block_root
 from cactus_theory.optimize import solve_target
 from cactus_theory.rules import taylor_gamma, two_block_divergence
 
-from .common import Claim, Ctx, StepResult, cached, fmt, save_figure, standalone
+from .common import Claim, Ctx, StepResult, cached_step, fmt, save_figure, standalone
 
 NAME = "fig_b_gamma"
 DELTAS = [0.05, 0.2, 0.5, 1.0]
@@ -167,10 +165,8 @@ def claims(d: dict) -> list[Claim]:
 
 
 def run(ctx: Ctx) -> StepResult:
-    t0 = time.perf_counter()
     cfg = config(ctx)
-    d = cached(ctx, NAME, cfg, lambda: compute(ctx, cfg))
-    return StepResult(NAME, d, plot(d, ctx), claims(d), time.perf_counter() - t0)
+    return cached_step(ctx, NAME, cfg, lambda: compute(ctx, cfg), plot, claims)
 
 
 if __name__ == "__main__":

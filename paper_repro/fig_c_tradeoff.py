@@ -10,7 +10,6 @@ and, when available, rows from the embedded LM pair (see ``lm_pairs``).
 from __future__ import annotations
 
 import math
-import time
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +28,7 @@ from cactus_theory import (
     tv,
 )
 
-from .common import Claim, Ctx, StepResult, cached, fmt, save_figure, standalone
+from .common import Claim, Ctx, StepResult, cached_step, fmt, save_figure, standalone
 
 NAME = "fig_c_tradeoff"
 SWEEPS = {
@@ -173,10 +172,8 @@ def claims(d: dict) -> list[Claim]:
 
 
 def run(ctx: Ctx) -> StepResult:
-    t0 = time.perf_counter()
     cfg = config(ctx)
-    d = cached(ctx, NAME, cfg, lambda: compute(ctx, cfg))
-    return StepResult(NAME, d, plot(d, ctx), claims(d), time.perf_counter() - t0)
+    return cached_step(ctx, NAME, cfg, lambda: compute(ctx, cfg), plot, claims)
 
 
 if __name__ == "__main__":

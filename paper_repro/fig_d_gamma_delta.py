@@ -9,7 +9,6 @@ pairs at V = 1000 (PAPER.md: about 1.0 nats at delta = 0.05). Theorem 3's other 
 
 from __future__ import annotations
 
-import time
 from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
@@ -18,7 +17,7 @@ from tqdm import tqdm
 from cactus_theory import Cactus, induced_distribution, kl
 from cactus_theory.optimize import gamma_search
 
-from .common import Claim, Ctx, Parts, StepResult, cached, fmt, save_figure, standalone
+from .common import Claim, Ctx, Parts, StepResult, cached_step, fmt, save_figure, standalone
 
 NAME = "fig_d_gamma_delta"
 
@@ -116,10 +115,8 @@ def claims(d: dict) -> list[Claim]:
 
 
 def run(ctx: Ctx) -> StepResult:
-    t0 = time.perf_counter()
     cfg = config(ctx)
-    d = cached(ctx, NAME, cfg, lambda: compute(ctx, cfg))
-    return StepResult(NAME, d, plot(d, ctx), claims(d), time.perf_counter() - t0)
+    return cached_step(ctx, NAME, cfg, lambda: compute(ctx, cfg), plot, claims)
 
 
 if __name__ == "__main__":

@@ -10,9 +10,8 @@ verifier alone vs ``delta``. ``AL`` counts accepted drafts only (no bonus), as t
 from __future__ import annotations
 
 import math
-import time
 
-from .common import Claim, Ctx, StepResult, cached, fmt, save_figure, standalone
+from .common import Claim, Ctx, StepResult, cached_step, fmt, save_figure, standalone
 from .lm_runs import STYLES, get_pair, lm_config, pooled, run_all, save_lm_pairs
 from .paper_numbers import MAIN_TABLE, OTHER
 
@@ -149,10 +148,7 @@ def claims(d: dict) -> list[Claim]:
 
 
 def run(ctx: Ctx) -> StepResult:
-    t0 = time.perf_counter()
-    cfg = lm_config(ctx)
-    d = cached(ctx, NAME, {k: v for k, v in cfg.items()}, lambda: compute(ctx))
-    return StepResult(NAME, d, plot(d, ctx), claims(d), time.perf_counter() - t0)
+    return cached_step(ctx, NAME, dict(lm_config(ctx)), lambda: compute(ctx), plot, claims)
 
 
 if __name__ == "__main__":
