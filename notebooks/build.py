@@ -167,8 +167,8 @@ wrong = WrongRecoveryCactus(0.1)
 for seed in range(100):
     r = np.random.default_rng(seed)
     P, Q = r.dirichlet(np.full(V, 0.7), size=k), r.dirichlet(np.full(V, 0.7), size=k + 1)
-    # method="generic" sums the rule's own residual rows; the default fast path for two-block rules
-    # derives g_n from the two-block formula and would not see the overridden residual
+    # method="generic" sums the rule's own residual rows (what "auto" also does for a rule that
+    # overrides residual; only the untouched two-block rules take the O(V log V) fast path)
     h_wrong = ct.induced_distribution(wrong, P[0], Q[0], method="generic")
     tv = float(ct.tv(h_wrong, ct.induced_distribution(rule, P[0], Q[0])))
     if tv >= EPS:

@@ -1,5 +1,7 @@
 """Exact one-step laws: fast path vs generic path vs a per-token loop; batching; acceptance rate."""
 
+from dataclasses import dataclass
+
 import numpy as np
 import pytest
 from conftest import cases
@@ -110,3 +112,19 @@ def test_fast_path_at_qwen_vocab():
     assert h.shape == (V,) and h.min() >= 0 and h.sum() == pytest.approx(1.0, abs=1e-10)
     # the Theorem 3 bound at full vocabulary size
     assert float(ct.kl(h, q)) <= float(ct.kl(p, q))
+
+
+def test_auto_method_sums_an_overridden_residual():
+    """A two-block rule whose recovery is overridden (the known wrong port: accept with h, recover
+    with (q - p)_+) must not take the fast path, which would silently return the correct law."""
+    @dataclass(frozen=True)
+    class WrongRecovery(Cactus):
+        def residual(self, p, q, n, *, check=True):
+            return SpS().residual(p, q, n, check=check)
+
+    rng = np.random.default_rng(3)
+    p, q = rng.dirichlet(np.ones(12)), rng.dirichlet(np.ones(12))
+    wrong = WrongRecovery(0.02)
+    h_auto = ct.induced_distribution(wrong, p, q)
+    np.testing.assert_allclose(h_auto, induced_generic(wrong, p, q), atol=1e-15)
+    assert np.abs(h_auto - induced_scaling(Cactus(0.02), p, q)).max() > 1e-3
