@@ -44,12 +44,15 @@ def _esc(s: str) -> str:
     return str(s).replace("|", "\\|").replace("\n", " ")
 
 
-def claims_table(claims: list[Claim]) -> str:
-    lines = ["| # | claim | paper ref | how we checked | ours | paper | verdict |", "|---|---|---|---|---|---|---|"]
-    for i, c in enumerate(sorted(claims, key=_rank), 1):
+def claims_table(claims: list[tuple[str, Claim]]) -> str:
+    """One row per ``(source, claim)``; a claim checked both by a figure step and by the randomised
+    ``verify`` checks appears once per source (two independent checks)."""
+    lines = ["| # | claim | paper ref | checked by | how we checked | ours | paper | verdict |",
+             "|---|---|---|---|---|---|---|---|"]
+    for i, (src, c) in enumerate(sorted(claims, key=lambda sc: _rank(sc[1])), 1):
         v = c.verdict if c.verdict == "holds" else f"**{c.verdict}**"
         note = f" ({_esc(c.detail)})" if c.detail and c.verdict != "holds" else ""
-        lines.append(f"| {i} | {_esc(c.claim)} | {_esc(c.paper_ref)} | {_esc(c.how)} | {_esc(c.ours)} | "
+        lines.append(f"| {i} | {_esc(c.claim)} | {_esc(c.paper_ref)} | {src} | {_esc(c.how)} | {_esc(c.ours)} | "
                      f"{_esc(c.paper)} | {v}{note} |")
     return "\n".join(lines)
 
@@ -57,7 +60,8 @@ def claims_table(claims: list[Claim]) -> str:
 def write_report(path: Path, steps: list[StepResult], extra: list[Claim], timings: dict[str, float],
                  mode: str, skipped: dict[str, str], figures_dir: Path) -> str:
     """Render and atomically write REPORT.md; returns its text."""
-    claims = [c for s in steps for c in s.claims] + extra
+    sourced = [(s.name, c) for s in steps for c in s.claims] + [("verify", c) for c in extra]
+    claims = [c for _, c in sourced]
     counts = {v: sum(c.verdict == v for c in claims) for v in VERDICTS}
     rel = os.path.relpath(figures_dir, Path(path).parent)
     out = [
@@ -72,7 +76,7 @@ def write_report(path: Path, steps: list[StepResult], extra: list[Claim], timing
         "",
         "## Verdicts",
         "",
-        claims_table(claims),
+        claims_table(sourced),
         "",
     ]
     notes = [c for c in sorted(claims, key=_rank) if c.detail and c.verdict == "holds"]
