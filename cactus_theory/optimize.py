@@ -19,7 +19,7 @@ from scipy.special import softmax
 from .divergences import F_DIVERGENCES
 from .exact import induced_distribution
 from .rules import Cactus, Rule
-from .validate import check_nonneg, check_probs, check_same_shape, check_token
+from .validate import check_nonneg, check_positive_int, check_probs, check_same_shape, check_token
 
 __all__ = ["TargetResult", "CouplingResult", "GammaSearchResult", "solve_target", "max_acceptance",
            "gamma_search", "SOLVER_OPTS", "CVX_DIVERGENCES"]
@@ -226,8 +226,7 @@ def gamma_search(delta: float, V: int, divergence: str = "kl", rule: Rule | None
         raise ValueError(f"V must be an integer >= 2, got {V!r}")
     if divergence not in F_DIVERGENCES:
         raise ValueError(f"divergence must be one of {sorted(F_DIVERGENCES)}, got {divergence!r}")
-    if not (isinstance(starts, (int, np.integer)) and starts >= 1):
-        raise ValueError(f"starts must be an integer >= 1, got {starts!r}")
+    check_positive_int(starts, "starts")
     rule = Cactus(delta, divergence, solver="exact") if rule is None else rule
     D = F_DIVERGENCES[divergence]
     rng = np.random.default_rng(seed)

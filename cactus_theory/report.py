@@ -29,6 +29,7 @@ from .rules import (
     two_block_divergence,
     two_block_root,
 )
+from .validate import check_positive_int
 
 __all__ = ["ClaimResult", "CASE_KINDS", "make_pair", "verify_claims", "format_table", "configure", "run"]
 
@@ -378,8 +379,7 @@ CLAIMS: list[Callable] = [
 
 def verify_claims(seed: int = 0, cases: int = 200, progress: bool = True) -> list[ClaimResult]:
     """Run every claim check with ``cases`` fresh cases each (fewer for the cvxpy ones)."""
-    if not (isinstance(cases, (int, np.integer)) and cases >= 1):
-        raise ValueError(f"cases must be an integer >= 1, got {cases!r}")
+    check_positive_int(cases, "cases")
     rng = np.random.default_rng(seed)
     out = []
     for check in tqdm(CLAIMS, desc="verify", disable=not progress):

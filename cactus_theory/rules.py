@@ -25,7 +25,7 @@ from array_api_compat import is_torch_array
 
 from ._array import Array, errstate, gather, one_hot_like, scatter, where0, xp_of
 from .divergences import F_DIVERGENCES, entropy
-from .validate import check_nonneg, check_probs, check_same_shape, check_token
+from .validate import check_nonneg, check_positive_int, check_probs, check_same_shape, check_token
 
 __all__ = [
     "Rule", "TargetRule", "ScalingRule", "SpS", "Cactus", "TAS", "TopK", "Interpolation", "EARS",
@@ -347,8 +347,7 @@ class TopK(Rule):
     name: ClassVar[str] = "topk"
 
     def __post_init__(self):
-        if not (isinstance(self.k, (int, np.integer)) and self.k >= 1):
-            raise ValueError(f"k must be an integer >= 1, got {self.k!r}")
+        check_positive_int(self.k, "k")
 
     def row_stats(self, q):
         k = min(int(self.k), q.shape[-1])

@@ -28,7 +28,7 @@ import torch
 
 from .rules import Rule
 from .sampler import sample_rows, verify
-from .validate import check_probs
+from .validate import check_positive_int, check_probs
 
 __all__ = [
     "Cond", "NGram", "random_ngram", "perturbed", "random_pair", "step_parts",
@@ -78,8 +78,7 @@ def random_ngram(V: int, order: int = 2, concentration: float = 1.0, seed: int =
     """n-gram with every row drawn from ``Dirichlet(concentration)`` (seeded)."""
     if not (isinstance(V, (int, np.integer)) and V >= 2):
         raise ValueError(f"V must be an integer >= 2, got {V!r}")
-    if not (isinstance(order, (int, np.integer)) and order >= 1):
-        raise ValueError(f"order must be an integer >= 1, got {order!r}")
+    check_positive_int(order, "order")
     if not concentration > 0:
         raise ValueError(f"concentration must be > 0, got {concentration!r}")
     rng = np.random.default_rng(seed)
@@ -163,12 +162,9 @@ def speculative_decode(
     (default ``sampler.verify``) once for the whole batch. Conditionals are evaluated once per
     distinct prefix.
     """
-    if not (isinstance(k, (int, np.integer)) and k >= 1):
-        raise ValueError(f"k must be an integer >= 1, got {k!r}")
-    if not (isinstance(T, (int, np.integer)) and T >= 1):
-        raise ValueError(f"T must be an integer >= 1, got {T!r}")
-    if not (isinstance(num_sequences, (int, np.integer)) and num_sequences >= 1):
-        raise ValueError(f"num_sequences must be an integer >= 1, got {num_sequences!r}")
+    check_positive_int(k, "k")
+    check_positive_int(T, "T")
+    check_positive_int(num_sequences, "num_sequences")
     P, Q = _Cached(draft, "draft"), _Cached(verifier, "verifier")
     prompt = tuple(int(t) for t in prompt)
     B = int(num_sequences)
@@ -233,10 +229,8 @@ def sequence_law(draft: Cond, verifier: Cond, rule: Rule, k: int, T: int, *, pro
     over its accepted drafts (see ``step_parts``) until it ends or reaches ``T`` tokens. Cost:
     O(number of prefixes of length <= T) rule evaluations of size V.
     """
-    if not (isinstance(k, (int, np.integer)) and k >= 1):
-        raise ValueError(f"k must be an integer >= 1, got {k!r}")
-    if not (isinstance(T, (int, np.integer)) and T >= 1):
-        raise ValueError(f"T must be an integer >= 1, got {T!r}")
+    check_positive_int(k, "k")
+    check_positive_int(T, "T")
     P, Q = _Cached(draft, "draft"), _Cached(verifier, "verifier")
     prompt = tuple(int(t) for t in prompt)
     V = P(prompt).size

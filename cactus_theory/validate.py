@@ -14,7 +14,7 @@ from array_api_compat import is_torch_array
 
 from ._array import Array
 
-__all__ = ["prob_atol", "check_probs", "check_same_shape", "check_token", "check_nonneg"]
+__all__ = ["prob_atol", "check_probs", "check_same_shape", "check_token", "check_nonneg", "check_positive_int"]
 
 
 def prob_atol(x: Array) -> float:
@@ -95,3 +95,9 @@ def check_nonneg(value: float, name: str) -> None:
         raise ValueError(f"{name} must be a number, got {value!r}")
     if not math.isfinite(value) or value < 0:
         raise ValueError(f"{name} must be finite and >= 0, got {value!r}")
+
+
+def check_positive_int(value, name: str) -> None:
+    """Raise ``ValueError`` unless ``value`` is an integer (Python or numpy) >= 1."""
+    if not (isinstance(value, (int, np.integer)) and value >= 1):
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
