@@ -9,7 +9,7 @@ import sys
 
 COMMANDS = {
     "verify": ("cactus_theory.report", "check every theory claim on fresh random and adversarial cases"),
-    "build-draft": ("cactus_theory.lm.draft", "build (or reuse from cache) the embedded draft model"),
+    "build-draft": ("cactus_theory.lm.draft_build", "build (or reuse from cache) the embedded draft model"),
     "decode": ("cactus_theory.lm.cli", "speculative decoding with a (draft, verifier) pair"),
     "repro": ("paper_repro.main", "regenerate every figure, table and paper_repro/REPORT.md"),
 }

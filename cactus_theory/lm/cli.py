@@ -61,7 +61,7 @@ def _print_stats(label: str, s) -> None:
 def run(args) -> int:
     import torch
 
-    from .generate import autoregressive_generate, speculative_generate
+    from .loop import autoregressive_generate, speculative_generate
     from .pair import ModelPair, load_model, load_pair
 
     rule = rule_from_args(args)
