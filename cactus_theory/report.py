@@ -8,7 +8,6 @@ Cases come from ``make_pair``: Dirichlet draws and the adversarial kinds of ``CA
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 from tqdm import tqdm
 
+from .atomic import atomic_write_text
 from .divergences import F_DIVERGENCES, cross_entropy, kl, tv
 from .exact import acceptance_rate, induced_distribution, induced_generic, induced_scaling
 from .rules import (
@@ -402,8 +402,10 @@ def format_table(results: list[ClaimResult]) -> str:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    from .cli import positive_int
+
     parser.add_argument("--seed", type=int, default=0, help="random seed for the cases (default 0)")
-    parser.add_argument("--cases", type=int, default=200, help="cases per claim (default 200)")
+    parser.add_argument("--cases", type=positive_int, default=200, help="cases per claim (default 200)")
     parser.add_argument("--out", default=None, help="also write the table to this markdown file")
 
 
@@ -415,9 +417,6 @@ def run(args: argparse.Namespace) -> int:
     print(text)
     print(f"({time.perf_counter() - t0:.1f} s)")
     if args.out:
-        tmp = f"{args.out}.tmp{os.getpid()}"
-        with open(tmp, "w") as f:
-            f.write(text)
-        os.replace(tmp, args.out)
+        atomic_write_text(args.out, text)
     return 0 if all(r.holds for r in results) else 1
 
