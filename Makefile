@@ -21,7 +21,7 @@ test: setup
 	$(BIN)/python -m pytest
 
 repro: setup
-	$(BIN)/cactus-theory repro
+	$(BIN)/python -m paper_repro
 
 verify: setup
 	$(BIN)/cactus-theory verify

@@ -31,10 +31,14 @@ from .rules import (
 )
 from .validate import check_positive_int
 
-__all__ = ["ClaimResult", "CASE_KINDS", "make_pair", "verify_claims", "format_table", "configure", "run"]
+__all__ = ["ClaimResult", "CASE_KINDS", "WORKED_EXAMPLE", "make_pair", "verify_claims", "format_table", "configure", "run"]
 
 CASE_KINDS = ("random", "p_eq_q", "onehot_q", "disjoint", "zeros_in_p", "zeros_in_q", "qn_one", "tiny_qn")
 THM2_DIVERGENCES = ("kl", "reverse_kl", "chi2", "tv", "hellinger", "js")
+# The paper's worked example (its overview figure): the draft p, verifier q, drafted token n (index 1,
+# "token 2") and budget delta, with the paper's printed results (rounded as printed).
+WORKED_EXAMPLE = {"p": (0.05, 0.80, 0.15), "q": (0.30, 0.35, 0.35), "n": 1, "delta": 0.21,
+                  "sps_accept": 0.4375, "cactus_accept": 0.825, "h": (0.16, 0.66, 0.18), "kl": 0.198}
 # Theorem 2's shape check: moving mass e between tokens i != n changes D only by O(e^2 / q_i), so a
 # solver converged to 1e-11 pins h_{i != n} to about sqrt(1e-11) ~ 3e-6 (gamma itself to ~1e-9).
 SHAPE_TOL = 1e-5
@@ -301,12 +305,13 @@ def _proposition4(rng, cases):
 
 
 def _worked_example(rng, cases):
-    p, q, n = np.array([0.05, 0.80, 0.15]), np.array([0.30, 0.35, 0.35]), np.asarray(1)
-    rule = Cactus(0.21)
+    w = WORKED_EXAMPLE
+    p, q, n = np.array(w["p"]), np.array(w["q"]), np.asarray(w["n"])
+    rule = Cactus(w["delta"])
     h = rule.target(p, q, n)
     acc, k, sps = float(rule.accept_prob(p, q, n)), float(kl(h, q)), float(SpS().accept_prob(p, q, n))
-    errs = [np.abs(h - [0.16, 0.66, 0.18]).max() / 0.005, abs(acc - 0.825) / 0.005, abs(k - 0.198) / 0.0015,
-            abs(sps - 0.4375) / 1e-12]
+    errs = [np.abs(h - w["h"]).max() / 0.005, abs(acc - w["cactus_accept"]) / 0.005, abs(k - w["kl"]) / 0.0015,
+            abs(sps - w["sps_accept"]) / 1e-12]
     return ClaimResult(
         "worked example: h ~ (.16,.66,.18), acceptance .825, KL .198 (delta ~ .21); SpS .4375",
         "overview figure", "Cactus Taylor delta=0.21 on the paper's (p, q, n); tolerance = the paper's rounding",

@@ -14,7 +14,8 @@ from array_api_compat import is_torch_array
 
 from ._array import Array
 
-__all__ = ["prob_atol", "check_probs", "check_same_shape", "check_token", "check_nonneg", "check_positive_int"]
+__all__ = ["prob_atol", "check_probs", "check_same_shape", "check_token", "check_pqn", "check_nonneg",
+           "check_positive_int"]
 
 
 def prob_atol(x: Array) -> float:
@@ -120,6 +121,16 @@ def check_token(n: Array, V: int, batch_shape: tuple, name: str = "n") -> None:
     if arr.size and (arr.min() < 0 or arr.max() >= V):
         bad = arr[(arr < 0) | (arr >= V)]
         raise ValueError(f"{name} has token ids out of range [0, {V}): {_describe(bad)}")
+
+
+def check_pqn(p: Array, q: Array, n: Array | None = None) -> None:
+    """The inputs of a rule or an exact law: ``p`` and ``q`` (..., V) probability rows of one shape
+    and, if given, drafted tokens ``n`` (...) in ``[0, V)``."""
+    check_same_shape(p, q, "p", "q")
+    check_probs(p, "p")
+    check_probs(q, "q")
+    if n is not None:
+        check_token(n, p.shape[-1], tuple(p.shape[:-1]), "n")
 
 
 def check_nonneg(value: float, name: str) -> None:

@@ -191,6 +191,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from ..atomic import atomic_write_json
+    from ..registry import label
     from .generate import autoregressive_generate, speculative_generate
 
     if args.threads:
@@ -223,10 +224,10 @@ def run(args: argparse.Namespace) -> int:
     base_texts, base = results.get("verifier alone", (None, None))
     for i, prompt in enumerate(prompts):
         print(f"--- [{i}] {prompt[:60]!r}")
-        print(f"speculative ({rule!r}, k={k}):\n{spec_texts[i]}\n")
+        print(f"speculative ({label(rule)}, k={k}):\n{spec_texts[i]}\n")
         if base_texts is not None:
             print(f"verifier alone:\n{base_texts[i]}\n")
-    for line in _stats_lines(f"{rule!r}, k={k}", spec):
+    for line in _stats_lines(f"{label(rule)}, k={k}", spec):
         print(line)
     out = {"pair": pair.name, "rule": repr(rule), "k": k, "sampling": sampling, "speculative": spec.as_dict(),
            "texts": spec_texts}

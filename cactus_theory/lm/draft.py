@@ -31,6 +31,8 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from ..atomic import atomic_path
+
 __all__ = ["DraftConfig", "ShortlistDraft", "cache_dir", "draft_path", "build_draft", "load_draft",
            "collect_teacher", "train_draft", "heldout_acceptance", "configure", "run"]
 
@@ -327,10 +329,8 @@ def build_draft(cfg: DraftConfig = DraftConfig(), verifier=None, tokenizer=None,
             "heldout_acceptance": after,
             "heldout_acceptance_all_positions": after_all, "seconds": time.time() - t0, "format": FORMAT_VERSION}
     path = path or draft_path(cfg)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    torch.save({"info": info, "shortlist": shortlist, "state": draft.trained_state()}, tmp)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        torch.save({"info": info, "shortlist": shortlist, "state": draft.trained_state()}, tmp)
     if progress:
         print(f"draft saved to {path}: held-out SpS acceptance on answer tokens {before:.3f} -> {after:.3f} "
               f"({after_all:.3f} on all positions; T=0.6, top-k 20, top-p 0.95) in {info['seconds']:.0f} s")
