@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup test repro verify lint bench
+.PHONY: setup test repro verify lint bench notebooks
 
 setup: $(VENV)/.installed
 
@@ -22,6 +22,10 @@ test: setup
 
 repro: setup
 	$(BIN)/python -m paper_repro
+
+# executed notebooks from their percent-script sources (byte-stable); one: make notebooks NB=04
+notebooks: setup
+	$(BIN)/python notebooks/build.py $(NB)
 
 verify: setup
 	$(BIN)/cactus-theory verify

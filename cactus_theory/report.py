@@ -174,7 +174,7 @@ def _theorem2(rng, cases):
         worst_g <= 1e-6 and worst_shape <= SHAPE_TOL, bad)
 
 
-def _taylor_rate(q_n: float, deltas: np.ndarray):
+def taylor_rate(q_n: float, deltas: np.ndarray):
     """Slope of log|gamma_exact - gamma_taylor| against log delta, and the error / delta ratios."""
     q = np.full(deltas.shape, q_n)
     err = np.array([float(two_block_root(np.asarray(q_n), float(d), "kl")) for d in deltas]) - taylor_gamma(q, deltas)
@@ -187,7 +187,7 @@ def _corollary5(rng, cases):
     worst_slope = worst_coef = 0.0
     bad = ""
     for q_n in [0.05, 0.2, 0.35, 0.7, 0.9, *rng.uniform(0.02, 0.45, 3)]:
-        slope, ratio = _taylor_rate(float(q_n), deltas)
+        slope, ratio = taylor_rate(float(q_n), deltas)
         coef = (1 - 2 * q_n) / 3  # predicted: gamma_exact - gamma_taylor = (1 - 2 q_n) delta / 3 + O(delta^1.5)
         e_c = abs(ratio[0] - coef) / abs(coef)
         if abs(slope - 1) > 0.02 or e_c > 0.02:

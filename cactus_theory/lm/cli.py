@@ -20,7 +20,7 @@ import warnings
 
 from ..cli import positive_int
 
-__all__ = ["DESCRIPTION", "configure", "check", "run", "MIN_TIMED_TOKENS"]
+__all__ = ["DESCRIPTION", "configure", "check", "run", "quiet_transformers", "MIN_TIMED_TOKENS"]
 
 DESCRIPTION = ("Speculative decoding with a (draft, verifier) pair under any acceptance rule: prints the "
                "texts, AL and per-token acceptance, the exact per-step KL and the verifier's NLL; with "
