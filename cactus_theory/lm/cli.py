@@ -74,7 +74,7 @@ def _prompts(args) -> list[str]:
     prompts = list(args.prompt)
     if args.prompts_file:
         if not os.path.isfile(args.prompts_file):
-            raise ValueError(f"--prompts-file {args.prompts_file!r} does not exist")
+            raise ValueError(f"--prompts-file {args.prompts_file!r}: no such file")
         with open(args.prompts_file, encoding="utf-8") as f:
             prompts += [line.rstrip("\n").replace("\\n", "\n") for line in f if line.strip()]
     if not prompts:
