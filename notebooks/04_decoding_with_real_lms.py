@@ -46,7 +46,7 @@ with quiet_transformers():  # no de-quantisation bar or deprecation warnings in 
         draft = ShortlistDraft(verifier, 2 * L // 3, torch.arange(verifier.config.vocab_size), adapter=0).eval()
         pair = ModelPair(draft, verifier, tok, name="smollm2+untrained-early-exit")
     else:
-        pair = load_pair("embedded", "smollm2")  # builds and caches the draft on first use
+        pair = load_pair("embedded", "smollm2", draft_kwargs={"progress": False})  # built and cached on first use
 print(pair.name, "vocabulary", pair.vocab_size)
 
 # %% [markdown]

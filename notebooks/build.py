@@ -6,8 +6,9 @@ GitHub), paired as ``ipynb,py:percent`` so ``jupytext --sync`` also works.
     .venv/bin/python notebooks/build.py 04         # only notebook 04 (make notebooks NB=04)
     .venv/bin/python notebooks/build.py --check    # committed .ipynb match their sources and are executed
 
-Rebuilding is byte-stable: fixed seeds, one torch thread, no timing metadata, stable cell ids, and
-notebooks that print no timings; an unchanged source rebuilds to the identical file.
+Rebuilding is byte-stable: fixed seeds, one torch thread, no timing metadata, stable cell ids, no
+stderr (progress bars, warnings), and notebooks that print no timings; an unchanged source
+rebuilds to the identical file.
 ``CACTUS_FAST=1`` (``--fast``) shrinks every size, as the tests run them; fast builds are for
 checking only and are never written over the committed notebooks.
 """
@@ -62,11 +63,14 @@ def execute(nb: nbformat.NotebookNode, fast: bool = False) -> nbformat.NotebookN
 
 
 def scrub(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
-    """Drop what changes from run to run without changing the content: per-cell run metadata and
-    the kernel's version details."""
+    """Drop what changes from run to run without changing the content: per-cell run metadata, the
+    kernel's version details and stderr (progress bars, library warnings); results are printed to
+    stdout or drawn."""
     for cell in nb.cells:
         for k in VOLATILE:
             cell.metadata.pop(k, None)
+        if cell.cell_type == "code":
+            cell.outputs = [o for o in cell.outputs if not (o.output_type == "stream" and o.name == "stderr")]
     nb.metadata.pop("language_info", None)
     nb.metadata.pop("widgets", None)
     return nb
