@@ -91,13 +91,19 @@ def test_decode_cli_self_draft(smollm2, monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(pair_mod, "load_model", lambda spec, dtype=torch.float32: smollm2)
     out = tmp_path / "stats.json"
     rc = cli.main(["decode", "--draft", "smollm2", "--rule", "cactus", "--delta", "1.0", "-k", "2",
-                   "--prompt", "Name a colour.", "--max-new-tokens", "6", "--baseline", "--json", str(out)])
+                   "--prompt", "Name a colour.", "--prompt", "Say hi.", "--batch-size", "1",
+                   "--max-new-tokens", "6", "--baseline", "--json", str(out)])
     assert rc == 0
-    text = capsys.readouterr().out
-    assert "AL" in text and "speedup" in text
+    cap = capsys.readouterr()
+    assert "AL" in cap.out and "per-token acceptance" in cap.out and "speedup" in cap.out
+    assert cap.out.count("verifier alone:\n") == 2  # the baseline's own text for each prompt
+    assert "rests on" in cap.err and "Traceback" not in cap.err  # 12 tokens: the speedup is flagged as noise
     blob = json.loads(out.read_text())
-    assert blob["speculative"]["al"] == 3.0  # self-drafting: p = q, both drafts and the bonus every call
-    assert blob["autoregressive"]["new_tokens"] >= 1
+    assert blob["speculative"]["acceptance_rate"] == 1.0  # self-drafting: p = q, every draft accepted
+    assert blob["speculative"]["al"] == 3.0  # both drafts and the bonus token at every verifier call
+    assert blob["speculative"]["sequences"] == 2 and blob["speculative"]["k"] == 2  # two batches merged
+    assert blob["autoregressive"]["new_tokens"] >= 2 and len(blob["baseline_texts"]) == 2
+    assert blob["sampling"] == {"temperature": 0.6, "top_k": 20, "top_p": 0.95, "chat": True}
 
 
 def test_real_model_bad_input(pair):
@@ -121,6 +127,7 @@ def test_reduced_draft_build_end_to_end(smollm2, tmp_path):
     info = torch.load(path, weights_only=False)["info"]
     assert info["train_sequences"] == 9 and len(info["heldout_acceptance_by_depth"]) == 4
     assert all(0 <= a <= 1 for a in info["heldout_acceptance_by_depth"])
+    assert [p.name for p in tmp_path.iterdir()] == ["d.pt"]  # the data-phase file is removed once saved
     draft = load_draft(model, cfg, path=path)
     res = speculative_generate(ModelPair(draft, model, tok), PROMPTS[:1], ct.SpS(), k=2, max_new_tokens=6)
     assert 1 <= len(res.tokens[0]) <= 6 and res.stats.verifier_calls >= 1

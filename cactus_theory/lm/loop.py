@@ -23,6 +23,7 @@ import time
 import numpy as np
 import torch
 
+from .. import registry
 from ..registry import make_rule
 from ..rules import Rule
 from ..sampler import verify
@@ -35,7 +36,7 @@ from .transforms import check_sampling, sampling_probs
 
 __all__ = ["speculative_generate", "autoregressive_generate", "prepare_prompts", "SAMPLING", "runtime_models"]
 
-SAMPLING = {"temperature": 0.6, "top_k": 20, "top_p": 0.95}  # the paper's; the default everywhere
+SAMPLING = registry.SAMPLING  # the paper's (temperature 0.6, top-k 20, top-p 0.95): the default everywhere
 
 
 def prepare_prompts(pair: ModelPair, prompts, max_new_tokens: int, chat: bool = True) -> list[list[int]]:
