@@ -2,7 +2,7 @@
 
 Methods: verifier alone, SpS, TAS, Cactus delta = 0.75 and 1.0, top-k (k = 3), interpolation
 (alpha = 0.5). Columns per style (math ~ GSM8K-style problems, code ~ HumanEval prompts, prose):
-``AL`` (accepted drafts per step), ``Rej`` (change in rejected drafts per emitted token vs SpS,
+``AL`` (tokens per verifier call, bonus included), ``Rej`` (change in rejected drafts per emitted token vs SpS,
 rejected = drafted - accepted), speedup over the verifier alone, exact per-step ``KL(h_alg || q)``
 and verifier NLL (nats/token). Task accuracy is out of reach for a 135M verifier; the paper's
 scores are printed for reference. Reads the cached runs of ``lm_runs`` (figure e runs them).
