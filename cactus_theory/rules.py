@@ -54,11 +54,44 @@ def _pos(x: Array) -> Array:
     return xp.maximum(x, xp.zeros_like(x))
 
 
+# Declared properties of a rule's law, and the methods each one vouches for. Engines read the
+# properties (``sampler.verify`` skips row statistics, ``exact.induced_distribution`` takes the
+# O(V log V) two-block path) instead of comparing methods by identity. A subclass that overrides one
+# of the vouched-for methods without re-declaring the property in its own body gets the safe value
+# (see ``Rule.__init_subclass__``), so a deliberately wrong port is always run from its own code.
+_VOUCHED = {
+    # acceptance reads p_n, q_n only: no statistic of the row q (safe value: True, stats are computed)
+    "needs_row_stats": ("row_stats", "phi", "accept_from", "accept_prob", "accept_prob_all"),
+    # phi_n = min(1, gamma(q_n) / p_n), g_n = (h - p)_+ with the two-block h (safe value: False)
+    "two_block": ("phi", "accept_from", "accept_prob", "accept_prob_all", "residual", "h_n", "target_rows",
+                  "scale"),
+}
+_SAFE = {"needs_row_stats": True, "two_block": False}
+
+
 @dataclass(frozen=True)
 class Rule:
-    """Base class: a rule is ``phi(p_n, q_n, stats(q))`` plus a recovery law ``g_n``."""
+    """Base class: a rule is ``phi(p_n, q_n, stats(q))`` plus a recovery law ``g_n``.
+
+    Declared properties (class attributes, read by the engines):
+        ``needs_row_stats``  ``accept_prob`` reads statistics of the row ``q`` (``row_stats``) beyond
+                             ``q_n``; False lets ``sampler.verify`` read one probability per position.
+        ``two_block``        the law is fixed by ``gamma(q_n)`` (Theorem 2's shape, ``ScalingRule``);
+                             True lets ``exact.induced_distribution`` take its O(V log V) path.
+    A subclass overriding a method that a property vouches for, without declaring the property again
+    in its own class body, gets the safe value (row statistics computed; generic exact path).
+    """
 
     name: ClassVar[str] = "rule"
+    needs_row_stats: ClassVar[bool] = False
+    two_block: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        own = vars(cls)
+        for prop, methods in _VOUCHED.items():
+            if prop not in own and any(m in own for m in methods):
+                setattr(cls, prop, _SAFE[prop])
 
     # -- the two pieces each rule defines ------------------------------------------------
     def row_stats(self, q: Array) -> tuple:
@@ -103,6 +136,8 @@ class TargetRule(Rule):
     when ``h`` does not depend on ``n``. If ``(h - p)_+ = 0`` (then every draft is accepted) ``g_n = h``.
     """
 
+    needs_row_stats: ClassVar[bool] = False  # phi_n reads h_n(p_n, q_n) only
+
     def h_n(self, p_n: Array, q_n: Array) -> Array:
         """The target's mass on the drafted token, elementwise."""
         raise NotImplementedError
@@ -134,7 +169,10 @@ class ScalingRule(TargetRule):
     """Two-block targets (Theorem 2's shape): ``h_n = gamma(q_n)``, ``h_i = q_i (1 - gamma)/(1 - q_n)``.
 
     Convention: ``q_n = 1`` gives ``h = q`` (the 0/0 scale is taken as 0, as ``q_i = 0`` for ``i != n``).
+    Subclasses define ``gamma`` only; one that overrides ``phi`` / ``residual`` / ... loses ``two_block``.
     """
+
+    two_block: ClassVar[bool] = True
 
     def gamma(self, q_n: Array) -> Array:
         raise NotImplementedError

@@ -120,8 +120,7 @@ def verify(
     # acceptance: one probability per position (+ the rule's row stats of q, if any)
     p_n = p_all.gather(-1, n.unsqueeze(-1)).squeeze(-1).to(dt)  # [B, k]
     q_n = q_all[:, :k].gather(-1, n.unsqueeze(-1)).squeeze(-1).to(dt)  # [B, k]
-    has_stats = type(rule).row_stats is not Rule.row_stats  # SpS / Cactus: nothing else is read
-    stats = rule.row_stats(q_all[:, :k].to(dt)) if has_stats else ()
+    stats = rule.row_stats(q_all[:, :k].to(dt)) if rule.needs_row_stats else ()  # SpS / Cactus: none
     phi = rule.accept_from(p_n, q_n, *[s[..., 0] for s in stats])  # [B, k]
 
     dev = generator.device if generator is not None else draft_probs.device
