@@ -21,10 +21,14 @@ from .exact import acceptance_rate, induced_distribution, step_divergence
 from .registry import make_rule, rule_classes
 from .rules import (
     EARS,
+    FLy,
     TAS,
     Cactus,
     Interpolation,
+    MedusaTypical,
+    RelaxedAcceptance,
     Rule,
+    SGLangThreshold,
     SpS,
     TopK,
     two_block_root,
@@ -38,5 +42,5 @@ __all__ = [
     "DIVERGENCES", "F_DIVERGENCES", "chi2", "cross_entropy", "divergence", "entropy", "hellinger",
     "js", "kl", "reverse_kl", "tv", "acceptance_rate", "induced_distribution", "step_divergence",
     "EARS", "RULES", "TAS", "Cactus", "Interpolation", "Rule", "SpS", "TopK", "make_rule",
-    "two_block_root",
+    "two_block_root", "SGLangThreshold", "RelaxedAcceptance", "MedusaTypical", "FLy",
 ]
