@@ -21,9 +21,9 @@ from .exact import acceptance_rate, induced_distribution, step_divergence
 from .registry import make_rule, rule_classes
 from .rules import (
     EARS,
-    FLy,
     TAS,
     Cactus,
+    FLy,
     Interpolation,
     MedusaTypical,
     RelaxedAcceptance,
