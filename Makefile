@@ -45,4 +45,4 @@ $(VLLM_VENV)/.installed: pyproject.toml
 	touch $@
 
 test-vllm: vllm-env
-	$(VLLM_VENV)/bin/python -m pytest tests/test_vllm_cpu.py -p no:cacheprovider
+	$(VLLM_VENV)/bin/python -m pytest tests/vllm_cpu_checks.py -p no:cacheprovider
