@@ -146,7 +146,7 @@ def test_assistant_ensemble_weight_is_interpolation(w):
     assert gen_utils._speculative_sampling is ct_tf._original  # not inside use_rule
     acc, res = _transformers_parts(p, q, w)
     rule = ct_tf.ensemble_weight_rule(w)
-    assert rule == ct.Interpolation(1 - w)
+    assert isinstance(rule, ct.Interpolation) and rule.alpha == pytest.approx(1 - w, abs=1e-12)
     n = np.arange(V)
     P, Q = np.broadcast_to(p, (V, V)), np.broadcast_to(q, (V, V))
     np.testing.assert_allclose(acc, rule.accept_prob(P, Q, n), rtol=0, atol=1e-12)

@@ -80,7 +80,7 @@ def ensemble_weight_rule(w: float) -> Rule:
 
     if not (isinstance(w, (int, float)) and 0 < w < 1):
         raise ValueError(f"assistant_ensemble_weight must be in (0, 1), got {w!r}")
-    return Interpolation(1.0 - w)
+    return Interpolation(round(1.0 - w, 12))  # 1 - 0.7 reads 0.3, not 0.30000000000000004
 
 
 def speculative_sampling(rule: Rule, candidate_input_ids: torch.Tensor, candidate_logits: torch.Tensor,

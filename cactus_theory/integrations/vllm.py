@@ -54,6 +54,7 @@ CONFIG_KEY = "cactus_theory"
 logger = logging.getLogger(__name__)
 _current_rule: contextvars.ContextVar[Rule | None] = contextvars.ContextVar("cactus_theory_rule", default=None)
 _originals: dict = {}
+_announced: list = []  # one log line at the first verification a process does
 
 
 def rule_from_spec(value) -> Rule:
@@ -141,6 +142,10 @@ def rejection_sample(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_dra
         return original(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
                         target_logits, bonus_token_ids, sampling_metadata, synthetic_mode,
                         synthetic_conditional_rates, use_fp64_gumbel, **kwargs)
+    if not _announced:
+        _announced.append(True)
+        logger.warning("cactus_theory: first speculative step verified by %r (%d requests, %d drafts)", rule,
+                       len(num_draft_tokens), int(sum(num_draft_tokens)))
     dev = target_logits.device
     B = len(num_draft_tokens)
     counts = torch.tensor(num_draft_tokens, dtype=torch.long, device=dev)
@@ -242,3 +247,4 @@ def unregister() -> None:
     gmr.GPUModelRunner.__init__ = _originals.pop("runner_init")
     if "expand" in _originals:
         rs.expand_batch_to_tokens = _originals.pop("expand")
+    _originals.clear()
