@@ -11,7 +11,8 @@ main .venv); the name keeps it out of ``make test``'s collection, which has no v
   exact law of its first emitted token;
 * a lossy rule (Cactus) through ``RejectionSampler.forward`` itself with the plugin active: the
   first token's law is the exact one-step law, and differs from vLLM's own;
-* what vLLM's CPU path does with temperature and top-k / top-p (recorded: see the README).
+* vLLM's CPU path with temperature and top-k, with the plugin's two CPU fixes (see the README);
+* a live CPU engine (n-gram drafts, temperature 0.8, top-k 20) whose drafts the plugin verifies.
 
 Statistical tests: level ALPHA = 1e-4, fixed seeds; N from ``stats.samples_needed`` for power
 >= 0.999 against a law at TV >= 0.02 (homogeneity tests use the same N per sample, a conservative
@@ -200,3 +201,21 @@ def test_cpu_expand_fix():
     ref = logits / 0.7
     ref = torch.where(ref >= ref.topk(3, -1).values[:, -1:], ref, torch.tensor(float("-inf")))
     torch.testing.assert_close(out, ref)
+    empty = torch.zeros((0, V))  # a step where no request has drafts
+    assert rs.apply_sampling_constraints(empty, torch.tensor([0, 0], dtype=torch.int32), metadata(2, 0.7, 3)).shape == (0, V)
+
+
+def test_live_cpu_engine(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).with_name("vllm_cpu_engine.py")
+    r = subprocess.run([sys.executable, str(script), str(tmp_path / "tiny"), "cactus:delta=0.5"], capture_output=True,
+                       text=True, timeout=900, env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    log = r.stdout + r.stderr
+    assert r.returncode == 0, log[-3000:]
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("tokens ")]
+    assert len(lines) == 2 and all(len(eval(ln[7:])) == 16 for ln in lines)
+    assert "cactus_theory: speculative decoding verifies with Cactus(delta=0.5" in log
+    assert "cactus_theory: first speculative step verified by Cactus(delta=0.5" in log  # drafts were verified

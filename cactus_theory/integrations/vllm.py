@@ -54,7 +54,7 @@ CONFIG_KEY = "cactus_theory"
 logger = logging.getLogger(__name__)
 _current_rule: contextvars.ContextVar[Rule | None] = contextvars.ContextVar("cactus_theory_rule", default=None)
 _originals: dict = {}
-_announced: list = []  # one log line at the first verification a process does
+_announced: list = []  # one log line at the first verification with drafts a process does
 
 
 def rule_from_spec(value) -> Rule:
@@ -142,7 +142,7 @@ def rejection_sample(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_dra
         return original(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
                         target_logits, bonus_token_ids, sampling_metadata, synthetic_mode,
                         synthetic_conditional_rates, use_fp64_gumbel, **kwargs)
-    if not _announced:
+    if not _announced and sum(num_draft_tokens):
         _announced.append(True)
         logger.warning("cactus_theory: first speculative step verified by %r (%d requests, %d drafts)", rule,
                        len(num_draft_tokens), int(sum(num_draft_tokens)))
@@ -208,6 +208,15 @@ def expand_batch_to_tokens(x: torch.Tensor, cu_num_tokens: torch.Tensor, num_tok
     return torch.repeat_interleave(y, counts, output_size=num_tokens)
 
 
+def _cpu_apply_sampling_constraints(logits, cu_num_draft_tokens, sampling_metadata):
+    """vLLM's ``apply_sampling_constraints``, returning an empty batch untouched: vLLM calls the
+    rejection sampler on steps where no request has drafts, and on CPU its top-k path then fails with
+    ``RuntimeError: max(): Expected reduction dim to be specified for input.numel() == 0``."""
+    if logits.shape[0] == 0:
+        return logits
+    return _originals["apply_constraints"](logits, cu_num_draft_tokens, sampling_metadata)
+
+
 def register() -> None:
     """The ``vllm.general_plugins`` entry point: swap vLLM V1's rejection step (idempotent).
 
@@ -230,9 +239,11 @@ def register() -> None:
     from vllm.platforms import current_platform
     from vllm.triton_utils import HAS_TRITON
 
-    if current_platform.is_cpu() and not HAS_TRITON:  # see expand_batch_to_tokens
+    if current_platform.is_cpu() and not HAS_TRITON:  # vLLM CPU bugs: see the two functions
         _originals["expand"] = rs.expand_batch_to_tokens
         rs.expand_batch_to_tokens = expand_batch_to_tokens
+        _originals["apply_constraints"] = rs.apply_sampling_constraints
+        rs.apply_sampling_constraints = _cpu_apply_sampling_constraints
 
 
 def unregister() -> None:
@@ -247,4 +258,5 @@ def unregister() -> None:
     gmr.GPUModelRunner.__init__ = _originals.pop("runner_init")
     if "expand" in _originals:
         rs.expand_batch_to_tokens = _originals.pop("expand")
+        rs.apply_sampling_constraints = _originals.pop("apply_constraints")
     _originals.clear()
