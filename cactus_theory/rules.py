@@ -25,21 +25,14 @@ from array_api_compat import is_torch_array
 
 from ._array import Array, errstate, gather, one_hot_like, scatter, where0, xp_of
 from .divergences import F_DIVERGENCES, entropy
-from .validate import check_nonneg, check_positive_int, check_probs, check_same_shape, check_token
+from .validate import check_nonneg, check_positive_int
+from .validate import check_pqn as _check_inputs
 
 __all__ = [
     "Rule", "TargetRule", "ScalingRule", "SpS", "Cactus", "TAS", "TopK", "Interpolation", "EARS",
     "two_block_divergence", "two_block_root", "taylor_gamma",
     "SGLangThreshold", "RelaxedAcceptance", "MedusaTypical", "FLy",
 ]
-
-
-def _check_inputs(p: Array, q: Array, n: Array | None) -> None:
-    check_same_shape(p, q, "p", "q")
-    check_probs(p, "p")
-    check_probs(q, "q")
-    if n is not None:
-        check_token(n, p.shape[-1], tuple(p.shape[:-1]), "n")
 
 
 def _normalise(r: Array, fallback: Array) -> Array:
@@ -353,11 +346,6 @@ class TAS(Rule):
     def row_stats(self, q):
         xp = xp_of(q)
         return (xp.exp(-entropy(q))[..., None],)
-
-    def threshold(self, q: Array) -> Array:
-        """``min(epsilon, alpha exp(-H(q)))`` per row: (..., V) -> (...)."""
-        xp = xp_of(q)
-        return xp.clip(self.alpha * xp.exp(-entropy(q)), None, self.epsilon)
 
     def cross_entropy_threshold(self, q: Array) -> Array:
         """Proposition 4's threshold ``max(-log epsilon, H(q) - log alpha)`` on ``-log q_n``."""
