@@ -23,7 +23,13 @@ import torch
 
 from cactus_theory.atomic import atomic_write_json
 from cactus_theory.lm.data import prompt_set
-from cactus_theory.lm.experiment import DEFAULT_RULES, SAMPLING, format_table, run_benchmark, targets
+from cactus_theory.lm.experiment import (
+    DEFAULT_RULES,
+    SAMPLING,
+    format_table,
+    run_benchmark,
+    targets,
+)
 from cactus_theory.rules import Cactus, SpS
 
 __all__ = ["main"]

@@ -30,7 +30,7 @@ from .common import (
 
 STEPS = {
     "a": "fig_a_worked_example", "b": "fig_b_gamma", "d": "fig_d_gamma_delta", "e": "fig_e_lm",
-    "f": "table_f_main", "c": "fig_c_tradeoff",
+    "f": "table_f_main", "c": "fig_c_tradeoff", "g": "table_g_production",
 }
 LM_STEPS = ("e", "f")
 

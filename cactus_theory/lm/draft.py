@@ -56,7 +56,7 @@ class DraftConfig:
     epochs: int = 2
     batch_tokens: int = 4096
     lr: float = 1.5e-3
-    loss: str = "kl+tv"  # "kl": KL(q' || p'); "tv": TV(q', p'); "kl+tv": their sum
+    loss: str = "kl+tv"  # see draft_build.step_loss: "kl", "tv", "kl+tv", "acc+kl1"
     temperature: float = 0.6  # the sampling the draft is trained for (the CLI default)
     top_k: int = 20
     top_p: float = 0.95
@@ -77,8 +77,8 @@ class DraftConfig:
             raise ValueError("the draft needs training text: onpolicy_prompts + wiki_docs must be >= 1")
         if len(self.aux_layers) != 3 or not all(isinstance(i, int) and i >= 0 for i in self.aux_layers):
             raise ValueError(f"aux_layers must be three layer indices >= 0, got {self.aux_layers!r}")
-        if self.loss not in ("kl", "tv", "kl+tv"):
-            raise ValueError(f"loss must be 'kl', 'tv' or 'kl+tv', got {self.loss!r}")
+        if self.loss not in ("kl", "tv", "kl+tv", "acc+kl1"):
+            raise ValueError(f"loss must be 'kl', 'tv', 'kl+tv' or 'acc+kl1', got {self.loss!r}")
         if not (self.lr > 0 and math.isfinite(self.lr)):
             raise ValueError(f"lr must be a finite number > 0, got {self.lr!r}")
         if self.dtype not in ("auto", "float32", "bfloat16"):

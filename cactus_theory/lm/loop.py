@@ -164,7 +164,6 @@ def _speculative_rows(draft, verifier, prompts, rule, k, max_new, sampling, gen,
     drafter.start(ids, lens, first, feats)
     rows = _drop_finished(alive, list(range(B)), [target, drafter], dev)
     while rows:
-        n = len(rows)
         t0 = time.perf_counter()
         drafts, p = drafter.propose(k, sampling, gen)  # (n, k), (n, k, V)
         t1 = time.perf_counter()
