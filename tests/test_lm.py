@@ -535,3 +535,22 @@ def test_eagle3_export_computes_the_same_head(tmp_path):
     assert torch.equal(fin, torch.isfinite(theirs)) and int(fin[0].sum()) == 8
     assert torch.allclose(ours[fin], theirs[fin], atol=1e-4)
     assert w["t2d"].sum() == 8 and w["t2d"].dtype == torch.bool
+
+
+@pytest.mark.parametrize("feature", [True, False])
+def test_first_step_laws_are_the_block_start_laws(feature):
+    """Teacher-forced (p, q) rows equal the draft's first-step law and the verifier's law at each
+    position (independent references: ``head_law`` / a full draft forward, and ``cond``)."""
+    from cactus_theory.lm.loop import first_step_laws
+
+    ids = [3, 1, 4, 1, 5, 9, 2, 6]
+    pr = ModelPair(HEAD, HEAD_VER, None) if feature else pair()
+    ver = HEAD_VER if feature else VERIFIER
+    P, Q = first_step_laws(pr, ids, 2, 7, **RAW)
+    assert P.shape == Q.shape == (5, V)
+    for r, i in enumerate(range(2, 7)):
+        np.testing.assert_allclose(Q[r], cond(ver)(tuple(ids[:i + 1])), atol=1e-5)
+        ref = head_law()(tuple(ids[:i + 1]), ()) if feature else cond(DRAFT)(tuple(ids[:i + 1]))
+        np.testing.assert_allclose(P[r], ref, atol=1e-5)
+    with pytest.raises(ValueError, match="lo"):
+        first_step_laws(pr, ids, 5, 3)
