@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from .rules import Rule, ScalingRule, _check_inputs
+from .validate import check_rule
 
 __all__ = ["induced_distribution", "acceptance_rate", "induced_generic", "induced_scaling", "step_divergence"]
 
@@ -28,6 +29,7 @@ def _as_f64(p, q):
 
 def acceptance_rate(rule: Rule, p, q, *, check: bool = True) -> np.ndarray:
     """Probability that the drafted token is accepted: ``sum_n p_n phi_n``; (..., V) -> (...)."""
+    check_rule(rule)
     p, q = _as_f64(p, q)
     if check:
         _check_inputs(p, q, None)
@@ -36,6 +38,7 @@ def acceptance_rate(rule: Rule, p, q, *, check: bool = True) -> np.ndarray:
 
 def induced_generic(rule: Rule, p, q, *, check: bool = True, chunk_elements: int = CHUNK_ELEMENTS) -> np.ndarray:
     """``h_alg`` for any rule by summing ``p_n (1 - phi_n) g_n`` over ``n``; memory O(chunk) not O(V^2)."""
+    check_rule(rule)
     p, q = _as_f64(p, q)
     if check:
         _check_inputs(p, q, None)
@@ -125,6 +128,7 @@ def induced_distribution(rule: Rule, p, q, *, method: str = "auto", check: bool 
     rules that keep the two-block ``phi`` and ``residual`` (a subclass overriding them, such as a
     deliberately wrong port, is summed row by row from its own code).
     """
+    check_rule(rule)
     if method not in ("auto", "fast", "generic"):
         raise ValueError(f"method must be 'auto', 'fast' or 'generic', got {method!r}")
     if method == "fast" or (method == "auto" and _is_two_block(rule)):

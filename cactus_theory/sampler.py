@@ -33,9 +33,12 @@ def _check_probs_chunked(x: torch.Tensor, name: str) -> None:
         check_probs(x[i:i + step], name)
 
 
-def _validate(draft_tokens, draft_probs, verifier_probs, rule) -> None:
+def _validate(draft_tokens, draft_probs, verifier_probs, rule, generator) -> None:
     if not isinstance(rule, Rule):
         raise ValueError(f"rule must be a cactus_theory Rule (SpS(), Cactus(...), ...), got {rule!r}")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise ValueError(f"generator must be a torch.Generator or None, got {generator!r} "
+                         "(seed one with torch.Generator().manual_seed(seed))")
     for name, t in (("draft_tokens", draft_tokens), ("draft_probs", draft_probs),
                     ("verifier_probs", verifier_probs)):
         if not isinstance(t, torch.Tensor):
@@ -111,7 +114,7 @@ def verify(
     accepts and ``phi_n = 1`` always does. float16 / bfloat16 inputs are computed in float32.
     """
     if check:
-        _validate(draft_tokens, draft_probs, verifier_probs, rule)
+        _validate(draft_tokens, draft_probs, verifier_probs, rule, generator)
     B, k = draft_tokens.shape
     dt = _compute_dtype(draft_probs, verifier_probs)
     n = draft_tokens.long()
