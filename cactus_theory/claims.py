@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["Claim", "Interval", "KINDS", "VERDICTS", "MIN_POINTS", "exact_verdict", "interval_verdict",
-           "bootstrap_interval", "combined_verdict", "group"]
+           "bootstrap_interval", "combined_verdict", "all_of", "group"]
 
 KINDS = ("paper", "derived", "code")
 VERDICTS = ("holds", "consistent", "inconclusive", "differs", "out of reach")
@@ -137,6 +137,16 @@ def combined_verdict(checks: Iterable[Claim]) -> str:
         if v in vs:
             return v
     return "out of reach"
+
+
+def all_of(verdicts: Iterable[str]) -> str:
+    """Verdict of a conjunction ("each of these exceeds SpS"): the weakest part decides, in the order
+    differs, inconclusive, out of reach, consistent, holds."""
+    vs = set(verdicts)
+    for v in ("differs", "inconclusive", "out of reach", "consistent"):
+        if v in vs:
+            return v
+    return "holds"
 
 
 def group(claims: Iterable[Claim]) -> dict[str, list[Claim]]:

@@ -184,7 +184,8 @@ def _boost(q: Array, c: float) -> Array:
     infinite boost where ``q`` is inside (0, 1) and 0 at the ends, never ``inf * 0 = NaN``."""
     xp = xp_of(q)
     v = q * (1 - q)
-    return where0(v > 0, math.sqrt(c) * xp.sqrt(xp.where(v > 0, v, xp.ones_like(v))))
+    sc = math.sqrt(float(c)) if np.ndim(c) == 0 and not is_torch_array(c) else xp_of(c).sqrt(c)  # c may be an array
+    return where0(v > 0, sc * xp.sqrt(xp.where(v > 0, v, xp.ones_like(v))))
 
 
 def taylor_gamma(q_n: Array, delta: float) -> Array:
@@ -193,7 +194,7 @@ def taylor_gamma(q_n: Array, delta: float) -> Array:
     finite in every dtype for every finite ``delta >= 0`` (see ``_boost``)."""
     xp = xp_of(q_n)
     qc = xp.clip(q_n, 0.0, 1.0)
-    return xp.clip(qc + _boost(qc, 2.0 * float(delta)), qc, xp.ones_like(qc))
+    return xp.clip(qc + _boost(qc, 2.0 * delta), qc, xp.ones_like(qc))
 
 
 def two_block_divergence(gamma: Array, q_n: Array, divergence: str = "kl") -> Array:
@@ -209,7 +210,7 @@ def _closed_form_root(q_n: Array, delta: float, divergence: str) -> Array | None
     """Closed-form roots of Theorem 2's equation where they exist (before clipping to [q_n, 1])."""
     xp = xp_of(q_n)
     if divergence == "chi2":  # (gamma - q)^2 / (q (1 - q)) = delta
-        return q_n + _boost(q_n, float(delta))
+        return q_n + _boost(q_n, delta)
     if divergence == "tv":  # gamma - q = delta
         return q_n + delta
     if divergence == "hellinger":  # 1 - cos(b - a) = delta, q = sin^2 a, gamma = sin^2 b

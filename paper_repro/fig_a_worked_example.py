@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from cactus_theory import Cactus, SpS, acceptance_rate, induced_distribution, kl
+from cactus_theory.registry import colour
 from cactus_theory.report import WORKED_EXAMPLE, worked_example
 
 from .common import Claim, Ctx, StepResult, cached_step, save_figure, standalone
@@ -41,7 +42,7 @@ def plot(d: dict, ctx: Ctx) -> list:
     fig, (a0, a1) = plt.subplots(1, 2, figsize=(11.5, 4.0), gridspec_kw={"width_ratios": [1.2, 1.3]})
     x = np.arange(3)
     w = 0.27
-    for i, (lab, v, c) in enumerate((("q (verifier)", Q, "tab:blue"), ("p (draft)", P, "tab:orange"),
+    for i, (lab, v, c) in enumerate((("q (verifier)", Q, "tab:gray"), ("p (draft)", P, "tab:olive"),
                                      (f"h (Cactus, delta={DELTA})", d["cactus"]["h"], colour("cactus")))):
         bars = a0.bar(x + (i - 1) * w, v, w, label=lab, color=c)
         a0.bar_label(bars, fmt="%.2f", fontsize=8)
@@ -63,8 +64,8 @@ def plot(d: dict, ctx: Ctx) -> list:
     for b, k in zip(bars, keys, strict=True):
         a1.annotate(f"accept {d[k]['accept_n']:.4f}\nKL(h||q) {d[k]['kl_h']:.4f}",
                     (b.get_x() + b.get_width() / 2, b.get_height()), ha="center", va="bottom", fontsize=8)
-    a1.axhline(PAPER["cactus_accept"], ls=":", color="k", lw=1, label="paper: Cactus 0.825")
-    a1.axhline(PAPER["sps_accept"], ls="--", color="k", lw=1, label="paper: SpS 0.4375")
+    a1.axhline(WORKED_EXAMPLE["cactus_accept"], ls=":", color="k", lw=1, label="paper: Cactus 0.825")
+    a1.axhline(WORKED_EXAMPLE["sps_accept"], ls="--", color="k", lw=1, label="paper: SpS 0.4375")
     a1.set_ylabel("P(accept drafted token 2)")
     a1.set_ylim(0, 1.25)
     a1.tick_params(axis="x", labelsize=8)
