@@ -88,7 +88,7 @@ def reference_step(rule, p: np.ndarray, q: np.ndarray, n: int) -> tuple[float, n
         return _target_step(q, p, n)
     if kind == "Cactus":
         if rule.solver == "taylor":  # Corollary 5
-            gamma = min(q[n] + math.sqrt(2 * rule.delta * q[n] * (1 - q[n])), 1.0)
+            gamma = min(q[n] + math.sqrt(2 * q[n] * (1 - q[n]) * rule.delta), 1.0)  # q(1 - q) first: no inf * 0
         else:
             gamma = reference_gamma(q[n], rule.delta, rule.divergence)
         return _target_step(_two_block(q, n, gamma), p, n)

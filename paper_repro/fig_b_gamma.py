@@ -98,7 +98,7 @@ def plot(d: dict, ctx: Ctx) -> list:
 
     fig, (a0, a1) = plt.subplots(1, 2, figsize=(11, 4.3))
     qg, lines = curves(d["deltas"])
-    colors = plt.cm.viridis(np.linspace(0, 0.85, len(lines)))  # one colour per delta (all Cactus)
+    colors = plt.cm.Blues(np.linspace(0.45, 0.95, len(lines)))  # Cactus's colour, darker for larger delta
     for c, (delta, ln) in zip(colors, lines.items(), strict=True):
         a0.plot(qg, ln["taylor"], color=c, lw=1.8, label=f"Taylor (Cor. 5), delta={delta}")
         a0.plot(qg, ln["exact"], color=c, lw=1.2, ls="--", label=f"exact KL root, delta={delta}")

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from cactus_theory import SpS, TAS, acceptance_rate, induced_distribution, kl, registry
+from cactus_theory import TAS, SpS, acceptance_rate, induced_distribution, kl, registry
 from cactus_theory.claims import bootstrap_interval, exact_verdict, interval_verdict
 
 from .common import Claim, Ctx, StepResult, cached_step, fmt, save_figure, standalone
@@ -130,7 +130,7 @@ def plot(d: dict, ctx: Ctx) -> list:
     for ax, key in zip(axes[0], sets, strict=True):
         s = d[key]
         finite = [pt["kl"] for fam, pts in s.items() if not fam.startswith("_") for pt in pts if math.isfinite(pt["kl"])]
-        top = 1.25 * max(finite + [s["_kl_pq"]])  # where infinite KL is drawn
+        top = 1.25 * max([x for x in finite + [s["_kl_pq"]] if math.isfinite(x)] + [1e-3])  # where KL = inf is drawn
         for fam, pts in s.items():
             if fam.startswith("_"):
                 continue
@@ -147,7 +147,8 @@ def plot(d: dict, ctx: Ctx) -> list:
                 if pt["accept"] < 0.97:
                     ax.annotate(f"{pt['param']:g}", (pt["kl"], pt["accept"]), fontsize=7, xytext=(4, -9),
                                 textcoords="offset points", color=c)
-        ax.axvline(s["_kl_pq"], color="gray", ls=":", lw=1, label="KL(p || q) (mean)")
+        if math.isfinite(s["_kl_pq"]):  # infinite on truncated LM rows (p puts mass outside q's support)
+            ax.axvline(s["_kl_pq"], color="gray", ls=":", lw=1, label="KL(p || q) (mean)")
         ax.axhline(s["_sps_accept"], color=registry.colour("sps"), ls="--", lw=0.8, label="SpS acceptance")
         if any(not math.isfinite(pt["kl"]) for fam, pts in s.items() if not fam.startswith("_") for pt in pts):
             ax.axvline(top, color="k", lw=0.6)

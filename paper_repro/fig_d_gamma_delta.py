@@ -13,6 +13,7 @@ pairs at V = 1000 (PAPER.md: about 1.0 nats at delta = 0.05). Theorem 3's other 
 
 from __future__ import annotations
 
+import os
 from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
@@ -26,6 +27,7 @@ from cactus_theory.report import far_above_delta_claim
 from .common import Claim, Ctx, Parts, StepResult, cached_step, fmt, save_figure, standalone
 
 NAME = "fig_d_gamma_delta"
+WORKERS = int(os.environ.get("CACTUS_WORKERS", "2"))  # parallel searches; CACTUS_WORKERS=1 on a shared machine
 
 
 def config(ctx: Ctx) -> dict:
@@ -79,7 +81,7 @@ def compute(ctx: Ctx, cfg: dict) -> dict:
     jobs = [(d, V, cfg["starts"], cfg["seed"]) for V in cfg["Vs"] for d in cfg["deltas"]]
     todo = [j for j in jobs if not (parts.dir / f"V{j[1]}_d{j[0]}.json").exists()]
     search = {}
-    with ProcessPoolExecutor(max_workers=2) as pool:
+    with ProcessPoolExecutor(max_workers=WORKERS) as pool:
         futs = {j: pool.submit(_search, j) for j in todo}
         for j in tqdm(jobs, desc="fig d: Gamma(delta) searches", leave=False):
             search[f"V{j[1]}_d{j[0]}"] = parts.get(f"V{j[1]}_d{j[0]}", lambda j=j: futs[j].result())

@@ -23,7 +23,17 @@ from cactus_theory import registry
 from cactus_theory.claims import all_of, bootstrap_interval, interval_verdict
 
 from .common import Claim, Ctx, StepResult, cached_step, fmt, save_figure, standalone
-from .lm_runs import STYLES, derived, get_pair, lm_config, per_prompt, pooled, run_all, save_lm_pairs, scope
+from .lm_runs import (
+    STYLES,
+    derived,
+    get_pair,
+    lm_config,
+    per_prompt,
+    pooled,
+    run_all,
+    save_lm_pairs,
+    scope,
+)
 from .paper_numbers import MAIN_TABLE, OTHER
 
 NAME = "fig_e_lm"

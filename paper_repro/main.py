@@ -99,12 +99,34 @@ def _verify(ctx: Ctx, cases: int, selected: bool) -> list:
     return [Claim(**r) for r in rows]
 
 
+def write_compute_times(ctx: Ctx, mode: str) -> dict:
+    """``results/timings.json``: the compute time each result records in its cache (so a rerun that only
+    redraws leaves it unchanged), the draft build, and their sum; rewritten only when it changes."""
+    import json
+
+    rec = {name: cached_seconds(ctx, name) for name in [*STEPS.values(), "verify_claims"]}
+    rec = {k: round(v, 1) for k, v in rec.items() if v is not None}
+    build = ctx.results / "draft_build.json"
+    if build.exists():
+        rec["build embedded draft"] = round(float(json.loads(build.read_text())["seconds"]), 1)
+    out = {"mode": mode, "cpu_count": os.cpu_count(), "compute_seconds": rec,
+           "total_compute_seconds": round(sum(rec.values()), 1)}
+    path = ctx.results / "timings.json"
+    try:
+        same = json.loads(path.read_text()) == out
+    except (OSError, ValueError):
+        same = False
+    if not same:
+        atomic_write_json(path, out)
+    return out
+
+
 def repro(ctx: Ctx, only: list[str], lm: bool = True, cases: int | None = None,
           report: Path = REPORT) -> dict:
     """Run the steps; returns ``{"steps": [...], "timings": {...}, "skipped": {...}, "report": text}``."""
     import importlib
 
-    from .report import write_report
+    from .report import write_claims, write_report
 
     t_all = time.perf_counter()
     steps, timings, skipped = [], {}, {}
@@ -144,9 +166,9 @@ def repro(ctx: Ctx, only: list[str], lm: bool = True, cases: int | None = None,
         skipped["verify"] = f"not selected by --only and no cached result ({e})"
     timings["total"] = time.perf_counter() - t_all
     mode = "fast mode" if ctx.fast else "full run"
-    atomic_write_json(ctx.results / "timings.json", {"mode": mode, "cpu_count": os.cpu_count(),
-                                                     "seconds": {k: round(v, 1) for k, v in timings.items()}})
+    write_compute_times(ctx, mode)
     text = write_report(report, steps, extra, timings, mode, skipped, ctx.figures)
+    write_claims(ctx.results / "claims.json", [c for s in steps for c in s.claims] + list(extra))
     return {"steps": steps, "extra": extra, "timings": timings, "skipped": skipped, "report": text}
 
 
@@ -159,6 +181,10 @@ def run(args: argparse.Namespace) -> int:
     ctx = Ctx(results=args.results, figures=args.figures, fast=args.fast or fast_mode(), force=args.force,
               seed=args.seed, lm=lm)
     out = repro(ctx, only, lm=not args.no_lm, cases=args.cases, report=Path(args.report))
+    if Path(args.results).resolve() == RESULTS.resolve() and not ctx.fast:
+        from .findings import update_readme
+
+        update_readme()  # README's findings quote the default results
     from .report import headline
 
     claims = [c for s in out["steps"] for c in s.claims] + out["extra"]

@@ -162,3 +162,17 @@ def write_report(path: Path, steps: list[StepResult], extra: list[Claim], timing
     text = "\n".join(out)
     atomic_write_text(path, text)
     return text
+
+
+def write_claims(path: Path, claims: list[Claim]) -> None:
+    """``results/claims.json``: every check's row, the source of README's findings; rewritten only on change."""
+    import dataclasses
+    import json
+
+    obj = {"claims": [dataclasses.asdict(c) for c in claims]}
+    try:
+        if json.loads(Path(path).read_text()) == obj:
+            return
+    except (OSError, ValueError):
+        pass
+    atomic_write_text(path, json.dumps(obj, indent=1) + "\n")
