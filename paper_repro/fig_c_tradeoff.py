@@ -204,6 +204,7 @@ def _frontier_claim(s: dict, label: str) -> Claim:
     the baseline's acceptance minus Cactus's (interpolated at the same mean KL); 95% percentile-bootstrap
     interval over pairs of the largest such gain, compared with the tolerance ``TOL``."""
     gain, comparable = max_gain(s)
+    comparable = sorted(comparable)  # independent of the order the JSON cache keeps the families in
     R = s["_rows"]
     how = (f"exact one-step laws on {R} {label}; at each baseline point with a mean KL inside Cactus's range (or "
            f"infinite KL at an acceptance Cactus reaches), baseline acceptance minus Cactus's at equal mean KL; "

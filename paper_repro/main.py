@@ -166,8 +166,10 @@ def repro(ctx: Ctx, only: list[str], lm: bool = True, cases: int | None = None,
         skipped["verify"] = f"not selected by --only and no cached result ({e})"
     timings["total"] = time.perf_counter() - t_all
     mode = "fast mode" if ctx.fast else "full run"
-    write_compute_times(ctx, mode)
-    text = write_report(report, steps, extra, timings, mode, skipped, ctx.figures)
+    compute = write_compute_times(ctx, mode)
+    # the report quotes the recorded compute times (results/timings.json), not this invocation's wall times,
+    # so a rerun that only redraws leaves it unchanged
+    text = write_report(report, steps, extra, compute, mode, skipped, ctx.figures)
     write_claims(ctx.results / "claims.json", [c for s in steps for c in s.claims] + list(extra))
     return {"steps": steps, "extra": extra, "timings": timings, "skipped": skipped, "report": text}
 

@@ -109,9 +109,10 @@ def headline(claims: list[Claim]) -> str:
             f"our own code ({k['holds']} pass).")
 
 
-def write_report(path: Path, steps: list[StepResult], extra: list[Claim], timings: dict[str, float],
+def write_report(path: Path, steps: list[StepResult], extra: list[Claim], compute: dict,
                  mode: str, skipped: dict[str, str], figures_dir: Path) -> str:
-    """Render and atomically write REPORT.md; returns its text."""
+    """Render and atomically write REPORT.md; returns its text. ``compute``: ``results/timings.json``'s
+    content (each result's recorded compute time)."""
     claims = [c for s in steps for c in s.claims] + list(extra)
     tables = claims_tables(claims)
     rel = os.path.relpath(figures_dir, Path(path).parent)
@@ -147,8 +148,10 @@ def write_report(path: Path, steps: list[StepResult], extra: list[Claim], timing
         out += ["## Not run in this invocation", ""]
         out += [f"- {k}: {v}" for k, v in skipped.items()]
         out.append("")
-    out += ["## Timings", "", "| step | seconds |", "|---|---|"]
-    out += [f"| {k} | {v:.1f} |" for k, v in timings.items()]
+    out += ["## Compute time", "", f"Recorded when each result was computed ({compute['mode']}, "
+            f"{compute['cpu_count']} CPU cores; `results/timings.json`):", "", "| result | seconds |", "|---|---|"]
+    out += [f"| {k} | {v:.1f} |" for k, v in compute["compute_seconds"].items()]
+    out += [f"| total | {compute['total_compute_seconds']:.1f} |"]
     out += ["", "## Full-scale configuration (not run here)", "",
             "The decoding steps take any (draft, verifier) pair sharing a tokenizer, e.g. on a GPU:",
             "",

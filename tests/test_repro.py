@@ -198,3 +198,23 @@ def test_bad_arguments_name_the_option(argv, match, tmp_path):
     args = p.parse_args([*argv, "--results", str(tmp_path)])
     with pytest.raises(ValueError, match=match):
         main_run(args)
+
+
+# -- every number traces to a committed file -------------------------------------------------------
+
+def test_readme_findings_are_generated_from_the_committed_results():
+    """README.md's findings block is exactly what paper_repro.findings builds from paper_repro/results/*.json
+    (python -m paper_repro.findings regenerates it), so each number it quotes is in a committed file."""
+    from paper_repro.findings import block, findings
+
+    assert block() == findings()
+
+
+def test_committed_report_matches_the_committed_claims():
+    from paper_repro.common import REPORT, RESULTS
+    from paper_repro.findings import _claims
+    from paper_repro.report import headline
+
+    claims = _claims(RESULTS)
+    assert claims, "paper_repro/results/claims.json is missing"
+    assert headline(claims) in REPORT.read_text()
