@@ -199,7 +199,7 @@ def max_gain(s: dict, idx: np.ndarray | None = None, comparable: list | None = N
     return (max(gains) if gains else -np.inf), found
 
 
-def _frontier_claim(s: dict, label: str) -> Claim:
+def _frontier_claim(s: dict, label: str, scope: str = "") -> Claim:
     """Does Cactus buy acceptance at least as cheaply as the baselines? At each comparable baseline point,
     the baseline's acceptance minus Cactus's (interpolated at the same mean KL); 95% percentile-bootstrap
     interval over pairs of the largest such gain, compared with the tolerance ``TOL``."""
@@ -214,13 +214,15 @@ def _frontier_claim(s: dict, label: str) -> Claim:
                      "comparison", "derived", how, f"{len(comparable)} comparable baseline points (< 5)", "out of reach")
     iv = bootstrap_interval(np.arange(R), lambda idx: TOL - max_gain(s, idx.astype(int), comparable)[0], n_boot=2000)
     worst = max(((f, p) for f, p in comparable), key=lambda fp: _gain_of(s, fp))
+    verdict = interval_verdict(iv, scope=scope)
     return Claim(
         "frontier-per-step", _FRONTIER, "our per-step proxy of the paper's accuracy-vs-acceptance comparison",
         "derived", how,
         (f"{len(comparable)} comparable baseline points; largest gain over Cactus {fmt(100 * gain, 2)} points of "
          f"acceptance ({worst[0]} = {worst[1]:g}); 95% interval of the gain [{fmt(100 * (TOL - iv.hi), 2)}, "
          f"{fmt(100 * (TOL - iv.lo), 2)}] points"),
-        interval_verdict(iv), detail="quality here is the divergence of one step's output law, not task accuracy")
+        verdict, scope=scope if verdict == "consistent" else "",
+        detail="quality here is the divergence of one step's output law, not task accuracy")
 
 
 _FRONTIER = ("Cactus trades acceptance for per-step KL(h_alg || q) at least as well as TAS (vLLM's), top-k (the "
@@ -248,7 +250,7 @@ def _topk_claim(s: dict) -> Claim:
 def claims(d: dict) -> list[Claim]:
     out = [_frontier_claim(d["random"], "random correlated pairs"), _topk_claim(d["random"])]
     if "lm" in d:
-        out.append(_frontier_claim(d["lm"], "LM-derived pairs (SmolLM2 rows)"))
+        out.append(_frontier_claim(d["lm"], "LM-derived pairs", scope=f"{d['lm']['_rows']} rows of the decoding steps' LM pair"))
     return out
 
 
