@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup test repro verify lint bench
+.PHONY: setup test repro verify lint bench notebooks
 
 setup: $(VENV)/.installed
 
@@ -21,7 +21,11 @@ test: setup
 	$(BIN)/python -m pytest
 
 repro: setup
-	$(BIN)/cactus-theory repro
+	$(BIN)/python -m paper_repro
+
+# executed notebooks from their percent-script sources (byte-stable); one: make notebooks NB=04
+notebooks: setup
+	$(BIN)/python notebooks/build.py $(NB)
 
 verify: setup
 	$(BIN)/cactus-theory verify

@@ -13,13 +13,12 @@ table.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
 
 import torch
 
+from cactus_theory.atomic import atomic_write_json
 from cactus_theory.lm.data import prompt_set
 from cactus_theory.lm.experiment import DEFAULT_RULES, SAMPLING, format_table, run_benchmark
 
@@ -47,10 +46,7 @@ def main(argv=None) -> int:
     res = run_benchmark(pair, prompt_set(args.per_style), ks=tuple(args.ks), max_new_tokens=args.max_new_tokens,
                         batch_size=args.batch_size, seed=args.seed)
     res["draft_info"] = getattr(pair.draft, "info", None)
-    tmp = f"{args.out}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(res, f, indent=2)
-    os.replace(tmp, args.out)
+    atomic_write_json(args.out, res)
     print(format_table(res))
     return 0
 

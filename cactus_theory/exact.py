@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .rules import Rule, ScalingRule, _check_inputs
-from .validate import check_rule
+from .rules import Rule, ScalingRule
+from .validate import check_pqn, check_rule
 
 __all__ = ["induced_distribution", "acceptance_rate", "induced_generic", "induced_scaling", "step_divergence"]
 
@@ -32,7 +32,7 @@ def acceptance_rate(rule: Rule, p, q, *, check: bool = True) -> np.ndarray:
     check_rule(rule)
     p, q = _as_f64(p, q)
     if check:
-        _check_inputs(p, q, None)
+        check_pqn(p, q)
     return np.sum(p * rule.accept_prob_all(p, q), axis=-1)
 
 
@@ -41,7 +41,7 @@ def induced_generic(rule: Rule, p, q, *, check: bool = True, chunk_elements: int
     check_rule(rule)
     p, q = _as_f64(p, q)
     if check:
-        _check_inputs(p, q, None)
+        check_pqn(p, q)
     batch, V = p.shape[:-1], p.shape[-1]
     p2, q2 = p.reshape(-1, V), q.reshape(-1, V)
     phi = rule.accept_prob_all(p2, q2)
@@ -106,7 +106,7 @@ def induced_scaling(rule: ScalingRule, p, q, *, check: bool = True) -> np.ndarra
         raise ValueError(f"the fast path needs a two-block rule (SpS, Cactus), got {rule!r}")
     p, q = _as_f64(p, q)
     if check:
-        _check_inputs(p, q, None)
+        check_pqn(p, q)
     V = p.shape[-1]
     p2, q2 = p.reshape(-1, V), q.reshape(-1, V)
     out = np.stack([_induced_scaling_row(rule, a, b) for a, b in zip(p2, q2, strict=True)])

@@ -23,7 +23,8 @@ from . import divergences as D
 from . import rules as R
 
 __all__ = ["Param", "RuleSpec", "DivergenceSpec", "RULES", "DIVERGENCES", "spec", "make", "make_rule", "label",
-           "colour", "marker", "sweep", "add_rule_arguments", "rule_from_args", "rule_classes"]
+           "colour", "marker", "sweep", "add_rule_arguments", "rule_from_args", "rule_classes", "SAMPLING",
+           "add_sampling_arguments"]
 
 
 @dataclass(frozen=True)
@@ -202,7 +203,11 @@ def sweep(key: str) -> list[tuple[Any, R.Rule]]:
 
 
 def add_rule_arguments(parser: argparse.ArgumentParser, default: str = "cactus") -> None:
-    """``--rule`` (with ``choices``) and every rule parameter's flag, defaults shown in ``--help``."""
+    """``--rule`` (with ``choices``) and every rule parameter's flag, defaults shown in ``--help``.
+
+    A parameter flag left out takes the constructor's default; a flag of another rule than
+    ``--rule``'s (``--rule tas --delta 0.5``) is refused by ``rule_from_args`` instead of ignored.
+    """
     g = parser.add_argument_group("rule")
     g.add_argument("--rule", default=default, choices=list(RULES), help=f"acceptance rule (default {default})")
     seen: set[str] = set()
@@ -212,13 +217,49 @@ def add_rule_arguments(parser: argparse.ArgumentParser, default: str = "cactus")
                 continue
             seen.add(p.flag)
             d = s.default(p.name)
-            g.add_argument(p.flag, dest=p.dest, type=p.type, default=d, choices=p.choices, help=f"{p.help} (default {d})")
+            g.add_argument(p.flag, dest=p.dest, type=p.type, default=argparse.SUPPRESS, choices=p.choices,
+                           help=f"{p.help} (default {d})")
 
 
 def rule_from_args(args: argparse.Namespace) -> R.Rule:
-    """The rule named by ``args.rule`` with its parameters from the flags of ``add_rule_arguments``."""
+    """The rule named by ``args.rule`` with its parameters from the flags of ``add_rule_arguments``.
+
+    Raises ``ValueError`` naming the flag: for a bad value (``--delta: delta must be finite and
+    >= 0, got -1.0``) or for a flag that belongs to another rule.
+    """
     s = spec(args.rule)
-    return s.make(**{p.name: getattr(args, p.dest) for p in s.params})
+    own = {p.dest for p in s.params}
+    stray = [p.flag for o in RULES.values() for p in o.params if p.dest not in own and hasattr(args, p.dest)]
+    if stray:
+        owners = {p.flag: o.key for o in RULES.values() for p in o.params}
+        raise ValueError(f"{stray[0]} is a parameter of --rule {owners[stray[0]]}, not of --rule {s.key}")
+    kw = {p.name: getattr(args, p.dest) for p in s.params if hasattr(args, p.dest)}
+    try:
+        return s.make(**kw)
+    except ValueError as e:
+        msg = str(e)
+        flag = next((p.flag for p in s.params if msg.startswith(f"{p.name} ")), f"--rule {s.key}")
+        raise ValueError(f"{flag}: {msg}") from None
+
+
+# -- sampling: one default for the command line and the decoding functions ---------------------------
+
+SAMPLING = {"temperature": 0.6, "top_k": 20, "top_p": 0.95}
+"""The paper's sampling (temperature 0.6, top-k 20, top-p 0.95), applied to ``p`` and ``q`` alike."""
+
+
+def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--temperature``, ``--top-k`` (the sampling cut; not the TopK rule's ``--topk-rule-k`` nor the
+    drafts per step ``-k``) and ``--top-p``, defaults ``SAMPLING``, each checked by argparse."""
+    from .cli import nonneg_float, nonneg_int, top_p_float
+
+    g = parser.add_argument_group("sampling (applied to the draft's p and the verifier's q alike)")
+    g.add_argument("--temperature", type=nonneg_float, default=SAMPLING["temperature"],
+                   help=f"0 = greedy (default {SAMPLING['temperature']}, the paper's)")
+    g.add_argument("--top-k", type=nonneg_int, default=SAMPLING["top_k"],
+                   help=f"keep the k most likely tokens, 0 = off (default {SAMPLING['top_k']}, the paper's)")
+    g.add_argument("--top-p", type=top_p_float, default=SAMPLING["top_p"],
+                   help=f"nucleus mass in (0, 1], 1 = off (default {SAMPLING['top_p']}, the paper's)")
 
 
 def _check_registry() -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import time
 from collections.abc import Callable
 
@@ -24,6 +23,7 @@ from scipy.special import rel_entr
 from scipy.stats import entropy as scipy_entropy
 from tqdm import tqdm
 
+from .atomic import atomic_write_text
 from .claims import KINDS, Claim, bootstrap_interval, exact_verdict
 from .divergences import F_DIVERGENCES, kl, tv
 from .exact import acceptance_rate, induced_distribution, induced_generic, induced_scaling
@@ -700,9 +700,11 @@ def format_table(results: list[Claim]) -> str:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--seed", type=int, default=None,
+    from .cli import nonneg_int, positive_int
+
+    parser.add_argument("--seed", type=nonneg_int, default=None,
                         help="random seed for the cases (default: a fresh one, printed, so a run can be replayed)")
-    parser.add_argument("--cases", type=int, default=200, help="cases per check (default 200)")
+    parser.add_argument("--cases", type=positive_int, default=200, help="cases per check (default 200)")
     parser.add_argument("--out", default=None, help="also write the tables to this markdown file")
 
 
@@ -715,8 +717,5 @@ def run(args: argparse.Namespace) -> int:
     print(text)
     print(f"({time.perf_counter() - t0:.1f} s; replay with --seed {seed})")
     if args.out:
-        tmp = f"{args.out}.tmp{os.getpid()}"
-        with open(tmp, "w") as f:
-            f.write(text)
-        os.replace(tmp, args.out)
+        atomic_write_text(args.out, text)
     return 0 if all(r.passed for r in results) else 1

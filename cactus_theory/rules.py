@@ -31,28 +31,13 @@ from array_api_compat import is_torch_array
 
 from ._array import Array, errstate, gather, one_hot_like, scatter, where0, xlogy, xp_of
 from .divergences import F_DIVERGENCES
-from .validate import (
-    check_array_kind,
-    check_nonneg,
-    check_positive_int,
-    check_probs,
-    check_same_shape,
-    check_token,
-)
+from .validate import check_nonneg, check_positive_int
+from .validate import check_pqn as _check_inputs
 
 __all__ = [
     "Rule", "TargetRule", "ScalingRule", "SpS", "Cactus", "TAS", "TopK", "Interpolation", "EARS",
     "two_block_divergence", "two_block_root", "taylor_gamma",
 ]
-
-
-def _check_inputs(p: Array, q: Array, n: Array | None) -> None:
-    check_array_kind(p, q, n)
-    check_same_shape(p, q, "p", "q")
-    check_probs(p, "p")
-    check_probs(q, "q")
-    if n is not None:
-        check_token(n, p.shape[-1], tuple(p.shape[:-1]), "n")
 
 
 def _normalise(r: Array, fallback: Array) -> Array:

@@ -21,28 +21,32 @@ import torch
 from .rules import Rule
 from .validate import check_probs, check_token
 
-__all__ = ["verify", "sample_rows", "VALIDATE_CHUNK_ELEMENTS"]
-
-VALIDATE_CHUNK_ELEMENTS = 1 << 24  # rows validated at once (float64 copy of ~128 MiB at most)
+__all__ = ["verify", "sample_rows", "check_common"]
 
 
-def _check_probs_chunked(x: torch.Tensor, name: str) -> None:
-    """``check_probs`` on (B, m, V) in slices of batch rows, so validation memory stays bounded."""
-    step = max(1, VALIDATE_CHUNK_ELEMENTS // max(1, x[0].numel())) if x.shape[0] else 1
-    for i in range(0, x.shape[0], step):
-        check_probs(x[i:i + step], name)
+def check_common(rule, **tensors: torch.Tensor | None) -> None:
+    """Checks shared by the verification entry points: ``rule`` is a Rule and every named argument
+    is a ``torch.Tensor`` (``None`` where the entry point allows it), all on one device.
+
+    Shapes, token ranges (``validate.check_token``) and probability rows (``validate.check_probs``:
+    two reductions, no copy) are checked by each entry point for its own layout.
+    """
+    if not isinstance(rule, Rule):
+        raise ValueError(f"rule must be a cactus_theory Rule (SpS(), Cactus(...), ...), got {rule!r}")
+    for name, t in tensors.items():
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    devs = {t.device for t in tensors.values() if t is not None}
+    if len(devs) > 1:
+        names = ", ".join(n for n, t in tensors.items() if t is not None)
+        raise ValueError(f"{names} must be on one device, got {devs}")
 
 
 def _validate(draft_tokens, draft_probs, verifier_probs, rule, generator) -> None:
-    if not isinstance(rule, Rule):
-        raise ValueError(f"rule must be a cactus_theory Rule (SpS(), Cactus(...), ...), got {rule!r}")
+    check_common(rule, draft_tokens=draft_tokens, draft_probs=draft_probs, verifier_probs=verifier_probs)
     if generator is not None and not isinstance(generator, torch.Generator):
         raise ValueError(f"generator must be a torch.Generator or None, got {generator!r} "
                          "(seed one with torch.Generator().manual_seed(seed))")
-    for name, t in (("draft_tokens", draft_tokens), ("draft_probs", draft_probs),
-                    ("verifier_probs", verifier_probs)):
-        if not isinstance(t, torch.Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if draft_tokens.ndim != 2:
         raise ValueError(f"draft_tokens must have shape (B, k), got {tuple(draft_tokens.shape)}")
     B, k = draft_tokens.shape
@@ -56,12 +60,9 @@ def _validate(draft_tokens, draft_probs, verifier_probs, rule, generator) -> Non
             f"verifier_probs must have shape (B, k + 1, V) = ({B}, {k + 1}, {V}), got "
             f"{tuple(verifier_probs.shape)}"
         )
-    devs = {draft_tokens.device, draft_probs.device, verifier_probs.device}
-    if len(devs) > 1:
-        raise ValueError(f"draft_tokens, draft_probs and verifier_probs must be on one device, got {devs}")
     check_token(draft_tokens, V, (B, k), "draft_tokens")
-    _check_probs_chunked(draft_probs, "draft_probs")
-    _check_probs_chunked(verifier_probs, "verifier_probs")
+    check_probs(draft_probs, "draft_probs")
+    check_probs(verifier_probs, "verifier_probs")
 
 
 def _compute_dtype(*ts: torch.Tensor) -> torch.dtype:
@@ -102,8 +103,9 @@ def verify(
         rule: any ``cactus_theory`` rule (``SpS()``, ``Cactus(delta)``, ``TAS(...)``, ...).
         generator: ``torch.Generator`` for all random draws (uniforms are drawn on its device).
         check: validate inputs (shapes, ids in [0, V), finite normalised rows within
-            ``validate.prob_atol``: 1e-4 float32, 1e-2 float16/bfloat16, 1e-6 float64).
-            ``False`` skips it for trusted callers.
+            ``validate.prob_atol``: 1e-4 float32, 1e-2 float16/bfloat16, 1e-6 float64). It costs
+            two reductions over each probability tensor (no copy), a fraction of the call
+            (``benchmarks/bench_sampler.py`` prints it); ``False`` skips it for trusted callers.
 
     Returns:
         tokens: ``[B, k + 1]`` int64. The ``a_b`` accepted drafts, then one recovered (or bonus)

@@ -2,7 +2,7 @@
 number it quotes traces to ``paper_repro/results/*.json``.
 
 ``python -m paper_repro.findings`` rewrites the block between ``BEGIN`` and ``END`` in README.md
-(``cactus-theory repro`` does it too when it writes the default results); the test suite checks
+(``python -m paper_repro`` does it too when it writes the default results); the test suite checks
 that the committed README matches the committed results.
 """
 
@@ -105,7 +105,7 @@ def findings(results: Path = RESULTS) -> str:
                    + "; ".join(f"{r.claim.split(':')[0]}: {r.label} ({r.ours})" for r in lm) + ".")
     else:
         out.append("* **Real decoding**: no committed LM results in this revision (the decoding steps e and f are "
-                   "regenerated with `cactus-theory repro --only e,f,c`).")
+                   "regenerated with `python -m paper_repro --only e,f,c`).")
     tm = _load(results, "timings")
     if tm is not None:
         rec = tm["compute_seconds"]

@@ -18,6 +18,8 @@ import os
 import numpy as np
 from tqdm import tqdm
 
+from cactus_theory.atomic import atomic_path
+
 from .common import Ctx, Parts
 
 NAME = "lm_runs"
@@ -242,8 +244,6 @@ def save_lm_pairs(ctx: Ctx, runs: dict, max_rows: int = 256) -> int:
                     P.append(pa)
                     Q.append(pb)
     P, Q = np.array(P[:max_rows]), np.array(Q[:max_rows])
-    ctx.results.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".lm_pairs.{os.getpid()}.tmp.npz")
-    np.savez_compressed(tmp, p=P, q=Q)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        np.savez_compressed(tmp, p=P, q=Q)
     return int(P.shape[0])

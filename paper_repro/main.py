@@ -1,4 +1,6 @@
-"""``cactus-theory repro``: regenerate every figure and table and ``paper_repro/REPORT.md``.
+"""``python -m paper_repro`` (what ``make repro`` runs): regenerate every figure and table and
+``paper_repro/REPORT.md``. The reproduction is not part of the library: it imports
+``cactus_theory``, never the reverse.
 
 Order: a (worked example), b (gamma*), d (Gamma(delta)), the embedded draft (built when not cached),
 e (real decoding), f (main-table analogue), c (rule sweeps; its LM panel uses rows saved by e),
@@ -52,6 +54,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--results", default=str(RESULTS), help="cache folder for the numbers")
     parser.add_argument("--figures", default=str(FIGURES), help="output folder for the figures")
     parser.add_argument("--report", default=str(REPORT), help="path of the report to write")
+
+
+def check(args: argparse.Namespace) -> None:
+    """Argument checks that need no computation (``ValueError`` naming the option)."""
+    _check(args)
 
 
 def _check(args: argparse.Namespace) -> list[str]:
@@ -174,6 +181,10 @@ def repro(ctx: Ctx, only: list[str], lm: bool = True, cases: int | None = None,
     return {"steps": steps, "extra": extra, "timings": timings, "skipped": skipped, "report": text}
 
 
+DESCRIPTION = ("Regenerate every figure and table of the paper's reproduction and paper_repro/REPORT.md "
+               "(each step cached, so a rerun only redraws and an interrupted run resumes).")
+
+
 def run(args: argparse.Namespace) -> int:
     only = _check(args)
     lm = {"verifier": args.verifier, "draft": args.draft}
@@ -192,3 +203,14 @@ def run(args: argparse.Namespace) -> int:
     claims = [c for s in out["steps"] for c in s.claims] + out["extra"]
     print(f"wrote {args.report}: {headline(claims).replace('**', '')} Total {out['timings']['total']:.0f} s")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m paper_repro [--fast] [--only b,c] ...``: one-line errors (exit 2), as the library's CLI."""
+    import sys
+
+    from cactus_theory.cli import Parser, run_command
+
+    module = sys.modules[__name__]
+    return run_command(Parser(prog="python -m paper_repro", description=DESCRIPTION), module,
+                       sys.argv[1:] if argv is None else list(argv))

@@ -89,7 +89,7 @@ def run(ctx: Ctx) -> StepResult:
               ours="-", paper="e.g. GPQA: SpS 40.91, TAS 40.40, Cactus 1.0 45.46; Qwen3-8B: TAS 42.93 -> 38.89",
               verdict="out of reach", source=NAME,
               detail=("needs a GPU, the Qwen3 models and the datasets; a 135M verifier cannot solve GSM8K / GPQA. "
-                       "Run `cactus-theory repro --only e,f --verifier Qwen/Qwen3-14B --draft Qwen/Qwen3-0.6B` on a "
+                       "Run `python -m paper_repro --only e,f --verifier Qwen/Qwen3-14B --draft Qwen/Qwen3-0.6B` on a "
                        "GPU for the decoding statistics; accuracy needs an evaluation harness on top")),
     ]
     return StepResult(NAME, {"markdown": text, "numbers": nums}, [], claims, time.perf_counter() - t0)
