@@ -27,7 +27,7 @@ def _load(results: Path, name: str) -> dict | None:
         return None
 
 
-def _claims(results: Path) -> list[Claim]:
+def load_claims(results: Path) -> list[Claim]:
     rows = _load(results, "claims")
     return [Claim(**r) for r in rows["claims"]] if rows else []
 
@@ -40,7 +40,7 @@ def findings(results: Path = RESULTS) -> str:
     """The markdown block (without its markers) from the result files in ``results``."""
     from .report import headline
 
-    claims = _claims(results)
+    claims = load_claims(results)
     if not claims:
         return "No committed results yet: run `make repro`."
     g = group(claims)

@@ -270,9 +270,9 @@ def test_worked_example():
     assert float(rule.accept_prob(p, q, n)) == pytest.approx(0.825, abs=1e-12)
     assert float(ct.kl(h, q)) == pytest.approx(0.198, abs=0.0005)
     assert d == pytest.approx(0.21, abs=0.005)
-    from cactus_theory.report import _worked_example
+    from cactus_theory.report import worked_example_claim
 
-    row = _worked_example()
+    row = worked_example_claim()
     assert row.verdict == "holds" and "0.2112" in row.ours and "third decimal" in row.ours
 
 

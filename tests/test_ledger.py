@@ -155,7 +155,7 @@ def test_theorem3_row_has_finite_strict_cases():
 
 
 def test_verify_draws_a_fresh_seed_prints_it_and_replays(monkeypatch, capsys):
-    monkeypatch.setattr(report, "CLAIMS", [report._corollary6, report._worked_example, report._reference_laws])
+    monkeypatch.setattr(report, "CLAIMS", [report._corollary6, report.worked_example_claim, report._reference_laws])
     p = argparse.ArgumentParser()
     report.configure(p)
     assert report.run(p.parse_args(["--cases", "5"])) == 0

@@ -212,9 +212,9 @@ def test_readme_findings_are_generated_from_the_committed_results():
 
 def test_committed_report_matches_the_committed_claims():
     from paper_repro.common import REPORT, RESULTS
-    from paper_repro.findings import _claims
+    from paper_repro.findings import load_claims
     from paper_repro.report import headline
 
-    claims = _claims(RESULTS)
+    claims = load_claims(RESULTS)
     assert claims, "paper_repro/results/claims.json is missing"
     assert headline(claims) in REPORT.read_text()
