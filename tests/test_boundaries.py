@@ -119,7 +119,9 @@ def test_cli_help_and_version():
     dec = run("decode", "--help").stdout
     for flag in ("-k NUM_DRAFTS, --num-drafts", "--top-k", "--topk-rule-k", "--tas-alpha", "--interp-alpha"):
         assert flag in dec
-    assert "{sps,cactus,tas,topk,interpolation,ears}" in dec and "(default 0.6, the paper's)" in dec
+    from cactus_theory import registry
+
+    assert "{" + ",".join(registry.RULES) + "}" in dec and "(default 0.6, the paper's)" in dec
 
 
 @pytest.mark.parametrize("argv", [["--only", "a,z"], ["--per-style", "0"]])

@@ -480,3 +480,84 @@ def test_training_prompts_are_seeded_and_disjoint_from_the_evaluation_set():
     assert len(a) == 30 and not set(a) & set(prompt_set())
     with pytest.raises(ValueError, match="per_style"):
         prompt_set(0)
+
+
+def test_eagle3_export_computes_the_same_head(tmp_path):
+    """The exported EAGLE-3 folder, read back and run by an independent forward written the way
+    vLLM's ``Eagle3LlamaForCausalLM`` computes (separate q/k/v, norms named as there, d2t offsets),
+    gives the head's own logits."""
+    from safetensors.torch import load_file
+
+    from cactus_theory.lm.draft import export_eagle3
+
+    folder = export_eagle3(HEAD, str(tmp_path / "eagle3"), dtype=torch.float32)
+    w = load_file(f"{folder}/model.safetensors")
+    import json
+
+    cfg = json.loads((tmp_path / "eagle3" / "config.json").read_text())
+    assert cfg["draft_vocab_size"] == 8 and cfg["num_hidden_layers"] == 1
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]
+    a = HEAD.args
+    emb = HEAD_VER.get_input_embeddings().weight
+
+    def rms(x, g):
+        return g * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + a.norm_eps)
+
+    def vllm_like(aux, ids):  # one sequence, entries 0..T-1, causal attention among them
+        T = ids.shape[0]
+        h = aux @ w["fc.weight"].T
+        e = rms(emb[ids], w["midlayer.input_layernorm.weight"])
+        x = torch.cat([e, rms(h, w["midlayer.hidden_norm.weight"])], -1)
+        q = (x @ w["midlayer.self_attn.q_proj.weight"].T).view(T, a.n_heads, a.head_dim).transpose(0, 1)
+        k = (x @ w["midlayer.self_attn.k_proj.weight"].T).view(T, a.n_kv_heads, a.head_dim).transpose(0, 1)
+        v = (x @ w["midlayer.self_attn.v_proj.weight"].T).view(T, a.n_kv_heads, a.head_dim).transpose(0, 1)
+        inv = 1.0 / a.rope_theta ** (torch.arange(0, a.head_dim, 2).float() / a.head_dim)
+        ang = torch.arange(T).float()[:, None] * inv[None]
+        cos, sin = torch.cat([ang, ang], -1).cos(), torch.cat([ang, ang], -1).sin()
+        half = a.head_dim // 2
+        rot = lambda t: t * cos + torch.cat([-t[..., half:], t[..., :half]], -1) * sin  # noqa: E731
+        q, k = rot(q), rot(k)
+        rep = a.n_heads // a.n_kv_heads
+        k, v = k.repeat_interleave(rep, 0), v.repeat_interleave(rep, 0)
+        att = (q @ k.transpose(-1, -2)) / a.head_dim ** 0.5
+        att = att.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), -math.inf).softmax(-1)
+        o = (att @ v).transpose(0, 1).reshape(T, -1) @ w["midlayer.self_attn.o_proj.weight"].T
+        resid = o + h
+        y = rms(resid, w["midlayer.post_attention_layernorm.weight"])
+        y = (torch.nn.functional.silu(y @ w["midlayer.mlp.gate_proj.weight"].T) * (y @ w["midlayer.mlp.up_proj.weight"].T)
+             ) @ w["midlayer.mlp.down_proj.weight"].T
+        logits_s = rms(y + resid, w["norm.weight"]) @ w["lm_head.weight"].T
+        full = torch.full((T, a.vocab), -math.inf)
+        full[:, torch.arange(a.shortlist) + w["d2t"]] = logits_s
+        return full
+
+    aux = torch.randn(6, 48, generator=torch.Generator().manual_seed(3))
+    ids = torch.randint(0, V, (6,), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        kc, vc = HEAD.new_cache(1, 16)
+        g = HEAD.step(HEAD.fuse([aux[None]]), ids[None], kc, vc, torch.arange(6)[None], 6)
+        ours = HEAD.full_logits(g[0])
+        theirs = vllm_like(aux, ids)
+    fin = torch.isfinite(ours)
+    assert torch.equal(fin, torch.isfinite(theirs)) and int(fin[0].sum()) == 8
+    assert torch.allclose(ours[fin], theirs[fin], atol=1e-4)
+    assert w["t2d"].sum() == 8 and w["t2d"].dtype == torch.bool
+
+
+@pytest.mark.parametrize("feature", [True, False])
+def test_first_step_laws_are_the_block_start_laws(feature):
+    """Teacher-forced (p, q) rows equal the draft's first-step law and the verifier's law at each
+    position (independent references: ``head_law`` / a full draft forward, and ``cond``)."""
+    from cactus_theory.lm.loop import first_step_laws
+
+    ids = [3, 1, 4, 1, 5, 9, 2, 6]
+    pr = ModelPair(HEAD, HEAD_VER, None) if feature else pair()
+    ver = HEAD_VER if feature else VERIFIER
+    P, Q = first_step_laws(pr, ids, 2, 7, **RAW)
+    assert P.shape == Q.shape == (5, V)
+    for r, i in enumerate(range(2, 7)):
+        np.testing.assert_allclose(Q[r], cond(ver)(tuple(ids[:i + 1])), atol=1e-5)
+        ref = head_law()(tuple(ids[:i + 1]), ()) if feature else cond(DRAFT)(tuple(ids[:i + 1]))
+        np.testing.assert_allclose(P[r], ref, atol=1e-5)
+    with pytest.raises(ValueError, match="lo"):
+        first_step_laws(pr, ids, 5, 3)

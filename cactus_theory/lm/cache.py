@@ -235,10 +235,14 @@ class FeatureDrafter:
         g = self._step(self.feat, self.ids, self.length)[rows, self.n - 1][:, None]  # (B, 1, dim)
         self.length = self.length + self.n
         toks, laws = [], []
+        d2t, V = self.head.d2t, self.head.args.vocab
         for j in range(k):
-            t, p = _sample(self.head.full_logits(g[:, 0]), sampling, gen)
+            # the transforms on the shortlist equal those on the full row (-inf outside it); the law
+            # is then written into the full vocabulary for verify
+            p_s = sampling_probs(self.head.logits(g[:, 0]), *sampling)
+            t = d2t[torch.multinomial(p_s, 1, generator=gen)[:, 0]]
             toks.append(t)
-            laws.append(p)
+            laws.append(p_s.new_zeros((p_s.shape[0], V)).index_copy_(1, d2t, p_s))
             if j < k - 1:
                 g = self._step(g, t[:, None], self.length + j)
         return torch.stack(toks, 1), torch.stack(laws, 1)

@@ -34,7 +34,7 @@ from torch import nn
 from .llama import MLP, Attention, RMSNorm, block_inputs, rope_tables
 
 __all__ = ["DraftConfig", "FeatureDraft", "cache_dir", "draft_path", "load_draft", "MissingDraftError",
-           "FORMAT_VERSION"]
+           "FORMAT_VERSION", "export_eagle3"]
 
 FORMAT_VERSION = 4
 
@@ -56,7 +56,7 @@ class DraftConfig:
     epochs: int = 2
     batch_tokens: int = 4096
     lr: float = 1.5e-3
-    loss: str = "kl+tv"  # "kl": KL(q' || p'); "tv": TV(q', p'); "kl+tv": their sum
+    loss: str = "kl+tv"  # see draft_build.step_loss: "kl", "tv", "kl+tv", "acc+kl1"
     temperature: float = 0.6  # the sampling the draft is trained for (the CLI default)
     top_k: int = 20
     top_p: float = 0.95
@@ -77,8 +77,8 @@ class DraftConfig:
             raise ValueError("the draft needs training text: onpolicy_prompts + wiki_docs must be >= 1")
         if len(self.aux_layers) != 3 or not all(isinstance(i, int) and i >= 0 for i in self.aux_layers):
             raise ValueError(f"aux_layers must be three layer indices >= 0, got {self.aux_layers!r}")
-        if self.loss not in ("kl", "tv", "kl+tv"):
-            raise ValueError(f"loss must be 'kl', 'tv' or 'kl+tv', got {self.loss!r}")
+        if self.loss not in ("kl", "tv", "kl+tv", "acc+kl1"):
+            raise ValueError(f"loss must be 'kl', 'tv', 'kl+tv' or 'acc+kl1', got {self.loss!r}")
         if not (self.lr > 0 and math.isfinite(self.lr)):
             raise ValueError(f"lr must be a finite number > 0, got {self.lr!r}")
         if self.dtype not in ("auto", "float32", "bfloat16"):
@@ -270,3 +270,48 @@ def load_draft(verifier: nn.Module, cfg: DraftConfig = DraftConfig(), path: str 
     draft.info = blob.get("info", {})
     draft.config = cfg
     return draft.eval()
+
+
+def eagle3_state(draft: FeatureDraft) -> dict[str, torch.Tensor]:
+    """The head's weights under the names of the EAGLE-3 checkpoints vLLM's ``Eagle3LlamaForCausalLM``
+    loads (``midlayer.*``, ``fc``, ``norm``, ``lm_head``, ``d2t`` as offsets: target id = row + d2t[row])."""
+    a = draft.args
+    q, k, v = draft.attn.wqkv.weight.split([a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim,
+                                            a.n_kv_heads * a.head_dim])
+    gate, up = draft.mlp.w13.weight.chunk(2, dim=0)
+    out = {"fc.weight": draft.fc.weight, "midlayer.input_layernorm.weight": draft.embed_norm.weight,
+           "midlayer.hidden_norm.weight": draft.feat_norm.weight, "midlayer.self_attn.q_proj.weight": q,
+           "midlayer.self_attn.k_proj.weight": k, "midlayer.self_attn.v_proj.weight": v,
+           "midlayer.self_attn.o_proj.weight": draft.attn.wo.weight,
+           "midlayer.post_attention_layernorm.weight": draft.mlp_norm.weight,
+           "midlayer.mlp.gate_proj.weight": gate, "midlayer.mlp.up_proj.weight": up,
+           "midlayer.mlp.down_proj.weight": draft.mlp.w2.weight, "norm.weight": draft.norm.weight,
+           "lm_head.weight": draft.head.weight, "d2t": draft.d2t - torch.arange(a.shortlist, device=draft.d2t.device)}
+    t2d = torch.zeros(a.vocab, dtype=torch.bool)
+    t2d[draft.d2t.cpu()] = True
+    out["t2d"] = t2d
+    return {k: v.detach().contiguous().cpu() for k, v in out.items()}
+
+
+def export_eagle3(draft: FeatureDraft, folder: str, dtype: torch.dtype = torch.bfloat16) -> str:
+    """Write the head as an EAGLE-3 draft folder (``config.json`` + ``model.safetensors``) in the layout
+    vLLM's ``Eagle3LlamaForCausalLM`` loads (``--speculative-config '{"method": "eagle3", "model":
+    folder, ...}'``); the token embedding is the verifier's (vLLM shares it when the folder has none)."""
+    from safetensors.torch import save_file
+
+    from ..atomic import atomic_path, atomic_write_json
+
+    a = draft.args
+    os.makedirs(folder, exist_ok=True)
+    cfg = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": a.dim,
+           "intermediate_size": a.hidden, "num_attention_heads": a.n_heads, "num_key_value_heads": a.n_kv_heads,
+           "head_dim": a.head_dim, "num_hidden_layers": 1, "rms_norm_eps": a.norm_eps, "rope_theta": a.rope_theta,
+           "max_position_embeddings": a.max_positions, "vocab_size": a.vocab, "draft_vocab_size": a.shortlist,
+           "target_hidden_size": a.dim, "hidden_act": "silu", "tie_word_embeddings": False,
+           "torch_dtype": str(dtype).replace("torch.", ""),
+           "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(a.aux_layers), "use_aux_hidden_state": True}}
+    state = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in eagle3_state(draft).items()}
+    with atomic_path(os.path.join(folder, "model.safetensors")) as tmp:
+        save_file(state, str(tmp))
+    atomic_write_json(os.path.join(folder, "config.json"), cfg)
+    return folder

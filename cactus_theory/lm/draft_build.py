@@ -37,7 +37,7 @@ from .llama import Llama
 from .transforms import sampling_probs
 
 __all__ = ["Corpus", "collect_onpolicy", "collect_forced", "choose_shortlist", "train_head", "depth_acceptance",
-           "build_draft", "configure", "run", "compute_dtype"]
+           "step_loss", "build_draft", "configure", "run", "compute_dtype", "init_head"]
 
 TOPK = 32  # teacher tokens kept per position (>= top_k of the sampling, so q' is exact)
 
@@ -243,25 +243,40 @@ def _pad_batch(corpus: Corpus, idx: list[int], t2d: torch.Tensor):
     return feats, toks, lp, t2d[tid], valid
 
 
-def step_losses(logits: torch.Tensor, q: torch.Tensor, qidx: torch.Tensor, temperature: float):
-    """Per-entry KL(q' || p') and TV(q', p') with ``p' = softmax(logits / T)`` over the shortlist.
+def step_loss(logits: torch.Tensor, top_lp: torch.Tensor, qidx: torch.Tensor, cfg: DraftConfig) -> torch.Tensor:
+    """Mean loss over entries: ``logits`` (n, S) the draft's shortlist logits; ``top_lp`` (n, K) the
+    teacher's top log-probabilities; ``qidx`` (n, K) their shortlist rows (-1: outside the shortlist,
+    where the draft has no mass).
 
-    ``logits`` (..., S); ``q`` (..., K) the teacher's transformed law on its top tokens; ``qidx`` (..., K)
-    their shortlist rows (-1: not in the shortlist, unreachable for the draft, left out of both sums)."""
-    logp = (logits / temperature).log_softmax(-1)
+    ``"kl"``: ``KL(q'_T || p_T)`` with ``p_T = softmax(logits / T)`` (untruncated) and ``q'`` the
+    teacher after the sampling transforms; ``"tv"``: ``TV(q', p_T)``; ``"kl+tv"``: their sum;
+    ``"acc+kl1"``: ``TV(q', p') = 1 - sum min(p', q')`` with ``p'`` the draft after the SAME transforms
+    (exactly one minus the SpS acceptance of the step; differentiable through the kept logits) plus
+    ``KL(q_1 || p_1)`` at temperature 1 on the teacher's top tokens, which moves mass towards
+    teacher tokens the truncated ``p'`` does not reach yet."""
     inside = qidx >= 0
-    lp_q = logp.gather(-1, qidx.clamp_min(0))
-    qi = torch.where(inside, q, torch.zeros_like(q))
-    kl = (torch.special.xlogy(qi, qi) - qi * lp_q).sum(-1)
-    tv = 1 - torch.minimum(qi, lp_q.exp()).sum(-1)
-    return kl, tv
+    at = qidx.clamp_min(0)
+    q = transformed_teacher(top_lp, cfg)
+    q = torch.where(inside, q, torch.zeros_like(q))
+    if cfg.loss == "acc+kl1":
+        p = sampling_probs(logits, cfg.temperature, cfg.top_k, cfg.top_p)
+        tv = 1 - torch.minimum(p.gather(-1, at), q).sum(-1)
+        q1 = top_lp.softmax(-1)
+        q1 = torch.where(inside, q1, torch.zeros_like(q1))
+        kl1 = (torch.special.xlogy(q1, q1) - q1 * logits.log_softmax(-1).gather(-1, at)).sum(-1)
+        return tv.mean() + 0.1 * kl1.mean()
+    lp = (logits / cfg.temperature).log_softmax(-1).gather(-1, at)
+    kl = (torch.special.xlogy(q, q) - q * lp).sum(-1)
+    tv = 1 - torch.minimum(q, lp.exp()).sum(-1)
+    return {"kl": kl.mean(), "tv": tv.mean(), "kl+tv": kl.mean() + tv.mean()}[cfg.loss]
 
 
 def train_head(draft: FeatureDraft, corpus: Corpus, cfg: DraftConfig, progress: bool = True,
                dtype: torch.dtype = torch.float32) -> list[float]:
     """AdamW on the head's parameters (the shared embedding stays frozen); returns the mean loss per epoch."""
+    dev = draft.fc.weight.device
     t2d = torch.full((draft.args.vocab,), -1, dtype=torch.long)
-    t2d[draft.d2t] = torch.arange(draft.args.shortlist)
+    t2d[draft.d2t.cpu()] = torch.arange(draft.args.shortlist)
     params = [p for n, p in draft.named_parameters() if not n.startswith("embed.")]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.95))
     rng = random.Random(cfg.seed)
@@ -275,18 +290,15 @@ def train_head(draft: FeatureDraft, corpus: Corpus, cfg: DraftConfig, progress: 
     for epoch in range(cfg.epochs):
         tot, cnt = 0.0, 0
         for idx in plan[epoch]:
-            feats, toks, lp, qidx, valid = _pad_batch(corpus, idx, t2d)
-            q = transformed_teacher(lp, cfg)
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+            feats, toks, lp, qidx, valid = (t.to(dev) for t in _pad_batch(corpus, idx, t2d))
+            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
                 a = draft.fuse([feats])
                 outs = draft.unrolled(a, toks, cfg.ttt_steps)
                 loss = 0.0
                 for s, g in enumerate(outs):
                     m = valid.clone()
                     m[:, :s] = False
-                    kl, tv = step_losses(draft.logits(g)[m], q[m], qidx[m], cfg.temperature)
-                    part = {"kl": kl.mean(), "tv": tv.mean(), "kl+tv": kl.mean() + tv.mean()}[cfg.loss]
-                    loss = loss + weights[s] * part
+                    loss = loss + weights[s] * step_loss(draft.logits(g)[m], lp[m], qidx[m], cfg)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -307,11 +319,12 @@ def depth_acceptance(draft: FeatureDraft, corpus: Corpus, cfg: DraftConfig, dept
     """Mean SpS acceptance ``sum_i min(p'_i, q'_i)`` at draft depths 1..``depths`` over the answer
     positions of ``corpus`` (depth ``s`` reads the head's own features for its last ``s - 1`` steps),
     both laws after the sampling transforms; ``q'`` mass outside the shortlist counts as rejected."""
+    dev = draft.fc.weight.device
     t2d = torch.full((draft.args.vocab,), -1, dtype=torch.long)
-    t2d[draft.d2t] = torch.arange(draft.args.shortlist)
+    t2d[draft.d2t.cpu()] = torch.arange(draft.args.shortlist)
     sums, counts = [0.0] * depths, [0] * depths
     for idx in _batches(corpus, cfg.batch_tokens, random.Random(0)):
-        feats, toks, lp, qidx, valid = _pad_batch(corpus, idx, t2d)
+        feats, toks, lp, qidx, valid = (t.to(dev) for t in _pad_batch(corpus, idx, t2d))
         q = transformed_teacher(lp, cfg)
         outs = draft.unrolled(draft.fuse([feats]), toks, depths)
         for s, g in enumerate(outs):
@@ -335,12 +348,13 @@ def _encode_chat(tok, user: str, answer: str | None = None) -> tuple[list[int], 
     return list(head) + list(ans), len(head)
 
 
-def build_draft(cfg: DraftConfig = DraftConfig(), path: str | None = None, progress: bool = True,
+def build_draft(cfg: DraftConfig | None = None, path: str | None = None, progress: bool = True,
                 verifier=None, tokenizer=None) -> str:
     """Build the embedded draft (data, shortlist, training, held-out report); returns the file path."""
     from .data import training_prompts, wiki_answers
     from .pair import load_model
 
+    cfg = cfg or DraftConfig()
     t0 = time.time()
     times = {}
     torch.manual_seed(cfg.seed)
@@ -379,6 +393,7 @@ def build_draft(cfg: DraftConfig = DraftConfig(), path: str | None = None, progr
     shortlist = choose_shortlist(train, cfg, model.args.vocab, eos)
     draft = FeatureDraft(head_args(verifier.config, cfg), verifier.get_input_embeddings())
     init_head(draft, verifier, shortlist)
+    draft.to(model.device)
     before = depth_acceptance(draft, held, cfg)
     losses = train_head(draft, train, cfg, progress, dt)
     times["train"] = time.time() - t
@@ -420,7 +435,8 @@ def init_head(draft: FeatureDraft, verifier, shortlist: torch.Tensor) -> None:
     norm = its final norm, ``fc`` picks the highest feature layer; the layer's outputs start at zero."""
     with torch.no_grad():
         draft.d2t.copy_(shortlist)
-        draft.head.weight.copy_(verifier.get_output_embeddings().weight[shortlist])
+        w = verifier.get_output_embeddings().weight
+        draft.head.weight.copy_(w[shortlist.to(w.device)])  # copy_ moves across devices
         draft.norm.weight.copy_(verifier.model.norm.weight)
         d = draft.args.dim
         draft.fc.weight.zero_()

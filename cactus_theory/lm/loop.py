@@ -34,7 +34,8 @@ from .metrics import DecodeResult, DecodeStats, SequenceCounters, nll_of, step_k
 from .pair import ModelPair, context_length
 from .transforms import check_sampling, sampling_probs
 
-__all__ = ["speculative_generate", "autoregressive_generate", "prepare_prompts", "SAMPLING", "runtime_models"]
+__all__ = ["speculative_generate", "autoregressive_generate", "prepare_prompts", "SAMPLING", "runtime_models",
+           "first_step_laws"]
 
 SAMPLING = registry.SAMPLING  # the paper's (temperature 0.6, top-k 20, top-p 0.95): the default everywhere
 
@@ -163,7 +164,6 @@ def _speculative_rows(draft, verifier, prompts, rule, k, max_new, sampling, gen,
     drafter.start(ids, lens, first, feats)
     rows = _drop_finished(alive, list(range(B)), [target, drafter], dev)
     while rows:
-        n = len(rows)
         t0 = time.perf_counter()
         drafts, p = drafter.propose(k, sampling, gen)  # (n, k), (n, k, V)
         t1 = time.perf_counter()
@@ -301,3 +301,31 @@ def autoregressive_generate(pair: ModelPair, prompts, max_new_tokens: int = 64,
     return _run(pair, prompts, max_new_tokens, batch_size, seed, chat, stats,
                 lambda b, gen, ps: _autoregressive_rows(verifier, b, max_new_tokens, sampling, gen, stats, ps,
                                                         pair.eos_token_id))
+
+
+@torch.inference_mode()
+def first_step_laws(pair: ModelPair, ids: list[int], lo: int, hi: int, temperature: float = SAMPLING["temperature"],
+                    top_k: int = SAMPLING["top_k"], top_p: float = SAMPLING["top_p"]):
+    """Teacher-forced laws along a token sequence: for each position ``i`` in ``[lo, hi)``, the
+    verifier's law ``q_i`` of token ``i + 1`` given ``ids[:i + 1]`` and the draft's law ``p_i`` of the
+    same token when a block starts there (its first draft step), both after the sampling transforms.
+    Returns numpy arrays ``(P, Q)`` of shape (hi - lo, V) in float64. ``lo >= 1`` for a feature draft
+    (it reads the verifier's feature at ``i - 1``)."""
+    if not 0 <= lo < hi <= len(ids):
+        raise ValueError(f"need 0 <= lo < hi <= len(ids) = {len(ids)}, got lo={lo}, hi={hi}")
+    sampling = (temperature, top_k, top_p)
+    draft, verifier = pair.draft, pair.verifier
+    x = torch.tensor([ids], device=_device(verifier))
+    if isinstance(draft, FeatureDraft):
+        if lo < 1:
+            raise ValueError(f"a feature-level draft needs lo >= 1, got lo={lo}")
+        out = verifier(input_ids=x, output_hidden_states=True)
+        feats = draft.fuse([out.hidden_states[i] for i in draft.args.aux_layers])
+        g = draft.unrolled(feats[:, :-1], x[:, 1:], 1)[0]  # entry j reads feature j and token j + 1
+        p_logits = draft.full_logits(g[0, lo - 1:hi - 1])
+    else:
+        out = verifier(input_ids=x)
+        p_logits = draft(input_ids=x).logits[0, lo:hi]
+    q = sampling_probs(out.logits[0, lo:hi].float(), *sampling)
+    p = sampling_probs(p_logits.float(), *sampling)
+    return p.double().cpu().numpy(), q.double().cpu().numpy()
