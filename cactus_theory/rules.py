@@ -555,7 +555,7 @@ class RelaxedAcceptance(Rule):
 
     def row_stats(self, q):
         xp = xp_of(q)
-        kth = TopK(self.topk).row_stats(q)[0]
+        kth = TopK(min(self.topk, q.shape[-1])).row_stats(q)[0]  # topk > V: every token is in the top set
         return (xp.maximum(kth, xp.max(q, axis=-1, keepdims=True) - self.delta),)
 
     def phi(self, p_n, q_n, floor):

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 import cactus_theory as ct
 from cactus_theory.divergences import F_DIVERGENCES
+from cactus_theory.reference import COVERED as REFERENCE_COVERED
 from cactus_theory.rules import (
     EARS,
     TAS,
@@ -228,9 +229,7 @@ def test_bracketing_root_at_the_edges(div):
 
 
 # -- the references, by name ---------------------------------------------------------------------
-from cactus_theory.reference import COVERED as REFERENCE_COVERED  # noqa: E402  (the paper's rules)
-
-@pytest.mark.parametrize("rule", [r for r in ALL_RULES if type(r).__name__ in REFERENCE_COVERED], ids=repr)
+@pytest.mark.parametrize("rule", [r for r in ALL_RULES if type(r).__name__ in REFERENCE_COVERED], ids=repr)  # the paper's
 @given(case=cases(max_V=12))
 def test_rules_match_the_independent_reference(rule, case):
     """phi_n, g_n and the one-step law equal reference.py's re-implementation from the formulas
