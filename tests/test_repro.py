@@ -116,6 +116,12 @@ def test_fig_c_sweep_end_points():
     assert cac[4.0]["accept"] > 0.999 and cac[4.0]["kl"] <= s["_kl_pq"] + 1e-12
     interp = [pt["kl"] for pt in s["interpolation (alpha)"]]
     assert np.all(np.diff(interp) > 0)  # more weight on p, further from q
+    # DropMatch needs a head: left out without one; on synthetic heads 0 paths is SpS and paths add acceptance
+    assert "DropMatch (num_paths)" not in s
+    s = fig_c_tradeoff.sweep(P, Q, heads=True)
+    dm = {pt["param"]: pt for pt in s["DropMatch (num_paths)"]}
+    assert dm[0]["accept"] == pytest.approx(sps, abs=1e-12) and dm[0]["kl"] == pytest.approx(0, abs=1e-12)
+    assert all(dm[a]["accept"] < dm[b]["accept"] for a, b in zip(list(dm)[:-1], list(dm)[1:]))
 
 
 # -- the whole job ------------------------------------------------------------------------------
@@ -158,7 +164,13 @@ def test_repro_end_to_end_then_resumes_from_cache(tmp_path, tiny_pair):
         assert "out of reach" in row, row
     figs = sorted(p.name for p in c.figures.iterdir())
     assert figs == sorted(f"{s}.{e}" for s in ("fig_a_worked_example", "fig_b_gamma", "fig_c_tradeoff",
-                                               "fig_d_gamma_delta", "fig_e_lm") for e in ("png", "svg"))
+                                               "fig_d_gamma_delta", "fig_e_lm", "fig_h_multi_draft")
+                          for e in ("png", "svg"))
+    # our results (multi-draft Cactus, DropMatch on the LM) sit in the derived section, never among the paper's
+    derived = text.split("## Results we derived")[1].split("## Checks of our own code")[0]
+    assert "### h. Cactus with several drafts" in derived and "### i. DropMatch on the real LM" in derived
+    assert "multi-draft" not in paper and "DropMatch" not in paper
+    assert (c.results / "table_i_dropmatch.md").exists()
     pairs = np.load(c.results / "lm_pairs.npz")
     assert pairs["p"].shape == pairs["q"].shape and pairs["p"].shape[0] > 0
     assert np.allclose(pairs["p"].sum(-1), 1) and np.allclose(pairs["q"].sum(-1), 1)
