@@ -145,13 +145,15 @@ plt.show()
 # optima would average to a better interior point).
 
 # %%
-p, q = pair(24)
+p, q = pair(24, sigma=2.0)  # a draft far enough from q that one to four drafts do not saturate
 fig, ax = plt.subplots(figsize=(5.5, 4))
 o = np.argsort(p / q)
+plotted = []
 for K in (1, 2, 4):
     r = solve_target_multi(p, q, 0.01, K, method="dual")
     if r.value > 1 - 1e-6:
         continue
+    plotted.append(K)
     t = r.h / q
     big = q >= 1e-6  # the solver's ~1e-9 absolute error swamps h_i / q_i below
     assert np.all(np.diff(np.log(t[o][big[o]])) >= -1e-3)
@@ -160,6 +162,7 @@ for K in (1, 2, 4):
         assert np.allclose(r.h, np.clip(p, cb * q, ca * q), atol=1e-4)
         print(f"K = 1: h = clip(p, {cb:.3f} q, {ca:.3f} q)")
     ax.plot((p / q)[o], t[o], marker=".", label=f"K = {K}: A = {r.value:.3f}")
+assert 1 in plotted
 ax.plot((p / q)[o], (p / q)[o], ls=":", color="gray", label="h = p")
 ax.set(xscale="log", yscale="log", xlabel="p_i / q_i", ylabel="h*_i / q_i", title="optimal h at delta = 0.01")
 ax.legend(fontsize=7)

@@ -25,7 +25,12 @@ from tqdm import tqdm
 
 from cactus_theory import acceptance_rate, induced_distribution, kl, registry
 from cactus_theory.claims import bootstrap_interval, exact_verdict, interval_verdict
-from cactus_theory.optimize import max_acceptance, max_acceptance_multi, multi_draft_acceptance, solve_target_multi
+from cactus_theory.optimize import (
+    max_acceptance,
+    max_acceptance_multi,
+    multi_draft_acceptance,
+    solve_target_multi,
+)
 from cactus_theory.rules import Cactus, SpS
 
 from .common import Claim, Ctx, StepResult, cached_step, fmt, save_figure, standalone
@@ -211,7 +216,7 @@ def plot(d: dict, ctx: Ctx) -> list:
 
 def claims(d: dict) -> list[Claim]:
     t = table(d)
-    Ks, deltas = d["K"], d["delta"]
+    Ks = d["K"]
     out = []
     c = d["check"]
     worst = max(c.values())

@@ -98,6 +98,19 @@ def findings(results: Path = RESULTS) -> str:
         if fr is not None:
             out.append(f"* Per-step proxy (derived): Cactus versus the baselines at equal mean `KL(h_alg || q)` on "
                        f"random pairs: {fr.verdict}; {fr.ours}.")
+    md, sh, f1 = _row(claims, "multi-draft-gain"), _row(claims, "multi-draft-shape"), _row(claims, "single-draft-frontier")
+    if md is not None:
+        line = (f"* **Cactus with several drafts** (our result, not the paper's; REPORT.md section h, notebook 05): "
+                f"the budget's gain shrinks as drafts are added ({md.label}): {md.ours}")
+        if sh is not None:
+            line += f"; the optimum's shape ({sh.label}): {sh.ours}"
+        if f1 is not None:
+            line += f"; with one draft ({f1.label}): {f1.ours}"
+        out.append(line + ".")
+    dm = _row(claims, "dropmatch-vs-cactus")
+    if dm is not None:
+        out.append(f"* **DropMatch on the real LM** (our measurement; `results/table_i_dropmatch.md`): {dm.label}; "
+                   f"{dm.ours}.")
     e = _load(results, "fig_e_lm")
     lm = [r for r in claims if r.key in ("main-acceptance", "interpolation-ablation", "wall-clock")]
     if e is not None and lm:

@@ -121,7 +121,9 @@ def rows(pair, cfg: dict):
 
 
 def path_laws(X, W, bias, cfg: dict, block: int = 8) -> dict:
-    """Per rate, the Monte Carlo path law of every row (``dropmatch.path_law`` in blocks of rows)."""
+    """Per rate, the Monte Carlo path law of every row (``dropmatch.path_law`` in blocks of rows), kept
+    sparse: per row, the tokens with ``r > 0``, their ``r`` and their group means (a dense (G, R, V) array
+    of group means would take gigabytes at SmolLM2's vocabulary)."""
     import torch
 
     from cactus_theory.dropmatch import path_law
@@ -130,36 +132,41 @@ def path_laws(X, W, bias, cfg: dict, block: int = 8) -> dict:
     g = torch.Generator().manual_seed(cfg["seed"])
     rates = sorted(set(cfg["rates"]) | set(cfg["match"]))
     for rate in tqdm(rates, desc="table i: dropout path laws", leave=False):
-        r, gm = [], []
+        sparse = []
         for s in range(0, X.shape[0], block):
             law = path_law(X[s:s + block], W, rate, cfg["masks"], sampling=tuple(SAMPLING.values()), bias=bias,
                            groups=cfg["groups"], generator=g)
-            r.append(law.r)
-            gm.append(law.group_means)
-        out[rate] = (np.concatenate(r), np.concatenate(gm, axis=1))
+            for i in range(law.r.shape[0]):
+                j = np.flatnonzero(law.r[i] > 0)
+                sparse.append((j, law.r[i, j], law.group_means[:, i, j]))
+        out[rate] = sparse
     return out
 
 
 def compact(P, Q, laws: dict):
     """Rows cut to the union support of ``p``, ``q`` and every path law, zero-padded to a common width
-    (exact: tokens outside carry no mass in any law); returns ``Pc``, ``Qc`` and the laws cut alike."""
-    sup = (P > 0) | (Q > 0)
-    for r, _ in laws.values():
-        sup |= r > 0
-    width = int(sup.sum(1).max())
+    (exact: tokens outside carry no mass in any law); returns ``Pc``, ``Qc`` and the laws cut alike
+    (``{rate: (r (R, W), group means (G, R, W))}``)."""
     R = P.shape[0]
-    idx = np.zeros((R, width), dtype=np.int64)
-    mask = np.zeros((R, width), dtype=bool)
+    cols = []
     for i in range(R):
-        j = np.flatnonzero(sup[i])
-        idx[i, :j.size], mask[i, :j.size] = j, True
-
-    def cut(A):
-        return np.where(mask, np.take_along_axis(A, idx, axis=-1), 0.0)
-
-    Pc, Qc = cut(P), cut(Q)
+        j = np.flatnonzero((P[i] > 0) | (Q[i] > 0))
+        for sparse in laws.values():
+            j = np.union1d(j, sparse[i][0])
+        cols.append(j)
+    width = max(c.size for c in cols)
+    Pc, Qc = np.zeros((R, width)), np.zeros((R, width))
+    for i, j in enumerate(cols):
+        Pc[i, :j.size], Qc[i, :j.size] = P[i, j], Q[i, j]
     Pc, Qc = Pc / Pc.sum(1, keepdims=True), Qc / Qc.sum(1, keepdims=True)
-    claws = {rate: (cut(r), np.stack([cut(g) for g in gm])) for rate, (r, gm) in laws.items()}
+    claws = {}
+    for rate, sparse in laws.items():
+        G = sparse[0][2].shape[0]
+        r, gm = np.zeros((R, width)), np.zeros((G, R, width))
+        for i, (j, rv, gv) in enumerate(sparse):
+            pos = np.searchsorted(cols[i], j)  # where each token sits in the row's compacted columns
+            r[i, pos], gm[:, i, pos] = rv, gv
+        claws[rate] = (r, gm)
     return Pc, Qc, claws, width
 
 

@@ -121,7 +121,7 @@ def test_fig_c_sweep_end_points():
     s = fig_c_tradeoff.sweep(P, Q, heads=True)
     dm = {pt["param"]: pt for pt in s["DropMatch (num_paths)"]}
     assert dm[0]["accept"] == pytest.approx(sps, abs=1e-12) and dm[0]["kl"] == pytest.approx(0, abs=1e-12)
-    assert all(dm[a]["accept"] < dm[b]["accept"] for a, b in zip(list(dm)[:-1], list(dm)[1:]))
+    assert all(dm[a]["accept"] < dm[b]["accept"] for a, b in zip(list(dm)[:-1], list(dm)[1:], strict=True))
 
 
 # -- the whole job ------------------------------------------------------------------------------
