@@ -11,6 +11,7 @@ COMMANDS = {
     "verify": ("cactus_theory.report", "check every theory claim on fresh random and adversarial cases"),
     "build-draft": ("cactus_theory.lm.draft", "build (or reuse from cache) the embedded draft model"),
     "decode": ("cactus_theory.lm.cli", "speculative decoding with a (draft, verifier) pair"),
+    "eval": ("cactus_theory.lm.eval", "task accuracy, acceptance and distribution tests of every rule on a real LM"),
     "repro": ("paper_repro.main", "regenerate every figure, table and paper_repro/REPORT.md"),
 }
 
