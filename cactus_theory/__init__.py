@@ -18,18 +18,19 @@ from .divergences import (
     tv,
 )
 from .exact import acceptance_rate, induced_distribution, step_divergence
+from .registry import make_rule, rule_classes
 from .rules import (
     EARS,
-    RULES,
     TAS,
     Cactus,
     Interpolation,
     Rule,
     SpS,
     TopK,
-    make_rule,
     two_block_root,
 )
+
+RULES = rule_classes()  # {"sps": SpS, "cactus": Cactus, ...}; metadata in cactus_theory.registry
 
 __version__ = "0.1.0"
 

@@ -29,7 +29,7 @@ from .validate import check_nonneg, check_positive_int, check_probs, check_same_
 
 __all__ = [
     "Rule", "TargetRule", "ScalingRule", "SpS", "Cactus", "TAS", "TopK", "Interpolation", "EARS",
-    "two_block_divergence", "two_block_root", "taylor_gamma", "make_rule", "RULES",
+    "two_block_divergence", "two_block_root", "taylor_gamma",
 ]
 
 
@@ -393,13 +393,3 @@ class EARS(Rule):
         if check:
             _check_inputs(p, q, n)
         return _normalise(_pos(q - p), q + 0 * p)
-
-
-RULES = {"sps": SpS, "cactus": Cactus, "tas": TAS, "topk": TopK, "interpolation": Interpolation, "ears": EARS}
-
-
-def make_rule(name: str, **params) -> Rule:
-    """Build a rule from its name (``sps``, ``cactus``, ``tas``, ``topk``, ``interpolation``, ``ears``)."""
-    if name not in RULES:
-        raise ValueError(f"rule must be one of {sorted(RULES)}, got {name!r}")
-    return RULES[name](**params)

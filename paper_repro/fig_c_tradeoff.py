@@ -15,31 +15,15 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from cactus_theory import (
-    EARS,
-    TAS,
-    Cactus,
-    Interpolation,
-    SpS,
-    TopK,
-    acceptance_rate,
-    induced_distribution,
-    kl,
-    tv,
-)
+from cactus_theory import SpS, acceptance_rate, induced_distribution, kl, registry, tv
 
 from .common import Claim, Ctx, StepResult, cached_step, fmt, save_figure, standalone
 
 NAME = "fig_c_tradeoff"
-SWEEPS = {
-    "Cactus (delta)": ("delta", [0.0, 0.0003, 0.001, 0.002, 0.003, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.0, 4.0], lambda v: Cactus(v)),
-    "TAS (epsilon)": ("epsilon", [0.01, 0.03, 0.09, 0.2, 0.4], lambda v: TAS(v, math.sqrt(v))),
-    "interpolation (alpha)": ("alpha", [0.0, 0.2, 0.4, 0.6, 0.8, 0.9, 0.95], lambda v: Interpolation(v)),
-    "top-k (k)": ("k", [1, 2, 3, 5, 10, 20], lambda v: TopK(int(v))),
-    "EARS (beta)": ("beta", [0.0, 0.25, 0.5, 1.0, 2.0, 4.0], lambda v: EARS(v)),
-}
-MARKERS = {"Cactus (delta)": "o", "TAS (epsilon)": "s", "interpolation (alpha)": "^", "top-k (k)": "D",
-           "EARS (beta)": "v"}
+FAMILIES = ("cactus", "tas", "interpolation", "topk", "ears")  # every lossy rule of the registry, SpS as reference
+SWEEPS = {registry.spec(key).sweep_label: registry.sweep(key) for key in FAMILIES}  # label -> [(value, rule)]
+MARKERS = {registry.spec(key).sweep_label: registry.marker(key) for key in FAMILIES}
+COLOURS = {registry.spec(key).sweep_label: registry.colour(key) for key in FAMILIES}
 
 
 def random_pairs(rng: np.random.Generator, R: int, V: int, sigma: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
@@ -58,9 +42,8 @@ def random_pairs(rng: np.random.Generator, R: int, V: int, sigma: float = 1.0) -
 def sweep(P: np.ndarray, Q: np.ndarray, label: str = "") -> dict:
     """Mean acceptance and mean ``KL(h_alg || q)`` of every rule in ``SWEEPS`` over the rows of (P, Q)."""
     out = {}
-    jobs = [(fam, v) for fam, (_, vals, _) in SWEEPS.items() for v in vals]
-    for fam, v in tqdm(jobs, desc=f"fig c: rule sweep {label}", leave=False):
-        rule = SWEEPS[fam][2](v)
+    jobs = [(fam, v, rule) for fam, pts in SWEEPS.items() for v, rule in pts]
+    for fam, v, rule in tqdm(jobs, desc=f"fig c: rule sweep {label}", leave=False):
         H = induced_distribution(rule, P, Q)
         k = kl(H, Q)
         fin = np.isfinite(k)
@@ -87,7 +70,7 @@ def load_lm_pairs(path: Path) -> tuple[np.ndarray, np.ndarray] | None:
 def config(ctx: Ctx) -> dict:
     lm = ctx.results / "lm_pairs.npz"
     return {"R": 12 if ctx.fast else 48, "V": 64 if ctx.fast else 256, "sigma": 1.0, "seed": ctx.seed,
-            "sweeps": {k: v[1] for k, v in SWEEPS.items()},
+            "sweeps": {k: [repr(r) for _, r in v] for k, v in SWEEPS.items()},
             "lm_pairs": lm.stat().st_mtime_ns if lm.exists() else None}
 
 
@@ -117,7 +100,7 @@ def plot(d: dict, ctx: Ctx) -> list:
                 continue
             x = [pt[metric] for pt in pts]
             y = [pt["accept"] for pt in pts]
-            ax.plot(x, y, marker=MARKERS[fam], label=fam, lw=1.2, ms=5)
+            ax.plot(x, y, marker=MARKERS[fam], color=COLOURS[fam], label=fam, lw=1.2, ms=5)
             for i, (xi, yi, pt) in enumerate(zip(x, y, pts, strict=True)):
                 if fam.startswith("Cactus") and i % 2:
                     continue  # the dense small-delta end would be unreadable

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import math
 
+from cactus_theory import registry
+
 from .common import Claim, Ctx, StepResult, cached_step, fmt, save_figure, standalone
 from .lm_runs import STYLES, get_pair, lm_config, pooled, run_all, save_lm_pairs
 from .paper_numbers import MAIN_TABLE, OTHER
@@ -74,8 +76,7 @@ def plot(d: dict, ctx: Ctx) -> list:
         if s["rule"] is None or s["k"] != 4:
             continue
         fam = s["rule"]
-        c = {"sps": "k", "cactus": "tab:blue", "tas": "tab:red", "topk": "tab:purple", "interpolation": "tab:green",
-             "ears": "tab:orange"}[fam]
+        c = registry.colour(fam)
         kl_v = P[m]["mean_step_kl"]
         inf = not math.isfinite(kl_v)
         ax[1, 0].scatter(P[m]["al"], top if inf else kl_v, color=c, marker="^" if inf else "o")

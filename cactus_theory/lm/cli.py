@@ -13,14 +13,9 @@ __all__ = ["configure", "run", "rule_from_args"]
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
     parser.add_argument("--prompts-file", help="a text file with one prompt per line")
-    parser.add_argument("--rule", default="cactus", help="sps, cactus, tas, topk, interpolation, ears")
-    parser.add_argument("--delta", type=float, default=1.0, help="Cactus budget delta")
-    parser.add_argument("--divergence", default="kl", help="Cactus divergence")
-    parser.add_argument("--solver", default="taylor", help="Cactus solver: taylor or exact")
-    parser.add_argument("--epsilon", type=float, default=0.09, help="TAS epsilon")
-    parser.add_argument("--alpha", type=float, default=None, help="TAS alpha (default 0.3) or Interpolation alpha (default 0.5)")
-    parser.add_argument("--rule-k", type=int, default=5, help="TopK rule's k")
-    parser.add_argument("--beta", type=float, default=0.5, help="EARS beta")
+    from ..registry import add_rule_arguments
+
+    add_rule_arguments(parser)
     parser.add_argument("-k", type=int, default=4, help="drafted tokens per step")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=0.6)
@@ -37,18 +32,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def rule_from_args(args):
-    from ..rules import make_rule
+    from ..registry import rule_from_args as from_args
 
-    name = args.rule
-    params = {
-        "sps": {},
-        "cactus": {"delta": args.delta, "divergence": args.divergence, "solver": args.solver},
-        "tas": {"epsilon": args.epsilon, "alpha": 0.3 if args.alpha is None else args.alpha},
-        "topk": {"k": args.rule_k},
-        "interpolation": {"alpha": 0.5 if args.alpha is None else args.alpha},
-        "ears": {"beta": args.beta},
-    }
-    return make_rule(name, **params.get(name, {}))
+    return from_args(args)
 
 
 def _prompts(args) -> list[str]:

@@ -6,14 +6,14 @@ from __future__ import annotations
 import torch
 from tqdm.auto import tqdm
 
+from .. import registry
 from ..rules import TAS, Cactus, Interpolation, SpS, TopK
 from .generate import autoregressive_generate, speculative_generate
 
 __all__ = ["DEFAULT_RULES", "SAMPLING", "run_benchmark", "format_table"]
 
-DEFAULT_RULES = [("SpS", SpS()), ("TAS", TAS(0.09, 0.3)), ("top-k (5)", TopK(5)),
-                 ("interpolation (0.5)", Interpolation(0.5)), ("Cactus d=0.25", Cactus(0.25)),
-                 ("Cactus d=0.5", Cactus(0.5)), ("Cactus d=1.0", Cactus(1.0))]
+DEFAULT_RULES = [(registry.label(r), r) for r in (SpS(), TAS(0.09, 0.3), TopK(5), Interpolation(0.5), Cactus(0.25),
+                                        Cactus(0.5), Cactus(1.0))]
 SAMPLING = dict(temperature=0.6, top_k=20, top_p=0.95)
 
 

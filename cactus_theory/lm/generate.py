@@ -30,7 +30,8 @@ import numpy as np
 import torch
 
 from ..exact import step_divergence
-from ..rules import Rule, ScalingRule, TopK, make_rule
+from ..registry import make_rule
+from ..rules import Rule, ScalingRule, TopK
 from ..sampler import verify
 from .pair import ModelPair, context_length
 from .transforms import check_sampling, sampling_probs

@@ -1,0 +1,236 @@
+"""One source of truth for every rule and divergence: constructor parameters, display names,
+colours, markers, command-line flags and sweep values.
+
+Adding a rule touches this file (one ``RuleSpec``), the class in ``rules.py`` and its tests; the
+CLI, the figures, the benchmarks and the reproduction read everything else from here.
+
+    >>> from cactus_theory import registry
+    >>> registry.label(registry.make("cactus", delta=1.0))
+    'Cactus delta=1'
+    >>> registry.colour("cactus")
+    'tab:blue'
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Any
+
+from . import divergences as D
+from . import rules as R
+
+__all__ = ["Param", "RuleSpec", "DivergenceSpec", "RULES", "DIVERGENCES", "spec", "make", "make_rule", "label",
+           "colour", "marker", "sweep", "add_rule_arguments", "rule_from_args", "rule_classes"]
+
+
+@dataclass(frozen=True)
+class Param:
+    """One constructor parameter of a rule and its command-line flag.
+
+    ``flag`` is unique across all rules (the three meanings of "k" and the two of "alpha" in this
+    project get distinct flags: ``-k/--num-drafts`` drafts per step, ``--top-k`` sampling, and
+    ``--topk-rule-k`` the TopK rule's threshold rank; ``--tas-alpha`` vs ``--interp-alpha``).
+    """
+
+    name: str  # keyword of the rule's constructor (its default is the constructor's own)
+    flag: str  # command-line flag
+    type: type
+    help: str
+    choices: tuple | None = None
+
+    @property
+    def dest(self) -> str:
+        return self.flag.lstrip("-").replace("-", "_")
+
+
+@dataclass(frozen=True)
+class RuleSpec:
+    """Metadata of one rule family: how to build it, name it, draw it and sweep it."""
+
+    key: str  # the name used by ``rules.make_rule`` and ``--rule``
+    cls: type
+    label: str  # display name of the family
+    colour: str  # matplotlib colour, the same in every figure
+    marker: str
+    params: tuple[Param, ...]
+    sweep: tuple[str, tuple]  # (parameter, values) for trade-off figures
+    lossless: bool = False  # True when the step's output law equals q (SpS)
+    summary: str = ""
+    sweep_params: Callable[[Any], dict] | None = None  # value -> constructor keywords (default {name: value})
+
+    def make(self, **params) -> R.Rule:
+        return self.cls(**params)
+
+    def default(self, name: str) -> Any:
+        """The constructor's default value of parameter ``name``."""
+        return {f.name: f.default for f in fields(self.cls)}[name]
+
+    def describe(self, rule: R.Rule) -> str:
+        """Display name of one configured rule, e.g. ``Cactus delta=1`` (non-default extras only)."""
+        if not isinstance(rule, self.cls):
+            raise ValueError(f"rule {rule!r} is not a {self.cls.__name__}")
+        parts = []
+        for p in self.params:
+            v = getattr(rule, p.name)
+            if p.name == self.sweep[0] or v != self.default(p.name):
+                parts.append(f"{p.name}={_fmt(v)}")
+        return " ".join([self.label, *parts])
+
+    def sweep_rules(self) -> list[tuple[Any, R.Rule]]:
+        """``[(value, rule)]`` along the family's sweep parameter (others at their defaults)."""
+        name, values = self.sweep
+        if not name:
+            return [(None, self.make())]
+        kw = self.sweep_params or (lambda v: {name: v})
+        return [(v, self.make(**kw(v))) for v in values]
+
+    @property
+    def sweep_label(self) -> str:
+        """``Cactus (delta)``: the family and its swept parameter."""
+        return f"{self.label} ({self.sweep[0]})" if self.sweep[0] else self.label
+
+
+def _fmt(v) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+_DELTA = Param("delta", "--delta", float, "Cactus budget delta (nats for KL)")
+_DIVERGENCE = Param("divergence", "--divergence", str, "Cactus divergence",
+                    choices=tuple(D.F_DIVERGENCES))
+_SOLVER = Param("solver", "--solver", str,
+                "Cactus solver: taylor (Corollary 5, KL only) or exact (Theorem 2's root)", choices=("taylor", "exact"))
+
+RULES: dict[str, RuleSpec] = {s.key: s for s in (
+    RuleSpec("sps", R.SpS, "SpS", "black", "s", (), ("", ()), lossless=True,
+             summary="standard speculative sampling: output law exactly q"),
+    RuleSpec("cactus", R.Cactus, "Cactus", "tab:blue", "o", (_DELTA, _DIVERGENCE, _SOLVER),
+             ("delta", (0.0, 0.0003, 0.001, 0.002, 0.003, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.0,
+                        4.0)),
+             summary="maximise acceptance s.t. D_f(h || q) <= delta (Theorem 2; Corollary 5's closed form)"),
+    RuleSpec("tas", R.TAS, "TAS", "tab:red", "s",
+             (Param("epsilon", "--tas-epsilon", float, "TAS epsilon (vLLM's posterior_threshold)"),
+              Param("alpha", "--tas-alpha", float, "TAS alpha (vLLM's posterior_alpha)")),
+             ("epsilon", (0.01, 0.03, 0.09, 0.2, 0.4)),
+             summary="typical acceptance (Medusa / vLLM): accept iff q_n > min(epsilon, alpha exp(-H(q)))",
+             sweep_params=lambda v: {"epsilon": v, "alpha": math.sqrt(v)}),  # vLLM ties alpha = sqrt(epsilon)
+    RuleSpec("topk", R.TopK, "top-k", "tab:purple", "D",
+             (Param("k", "--topk-rule-k", int, "TopK rule: accept iff q_n is among the k largest"),),
+             ("k", (1, 2, 3, 5, 10, 20)), summary="accept iff q_n >= the k-th largest q"),
+    RuleSpec("interpolation", R.Interpolation, "interpolation", "tab:green", "^",
+             (Param("alpha", "--interp-alpha", float, "interpolation weight of p: h = alpha p + (1 - alpha) q"),),
+             ("alpha", (0.0, 0.2, 0.4, 0.6, 0.8, 0.9, 0.95)), summary="target h = alpha p + (1 - alpha) q"),
+    RuleSpec("ears", R.EARS, "EARS", "tab:orange", "v",
+             (Param("beta", "--ears-beta", float, "EARS beta: accept iff u < q_n / p_n + beta (1 - max q)"),),
+             ("beta", (0.0, 0.25, 0.5, 1.0, 2.0, 4.0)), summary="accept iff u < q_n/p_n + beta (1 - max q)"),
+)}
+
+
+@dataclass(frozen=True)
+class DivergenceSpec:
+    key: str
+    label: str
+    generator: str  # f(t), or the formula for non-f-divergences
+    f_divergence: bool = True
+
+
+DIVERGENCES: dict[str, DivergenceSpec] = {s.key: s for s in (
+    DivergenceSpec("kl", "KL", "t log t"),
+    DivergenceSpec("reverse_kl", "reverse KL", "-log t"),
+    DivergenceSpec("chi2", "chi-square", "(t - 1)^2"),
+    DivergenceSpec("tv", "TV", "|t - 1| / 2"),
+    DivergenceSpec("hellinger", "squared Hellinger", "(sqrt t - 1)^2 / 2"),
+    DivergenceSpec("js", "Jensen-Shannon", "JS generator"),
+    DivergenceSpec("cross_entropy", "cross-entropy", "-sum h log q", f_divergence=False),
+)}
+
+
+def rule_classes() -> dict[str, type]:
+    """``{key: rule class}``, e.g. ``{"sps": SpS, "cactus": Cactus, ...}``."""
+    return {k: s.cls for k, s in RULES.items()}
+
+
+def spec(rule_or_key) -> RuleSpec:
+    """The ``RuleSpec`` of a rule key (``"cactus"``), a rule class or a rule instance."""
+    if isinstance(rule_or_key, str):
+        if rule_or_key not in RULES:
+            raise ValueError(f"rule must be one of {sorted(RULES)}, got {rule_or_key!r}")
+        return RULES[rule_or_key]
+    cls = rule_or_key if isinstance(rule_or_key, type) else type(rule_or_key)
+    for s in RULES.values():  # exact class first, then the nearest registered base class
+        if cls is s.cls:
+            return s
+    for base in cls.__mro__[1:]:
+        for s in RULES.values():
+            if base is s.cls:
+                return s
+    raise ValueError(f"no registered rule for {rule_or_key!r}; known: {sorted(RULES)}")
+
+
+def make(key: str, **params) -> R.Rule:
+    """Build a rule from its key and constructor parameters (``make("cactus", delta=1.0)``)."""
+    if not isinstance(key, str):
+        raise ValueError(f"rule name must be a string, one of {sorted(RULES)}, got {key!r}")
+    return spec(key).make(**params)
+
+
+make_rule = make
+
+
+def label(rule: R.Rule) -> str:
+    """Display name of a configured rule, e.g. ``Cactus delta=1``, ``TAS epsilon=0.09``."""
+    return spec(rule).describe(rule)
+
+
+def colour(rule_or_key) -> str:
+    return spec(rule_or_key).colour
+
+
+def marker(rule_or_key) -> str:
+    return spec(rule_or_key).marker
+
+
+def sweep(key: str) -> list[tuple[Any, R.Rule]]:
+    return spec(key).sweep_rules()
+
+
+def add_rule_arguments(parser: argparse.ArgumentParser, default: str = "cactus") -> None:
+    """``--rule`` (with ``choices``) and every rule parameter's flag, defaults shown in ``--help``."""
+    g = parser.add_argument_group("rule")
+    g.add_argument("--rule", default=default, choices=list(RULES), help=f"acceptance rule (default {default})")
+    seen: set[str] = set()
+    for s in RULES.values():
+        for p in s.params:
+            if p.flag in seen:
+                continue
+            seen.add(p.flag)
+            d = s.default(p.name)
+            g.add_argument(p.flag, dest=p.dest, type=p.type, default=d, choices=p.choices, help=f"{p.help} (default {d})")
+
+
+def rule_from_args(args: argparse.Namespace) -> R.Rule:
+    """The rule named by ``args.rule`` with its parameters from the flags of ``add_rule_arguments``."""
+    s = spec(args.rule)
+    return s.make(**{p.name: getattr(args, p.dest) for p in s.params})
+
+
+def _check_registry() -> None:
+    """Each entry lists every constructor parameter of its class, flags are unambiguous, and every
+    divergence the code computes has an entry (checked at import, so a missing entry fails loudly)."""
+    flags: dict[str, Param] = {}
+    for key, s in RULES.items():
+        names = {f.name for f in fields(s.cls)}
+        have = {p.name for p in s.params}
+        if names != have:
+            raise RuntimeError(f"registry entry {key!r}: parameters {sorted(have)} != constructor {sorted(names)}")
+        for p in s.params:
+            if flags.setdefault(p.flag, p) != p:
+                raise RuntimeError(f"flag {p.flag} means two different parameters")
+    if set(DIVERGENCES) != set(D.DIVERGENCES) or {k for k, v in DIVERGENCES.items() if v.f_divergence} != set(
+            D.F_DIVERGENCES):
+        raise RuntimeError("registry.DIVERGENCES and divergences.DIVERGENCES list different divergences")
+
+
+_check_registry()

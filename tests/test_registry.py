@@ -1,0 +1,84 @@
+"""The registry is the one source of rule metadata: complete, consistent, and used by the CLI."""
+
+import argparse
+import dataclasses
+
+import pytest
+
+import cactus_theory as ct
+from cactus_theory import registry
+from cactus_theory import rules as R
+
+
+def _rule_classes_in_rules_module():
+    """Every concrete rule class defined in rules.py (found independently of the registry)."""
+    out = []
+    for obj in vars(R).values():
+        if isinstance(obj, type) and issubclass(obj, R.Rule) and obj.__module__ == R.__name__:
+            if "name" in obj.__dict__ and obj.__dict__["name"] != "rule":
+                out.append(obj)
+    return out
+
+
+def test_every_rule_class_is_registered_once():
+    classes = _rule_classes_in_rules_module()
+    assert classes, "no rule classes found"
+    registered = [s.cls for s in registry.RULES.values()]
+    for cls in classes:
+        assert registered.count(cls) == 1, cls
+    assert ct.RULES == {k: s.cls for k, s in registry.RULES.items()}
+
+
+@pytest.mark.parametrize("key", list(registry.RULES))
+def test_spec_lists_constructor_parameters_and_sweeps(key):
+    s = registry.RULES[key]
+    assert {p.name for p in s.params} == {f.name for f in dataclasses.fields(s.cls)}
+    default = s.make()
+    for p in s.params:
+        assert getattr(default, p.name) == s.default(p.name), (key, p.name)
+    pts = s.sweep_rules()
+    assert pts and all(isinstance(r, s.cls) for _, r in pts)
+    if s.sweep[0]:
+        assert [getattr(r, s.sweep[0]) for _, r in pts] == list(s.sweep[1])
+    assert registry.spec(default) is s and registry.spec(key) is s and registry.spec(s.cls) is s
+    assert registry.label(default).startswith(s.label)
+
+
+def test_colours_and_flags_are_distinct():
+    colours = [s.colour for s in registry.RULES.values()]
+    assert len(set(colours)) == len(colours)
+    flags = [p.flag for s in registry.RULES.values() for p in s.params]
+    assert len(set(flags)) == len(flags)
+    assert "--top-k" not in flags and "-k" not in flags  # reserved for sampling and drafts per step
+
+
+def test_cli_round_trip():
+    ap = argparse.ArgumentParser()
+    registry.add_rule_arguments(ap)
+    assert registry.rule_from_args(ap.parse_args([])) == ct.Cactus(1.0)
+    assert registry.rule_from_args(ap.parse_args(["--rule", "tas", "--tas-alpha", "0.2"])) == ct.TAS(0.09, 0.2)
+    assert registry.rule_from_args(ap.parse_args(["--rule", "interpolation", "--interp-alpha", "0.9"])) == \
+        ct.Interpolation(0.9)
+    assert registry.rule_from_args(ap.parse_args(["--rule", "topk", "--topk-rule-k", "3"])) == ct.TopK(3)
+    with pytest.raises(SystemExit):
+        ap.parse_args(["--rule", "bogus"])
+
+
+def test_labels_and_bad_names():
+    assert registry.label(ct.Cactus(1.0)) == "Cactus delta=1"
+    assert registry.label(ct.Cactus(0.5, "tv", "exact")) == "Cactus delta=0.5 divergence=tv solver=exact"
+    assert registry.label(ct.SpS()) == "SpS"
+    with pytest.raises(ValueError, match="rule must be one of"):
+        registry.make("medusa")
+    with pytest.raises(ValueError, match="rule name must be a string"):
+        registry.make(None)
+    with pytest.raises(ValueError, match="no registered rule"):
+        registry.spec(object())
+
+
+def test_a_subclass_maps_to_its_registered_base():
+    @dataclasses.dataclass(frozen=True)
+    class MyCactus(ct.Cactus):
+        pass
+
+    assert registry.spec(MyCactus(0.5)) is registry.RULES["cactus"]
