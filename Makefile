@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup test repro verify lint bench
+.PHONY: setup test repro verify lint bench eval
 
 setup: $(VENV)/.installed
 
@@ -22,6 +22,12 @@ test: setup
 
 repro: setup
 	$(BIN)/cactus-theory repro
+
+# task accuracy of every rule with intervals, the interpolation ablation and the distribution tests
+# (<= 45 min on 2 quiet cores; resumable: rerun after an interruption). Busy machine: EVAL_ARGS='--threads 1'
+EVAL_ARGS ?= --threads 2
+eval: setup
+	$(BIN)/cactus-theory eval $(EVAL_ARGS)
 
 verify: setup
 	$(BIN)/cactus-theory verify

@@ -19,6 +19,8 @@ FIGURE_TEXT = {
                        "rule sweeps over random and LM-derived (p, q) pairs (exact one-step laws)."),
     "fig_d_gamma_delta": ("d. Gamma(delta)", "the worst one-step KL(h_alg || q) found vs delta for several V."),
     "fig_e_lm": ("e. Real decoding", "AL vs delta and k; distortion and verifier NLL vs AL; speedup vs delta."),
+    "fig_g_eval": ("g. Task accuracy vs AL", "accuracy (95% Wilson interval) against AL (tokens per verifier call, "
+                   "bonus included; 95% bootstrap interval) per rule, on the eval task (`cactus-theory eval`)."),
 }
 
 
@@ -93,6 +95,8 @@ def write_report(path: Path, steps: list[StepResult], extra: list[Claim], timing
     for s in steps:
         if "markdown" in s.data:
             out += ["## f. Main-table analogue", "", s.data["markdown"], ""]
+        for title, text in s.data.get("sections", []):
+            out += [f"## {title}", "", text, ""]
     if skipped:
         out += ["## Not run in this invocation", ""]
         out += [f"- {k}: {v}" for k, v in skipped.items()]

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import inspect
 import json
 import math
 import os
@@ -40,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import registry
 from ..stats import paired_difference, proportion_interval
 from . import tasks
 
@@ -79,55 +79,30 @@ class Method:
         return f"{s[:48]}-{hashlib.sha256(repr(self.rule).encode()).hexdigest()[:8]}"
 
 
-def _registry():
-    """The rule registry (``cactus_theory.registry``), or None before it lands (adapter)."""
-    try:
-        from .. import registry
-    except ImportError:
-        return None
-    return registry
-
-
 def _build(key: str, params: dict):
-    """A rule from its registry key and parameters; parameters the constructor does not take yet
-    (e.g. ``TopK(recovery=...)`` before it lands) are dropped, the rest passed on."""
-    from ..rules import RULES, make_rule
+    """A rule from its registry key and parameters; a parameter the constructor does not take yet
+    (``TopK(recovery=...)`` before it lands) is dropped, so the grid can name it ahead of time."""
+    from dataclasses import fields
 
-    reg = _registry()
-    cls = reg.spec(key).cls if reg is not None and hasattr(reg.spec(key), "cls") else RULES[key]
-    ok = inspect.signature(cls).parameters
-    return make_rule(key, **{k: v for k, v in params.items() if k in ok})
-
-
-def _label(rule, key: str) -> str:
-    reg = _registry()
-    return reg.label(rule) if reg is not None else repr(rule)
-
-
-def _colour(key: str | None, i: int) -> str:
-    reg = _registry()
-    if key is None:
-        return "black"
-    return reg.colour(key) if reg is not None else f"C{i % 10}"
+    known = {f.name for f in fields(registry.spec(key).cls)}
+    return registry.make(key, **{k: v for k, v in params.items() if k in known})
 
 
 def methods(grid: dict[str, list[dict]] | None = None, only: list[str] | None = None) -> list[Method]:
     """The verifier alone, then every registry rule at its ``grid`` values (``EVAL_GRID`` by
-    default); ``only``: keep methods whose registry key or label is listed (and always SpS, the reference)."""
+    default; a rule the grid does not name runs once at its defaults); ``only``: keep the methods
+    whose registry key or label is listed (SpS, the reference, always stays)."""
     grid = EVAL_GRID if grid is None else grid
-    reg = _registry()
-    from ..rules import RULES
-
-    keys = list(reg.RULES) if reg is not None else list(RULES)
     out = [Method("verifier alone", None)]
-    for i, key in enumerate(keys):
+    for key in registry.RULES:
         for params in grid.get(key, [{}]):
             rule = _build(key, params)
-            out.append(Method(_label(rule, key), key, dict(params), rule, _colour(key, i)))
+            out.append(Method(registry.label(rule), key, dict(params), rule, registry.colour(key)))
     if only is not None:
         bad = [o for o in only if not any(o in (m.key, m.label) for m in out)]
         if bad:
-            raise ValueError(f"--rules: unknown {bad}; known keys {keys} and labels {[m.label for m in out]}")
+            raise ValueError(f"--rules: unknown {bad}; known keys {list(registry.RULES)} and labels "
+                             f"{[m.label for m in out[1:]]}")
         out = [m for m in out if m.key is None or m.key == "sps" or m.key in only or m.label in only]
     return out
 
@@ -305,8 +280,6 @@ def _al(records: list[dict]) -> float:
 
 def run_ablation(pair, cfg, method_list, recs, secs, cache, batches, progress=True) -> dict:
     """Cactus at the ``delta`` whose AL matches interpolation alpha = 0.9's (see module docstring)."""
-    from ..rules import Cactus
-
     interp = [m for m in method_list if m.key == "interpolation" and m.params.get("alpha") == ABLATION_ALPHA]
     if not interp:
         return {"status": "not run", "reason": f"interpolation alpha={ABLATION_ALPHA} is not among the methods"}
@@ -314,7 +287,8 @@ def run_ablation(pair, cfg, method_list, recs, secs, cache, batches, progress=Tr
     probes: dict[float, float] = {}
 
     def probe(delta: float) -> float:
-        m = Method(f"Cactus delta={delta:.4g} (ablation)", "cactus", {"delta": delta}, Cactus(delta))
+        rule = registry.make("cactus", delta=delta)
+        m = Method(f"{registry.label(rule)} (ablation)", "cactus", {"delta": delta}, rule, registry.colour("cactus"))
         val, _ = cache.get(m, 0, lambda: _batch_record(pair, batches[0], m, cfg, cfg.seed * 100_003))
         probes[delta] = _al(val["records"])
         return probes[delta]
@@ -336,8 +310,8 @@ def run_ablation(pair, cfg, method_list, recs, secs, cache, batches, progress=Tr
             mid = math.sqrt(lo * hi)
             lo, hi = (mid, hi) if probe(mid) < target else (lo, mid)
         chosen, status = hi, "matched"
-    m = Method(f"Cactus delta={chosen:.4g} (ablation)", "cactus", {"delta": chosen}, Cactus(chosen),
-               next((x.colour for x in method_list if x.key == "cactus"), "C0"))
+    rule = registry.make("cactus", delta=chosen)
+    m = Method(f"{registry.label(rule)} (ablation)", "cactus", {"delta": chosen}, rule, registry.colour("cactus"))
     from tqdm.auto import tqdm
 
     rs, ss = [], []
@@ -404,6 +378,12 @@ def summarise(recs: dict[str, list[dict]], secs: dict[str, list[dict]], method_l
         row["nll"] = list(_ratio_ci(col(m.label, "nll_sum"), col(m.label, "nll_count"), idx))
         if m.rule is not None:
             row["al"] = list(_ratio_ci(col(m.label, "new_tokens"), col(m.label, "steps"), idx))
+            with np.errstate(invalid="ignore", divide="ignore"):  # AL minus SpS's AL, paired resamples
+                al_b = col(m.label, "new_tokens")[idx].sum(1) / col(m.label, "steps")[idx].sum(1) - \
+                    col(sps, "new_tokens")[idx].sum(1) / col(sps, "steps")[idx].sum(1)
+            al_b = al_b[np.isfinite(al_b)]
+            row["al_diff_vs_sps"] = [row["al"][0] - _al(recs[sps]),
+                                     *(np.quantile(al_b, [0.025, 0.975]).tolist() if al_b.size else [math.nan] * 2)]
             row["acceptance"] = list(_ratio_ci(col(m.label, "accepted"), col(m.label, "drafted"), idx))
             row["step_kl"] = list(_ratio_ci(col(m.label, "kl_sum"), col(m.label, "kl_count"), idx))
             rej = col(m.label, "drafted") - col(m.label, "accepted")
@@ -435,7 +415,7 @@ def _iv(v, digits: int = 2, pct: bool = False) -> str:
     if v is None:
         return "-"
     f = (lambda x: f"{100 * x:.1f}") if pct else (lambda x: f"{x:.{digits}f}" if math.isfinite(x) else str(x))
-    est, lo, hi = v
+    est, lo, hi = (0.0 if abs(x) < 1e-12 else x for x in v)  # no "-0.000" from float round-off
     if not (math.isfinite(lo) and math.isfinite(hi)) and not math.isfinite(est):
         return f(est)
     return f"{f(est)} [{f(lo)}, {f(hi)}]"
