@@ -110,7 +110,10 @@ def _reference_answer(task: str, question: str) -> int:
     nums = [int(t) for t in re.findall(r"\d+", q)]
     if task == "count":
         return len(q.split(":")[1].split(","))
-    return {"add": nums[0] + nums[1] if len(nums) > 1 else None, "sub": nums[0] - nums[1] if len(nums) > 1 else None,
+    if task == "lookup":
+        names = re.findall(r"([A-Z][a-z]+) has (\d+)", q)
+        return int(dict(names)[q.split("does ")[1].split(" have")[0]])
+    return {"add": nums[0] + nums[1] if len(nums) > 1 else None, "add1": nums[0] + nums[1] if len(nums) > 1 else None, "sub": nums[0] - nums[1] if len(nums) > 1 else None,
             "add_sub": nums[0] + nums[1] - nums[2] if len(nums) > 2 else None, "sum3": sum(nums),
             "compare": max(nums)}[task]
 

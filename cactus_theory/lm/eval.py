@@ -140,7 +140,9 @@ class EvalConfig:
                 "sampling": dict(self.sampling), "pair": self.pair}
 
     def key(self) -> str:
-        return hashlib.sha256(json.dumps(self.as_dict(), sort_keys=True).encode()).hexdigest()[:12]
+        """Names the cache folder: the configuration and the loop's batching (old loops: batch 1)."""
+        d = {**self.as_dict(), "loop": "batched" if _has_per_sequence() else "batch-1 adapter"}
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def _atomic_json(path: Path, obj) -> None:
@@ -154,7 +156,7 @@ def _read_json(path: Path):
     try:
         return json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
-        return None  # absent or damaged (interrupted before os.replace cannot happen; kept for safety)
+        return None  # absent, or damaged by hand (writes are atomic): recomputed
 
 
 # -- decoding one batch ---------------------------------------------------------------------------

@@ -3,8 +3,11 @@
 Two kinds, reported separately:
 
 * **Verification step (sampled through ``sampler.verify``; the cheap route).** For each prompt, the
-  draft's ``p`` and the verifier's ``q`` at the first generated position are computed once (one full
-  forward each, the eval's sampling transforms applied to both). Then ``draws`` independent steps are
+  draft's ``p`` and the verifier's ``q`` are computed once (one full forward each, the eval's sampling
+  transforms applied to both) at one position: the prompt (chat template) followed by the first ``j``
+  tokens of the verifier's own seeded continuation, ``j < HORIZON`` chosen where ``TV(p, q)`` is largest
+  (``step_position``: a chat answer's first token is often near-deterministic, where every rule's law
+  is the same and the test says little). Then ``draws`` independent steps are
   verified in one batch: ``n ~ p``, ``sampler.verify(n, p, q, rule)`` with ``k = 1``, keeping the first
   emitted token. Its empirical law is tested with ``stats.goodness_of_fit`` against the exact one-step
   law ``exact.induced_distribution(rule, p, q)``. The vocabulary is cut to the union support of ``p``
@@ -34,20 +37,37 @@ from ..sampler import verify
 from ..stats import detectable_tv, goodness_of_fit, homogeneity
 from .transforms import sampling_probs
 
-__all__ = ["ALPHA", "BETA", "LOOP_PROMPT", "next_token_laws", "verify_step_test", "run_lawtests", "format_lawtests"]
+__all__ = ["ALPHA", "BETA", "HORIZON", "LOOP_PROMPT", "next_token_laws", "step_position", "verify_step_test", "run_lawtests", "format_lawtests"]
 
 ALPHA = 1e-4
 BETA = 0.1
+HORIZON = 16  # tokens of the verifier's continuation searched for the test position
 LOOP_PROMPT = "Question: 7 + 5 = ?\nAnswer:"  # short and raw: the loop's cost is mostly the prompt's prefill
 
 
-def next_token_laws(pair, prompt_ids: list[int], sampling: dict) -> tuple[np.ndarray, np.ndarray]:
-    """Draft ``p`` and verifier ``q`` (float64, (V,)) after ``prompt_ids``, with the sampling transforms."""
+def next_token_laws(pair, prompt_ids: list[int], sampling: dict, last: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """Draft ``p`` and verifier ``q`` (float64, (last, V)) at the last ``last`` positions of
+    ``prompt_ids`` (one full forward each, the sampling transforms applied); (V,) when ``last == 1``."""
     ids = torch.tensor([prompt_ids], device=next(pair.verifier.parameters()).device)
     with torch.inference_mode():
-        q = sampling_probs(pair.verifier(input_ids=ids).logits[0, -1], **sampling)
-        p = sampling_probs(pair.draft(input_ids=ids).logits[0, -1], **sampling)
-    return p.double().cpu().numpy(), q.double().cpu().numpy()
+        q = sampling_probs(pair.verifier(input_ids=ids).logits[0, -last:], **sampling)
+        p = sampling_probs(pair.draft(input_ids=ids).logits[0, -last:], **sampling)
+    p, q = p.double().cpu().numpy(), q.double().cpu().numpy()
+    return (p[0], q[0]) if last == 1 else (p, q)
+
+
+def step_position(pair, prompt_ids: list[int], sampling: dict, horizon: int = HORIZON, seed: int = 0):
+    """The prompt the step tests use: ``prompt_ids`` plus the first ``j`` tokens of the verifier's own
+    continuation (``horizon`` tokens, seeded), ``j`` chosen where ``TV(p, q)`` is largest, so the
+    rules' laws differ (a chat answer's first token is often near-deterministic). Returns
+    ``(j, p, q)``: the offset into the continuation and the two laws there."""
+    from .generate import autoregressive_generate
+
+    cont = autoregressive_generate(pair, [prompt_ids], max_new_tokens=horizon, seed=seed, **sampling).tokens[0]
+    full = prompt_ids + cont
+    P, Q = next_token_laws(pair, full, sampling, last=len(cont) + 1)
+    j = int(np.argmax(0.5 * np.abs(P - Q).sum(-1)[:len(cont)]))  # position j predicts token cont[j]
+    return j, P[j], Q[j]
 
 
 def _support(rules, p: np.ndarray, q: np.ndarray) -> np.ndarray:
@@ -137,10 +157,10 @@ def run_lawtests(pair, method_list, problems, draws: int = 20_000, loop_draws: i
     step, control = [], []
     bar = tqdm(total=len(prompt_ids) * (len(rules) + 1) + 1, desc="distribution tests", disable=not progress)
     for i, ids in enumerate(prompt_ids):
-        p, q = next_token_laws(pair, ids, sampling)
+        j, p, q = step_position(pair, ids, sampling, seed=seed + i)
         for j, m in enumerate(rules):
             r = verify_step_test(m.rule, p, q, draws, seed=seed * 7919 + 101 * i + j)
-            step.append({"prompt": i, "method": m.label, **r})
+            step.append({"prompt": i, "position": j, "tv_pq": float(0.5 * np.abs(p - q).sum()), "method": m.label, **r})
             bar.update()
         r = verify_step_test(SpS(), p, q, draws, seed=seed * 7919 + 101 * i + 99, law_rule=Cactus(1.0))
         sup = _support((SpS(),), p, q)

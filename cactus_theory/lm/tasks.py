@@ -12,7 +12,8 @@ Scoring (``extract_answer``, ``score``): the integer after the last "answer" in 
 (GSM8K's "flexible extract"); exact match with the problem's integer answer. ``strict_answer``
 reads only the requested ``Answer: N`` form, reported beside it.
 
-Task names (``TASKS``): ``add`` (one addition in words), ``sub`` (one subtraction in words), ``add_sub``
+Task names (``TASKS``): ``add`` (one addition in words, operands 2-30), ``add1`` (the same with
+one-digit operands), ``lookup`` (three people's counts given, one asked for), ``sub`` (one subtraction in words), ``add_sub``
 (two steps: add then take away), ``sum3`` (three small quantities added), ``compare`` (the larger
 of two numbers), ``count`` (items in a written list). ``DEFAULT_TASK`` is the one chosen by measured
 verifier accuracy (see the module docstring of ``eval.py``).
@@ -55,6 +56,21 @@ def _add(rng: random.Random) -> tuple[str, int]:
     return f"{name} has {a} {item}. {name} gets {b} more {item}. How many {item} does {name} have now?", a + b
 
 
+def _add1(rng: random.Random) -> tuple[str, int]:
+    a, b = rng.randint(2, 9), rng.randint(2, 9)
+    name, item = rng.choice(_NAMES), rng.choice(_ITEMS)
+    return f"{name} has {a} {item}. {name} gets {b} more {item}. How many {item} does {name} have now?", a + b
+
+
+def _lookup(rng: random.Random) -> tuple[str, int]:
+    n1, n2, n3 = rng.sample(_NAMES, 3)
+    a, b, c = rng.sample(range(3, 60), 3)
+    item = rng.choice(_ITEMS)
+    who, ans = rng.choice([(n1, a), (n2, b), (n3, c)])
+    return (f"{n1} has {a} {item}, {n2} has {b} {item} and {n3} has {c} {item}. "
+            f"How many {item} does {who} have?", ans)
+
+
 def _sub(rng: random.Random) -> tuple[str, int]:
     a = rng.randint(10, 40)
     b = rng.randint(2, a - 2)
@@ -90,7 +106,7 @@ def _count(rng: random.Random) -> tuple[str, int]:
 
 
 TASKS: dict[str, Callable[[random.Random], tuple[str, int]]] = {
-    "add": _add, "sub": _sub, "add_sub": _add_sub, "sum3": _sum3, "compare": _compare, "count": _count,
+    "add": _add, "add1": _add1, "lookup": _lookup, "sub": _sub, "add_sub": _add_sub, "sum3": _sum3, "compare": _compare, "count": _count,
 }
 DEFAULT_TASK = "add"
 
