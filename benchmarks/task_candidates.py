@@ -51,6 +51,26 @@ def tokens_before_answer(tok, text: str) -> int:
     return len(tok(text[:cut])["input_ids"])
 
 
+def rescore(path: str) -> None:
+    """Accuracy of the stored texts under the current ``extract_answer`` (entries without texts: the
+    first run, before texts were stored, keep only their original score)."""
+    out = json.load(open(path))
+    for name, row in out.items():
+        if name.startswith("_") or "texts" not in row:
+            continue
+        ok = [extract_answer(t) == a for t, a in zip(row["texts"], row["answers"], strict=True)]
+        ci = proportion_interval(sum(ok), len(ok))
+        row["rescored"] = {"accuracy": ci.estimate, "low": ci.low, "high": ci.high,
+                           "strict_accuracy": sum(strict_answer(t) == a for t, a in zip(row["texts"], row["answers"],
+                                                                                       strict=True)) / len(ok)}
+        print(f"{name:<16} rescored accuracy {ci.estimate:.3f} [{ci.low:.3f}, {ci.high:.3f}] (first score "
+              f"{row['accuracy']:.3f})")
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(out, f, indent=1)
+    os.replace(tmp, path)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--problems", type=int, default=80)
@@ -61,7 +81,11 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     ap.add_argument("--instruction", default=None, help="replace tasks.INSTRUCTION (a variant to compare)")
     ap.add_argument("--tag", default="", help="suffix of the candidates' names in the output (variants)")
+    ap.add_argument("--rescore", action="store_true",
+                    help="no decoding: rescore the stored texts of --json with the current extractor")
     args = ap.parse_args()
+    if args.rescore:
+        return rescore(args.json)
     torch.set_num_threads(args.threads)
     if args.instruction:
         tasks.INSTRUCTION = args.instruction

@@ -4,16 +4,17 @@ GSM8K and GPQA are not available offline; these generators make small arithmetic
 the same shape (a question in words, some reasoning, one integer answer) at a difficulty where the
 embedded verifier (SmolLM2-135M-Instruct) is right often enough, and wrong often enough, for a rule's
 gain or loss in accuracy to show. Each problem is a user turn (the chat template is applied by the
-decoding loop) ending with ``INSTRUCTION``, which asks for some reasoning first so that the answer
-comes after at least ~20 generated tokens and the acceptance rule shapes it.
+decoding loop) ending with ``INSTRUCTION``, which asks for a short explanation first so that the
+answer comes after ~20 or more generated tokens and the acceptance rule shapes it ("think step by
+step" made this verifier ramble past the answer: it scored lower on every task measured).
 
 Scoring (``extract_answer``, ``score``): the integer after the last "answer" in the response
-("Answer: 12", "The answer is 12.", "the final answer is $12"), else the response's last integer
-(GSM8K's "flexible extract"); exact match with the problem's integer answer. ``strict_answer``
-reads only the requested ``Answer: N`` form, reported beside it.
+("Answer: 12", "The answer is 12.", "the final answer is $12"), else the integer after the last
+"=" ("5 + 4 = 9."), else the response's last integer (GSM8K's "flexible extract"); exact match with
+the problem's integer answer. ``strict_answer`` (the "answer" form only) is reported beside it.
 
 Task names (``TASKS``): ``add`` (one addition in words, operands 2-30), ``add1`` (the same with
-one-digit operands), ``lookup`` (three people's counts given, one asked for), ``sub`` (one subtraction in words), ``add_sub``
+one-digit operands), ``arith`` (``a + b`` or ``a - b`` written as an expression, one-digit operands), ``lookup`` (three people's counts given, one asked for), ``sub`` (one subtraction in words), ``add_sub``
 (two steps: add then take away), ``sum3`` (three small quantities added), ``compare`` (the larger
 of two numbers), ``count`` (items in a written list). ``DEFAULT_TASK`` is the one chosen by measured
 verifier accuracy (see the module docstring of ``eval.py``).
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 __all__ = ["Problem", "TASKS", "DEFAULT_TASK", "INSTRUCTION", "make_problems", "extract_answer", "strict_answer",
            "score"]
 
-INSTRUCTION = "Think step by step, then write the final answer on the last line as 'Answer: N'."
+INSTRUCTION = "Explain briefly, then give the final answer as a number."
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,14 @@ def _lookup(rng: random.Random) -> tuple[str, int]:
             f"How many {item} does {who} have?", ans)
 
 
+def _arith(rng: random.Random) -> tuple[str, int]:
+    a, b = rng.randint(2, 9), rng.randint(2, 9)
+    if rng.random() < 0.5:
+        return f"What is {a} + {b}?", a + b
+    a, b = max(a, b), min(a, b)
+    return f"What is {a} - {b}?", a - b
+
+
 def _sub(rng: random.Random) -> tuple[str, int]:
     a = rng.randint(10, 40)
     b = rng.randint(2, a - 2)
@@ -106,9 +115,9 @@ def _count(rng: random.Random) -> tuple[str, int]:
 
 
 TASKS: dict[str, Callable[[random.Random], tuple[str, int]]] = {
-    "add": _add, "add1": _add1, "lookup": _lookup, "sub": _sub, "add_sub": _add_sub, "sum3": _sum3, "compare": _compare, "count": _count,
+    "add": _add, "add1": _add1, "arith": _arith, "lookup": _lookup, "sub": _sub, "add_sub": _add_sub, "sum3": _sum3, "compare": _compare, "count": _count,
 }
-DEFAULT_TASK = "add"
+DEFAULT_TASK = "arith"
 
 
 def make_problems(task: str = DEFAULT_TASK, n: int = 300, seed: int = 0) -> list[Problem]:
@@ -127,7 +136,7 @@ def make_problems(task: str = DEFAULT_TASK, n: int = 300, seed: int = 0) -> list
 
 _INT = r"-?\d[\d,]*"
 _AFTER_ANSWER = re.compile(rf"answer[\s:*]*(?:is|=)?[\s:*$]*({_INT})", re.IGNORECASE)
-_STRICT = re.compile(rf"Answer:\s*\**\s*({_INT})")
+_AFTER_EQUALS = re.compile(rf"=\s*\$?\s*({_INT})")
 
 
 def _int(s: str) -> int | None:
@@ -138,20 +147,22 @@ def _int(s: str) -> int | None:
         return None
 
 
-def extract_answer(text: str) -> int | None:
-    """The integer after the last "answer" in ``text`` if one follows it, else the last integer
-    in ``text``; None if there is no integer (see the module docstring)."""
+def strict_answer(text: str) -> int | None:
+    """The integer right after the last "answer" in ``text`` ("Answer: 12", "The answer is 12.",
+    "the final answer is $12"), or None: GSM8K's "strict match" in spirit."""
     found = _AFTER_ANSWER.findall(text)
-    if found:
-        return _int(found[-1])
+    return _int(found[-1]) if found else None
+
+
+def extract_answer(text: str) -> int | None:
+    """``strict_answer(text)`` if there is one; else the integer after the last "=" ("5 + 4 = 9.");
+    else the last integer in ``text`` (GSM8K's "flexible extract"); None if ``text`` has no integer."""
+    for pattern in (_AFTER_ANSWER, _AFTER_EQUALS):
+        found = pattern.findall(text)
+        if found:
+            return _int(found[-1])
     ints = re.findall(_INT, text)
     return _int(ints[-1]) if ints else None
-
-
-def strict_answer(text: str) -> int | None:
-    """The integer of the last ``Answer: N`` in ``text`` (the form the instruction asks for), or None."""
-    found = _STRICT.findall(text)
-    return _int(found[-1]) if found else None
 
 
 def score(text: str, problem: Problem) -> bool:
