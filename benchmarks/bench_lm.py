@@ -1,57 +1,85 @@
-"""Real-LM speculative decoding benchmark: the embedded SmolLM2 pair on this machine.
+"""Real-LM speculative decoding benchmark: the embedded SmolLM2 pair (or any pair) on this machine.
 
-For each rule (SpS, TAS, top-k, interpolation, Cactus delta in {0.25, 0.5, 1.0}) and each k in
-{4, 8}, at the paper's sampling (temperature 0.6, top-p 0.95, top-k 20), on a fixed prompt set
-(math / code / prose, ``lm.data.prompt_set``): AL, acceptance rate, wall-clock speedup over the
-verifier decoding alone in the same run (measured before and after the rules; their mean is the
-reference), mean exact per-step KL(h_alg || q), verifier NLL. Writes a JSON atomically, prints a
-table.
+Every rule at every k and batch size against the verifier decoding alone at the same batch size,
+in one run, same prompts (held-out: ``lm.data.prompt_set``, math / code / prose), the paper's
+sampling (temperature 0.6, top-k 20, top-p 0.95). Prints AL (tokens per verifier call, bonus
+included) and per-token acceptance with bootstrap 95% intervals over prompts, the speedup over the
+verifier alone (with a paired interval at batch size 1, where each prompt is timed alone), the mean
+exact step KL(h_alg || q), the verifier NLL, the ratio of one draft step to one verifier forward,
+a per-step profile (draft / verifier forward / verify / bookkeeping), and the draft issue's
+targets, each marked met or missed. Writes the results JSON atomically.
 
-    .venv/bin/python benchmarks/bench_lm.py --per-style 4 --max-new-tokens 64 --out bench_lm.json
+    .venv/bin/python benchmarks/bench_lm.py --threads 1                     # the targets' run (k = 4, B = 1)
+    .venv/bin/python benchmarks/bench_lm.py --ks 2 4 6 8 --batch-sizes 1 4 8 --rules sps cactus
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
 
 import torch
 
+from cactus_theory.atomic import atomic_write_json
 from cactus_theory.lm.data import prompt_set
-from cactus_theory.lm.experiment import DEFAULT_RULES, SAMPLING, format_table, run_benchmark
+from cactus_theory.lm.experiment import (
+    DEFAULT_RULES,
+    SAMPLING,
+    format_table,
+    run_benchmark,
+    targets,
+)
+from cactus_theory.rules import Cactus, SpS
 
-__all__ = ["DEFAULT_RULES", "SAMPLING", "format_table", "main", "run_benchmark"]
+__all__ = ["main"]
+
+RULE_SETS = {"all": DEFAULT_RULES, "sps": [r for r in DEFAULT_RULES if r[1] == SpS()],
+             "cactus": [r for r in DEFAULT_RULES if r[1] == Cactus(1.0)]}
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--per-style", type=int, default=4, help="prompts per style (math, code, prose)")
+    ap.add_argument("--per-style", type=int, default=8, help="prompts per style (math, code, prose; at most 8)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--batch-size", type=int, default=1)
-    ap.add_argument("--ks", type=int, nargs="+", default=[4, 8])
+    ap.add_argument("--ks", type=int, nargs="+", default=[4], help="drafts per step")
+    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1])
+    ap.add_argument("--rules", nargs="+", default=["all"], choices=sorted(RULE_SETS),
+                    help="rule sets: all (SpS, TAS, top-k, interpolation, Cactus 0.25 / 0.5 / 1), sps, cactus")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (the targets' run uses 1)")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="verifier and draft dtype")
+    ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", default="bench_lm.json")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    rules = []
+    for name in args.rules:
+        rules += [r for r in RULE_SETS[name] if r not in rules]
     from cactus_theory.lm.pair import load_pair
 
     t0 = time.time()
-    pair = load_pair()
-    print(f"loaded {pair.name} in {time.time() - t0:.1f} s; draft info: "
-          f"{getattr(pair.draft, 'info', {}).get('heldout_acceptance', 'n/a')}", flush=True)
-    res = run_benchmark(pair, prompt_set(args.per_style), ks=tuple(args.ks), max_new_tokens=args.max_new_tokens,
-                        batch_size=args.batch_size, seed=args.seed)
-    res["draft_info"] = getattr(pair.draft, "info", None)
-    tmp = f"{args.out}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(res, f, indent=2)
-    os.replace(tmp, args.out)
+    pair = load_pair(dtype=getattr(torch, args.dtype))
+    pair.draft.to(args.device)
+    pair.verifier.to(args.device)
+    info = getattr(pair.draft, "info", {}) or {}
+    print(f"loaded {pair.name} ({args.dtype}, {args.device}, {torch.get_num_threads()} threads) in "
+          f"{time.time() - t0:.1f} s; draft held-out acceptance by depth: "
+          f"{info.get('heldout_acceptance_by_depth', 'n/a')}", flush=True)
+    res = run_benchmark(pair, prompt_set(args.per_style), rules=rules, ks=tuple(args.ks),
+                        batch_sizes=tuple(args.batch_sizes), max_new_tokens=args.max_new_tokens, seed=args.seed,
+                        sampling=SAMPLING)
+    res["draft_info"] = {k: v for k, v in info.items() if k != "losses"}
+    res["settings"].update(dtype=args.dtype, device=args.device)
+    res["targets"] = [dict(zip(("what", "measured", "target", "met"), t, strict=True)) for t in
+                      targets(res, k=4 if 4 in args.ks else args.ks[0], batch=min(args.batch_sizes))]
+    atomic_write_json(args.out, res)
     print(format_table(res))
+    print("targets (k = 4, batch size 1, this run):")
+    for t in res["targets"]:
+        print(f"  {t['what']:<34} {t['measured']:8.3f}  target {t['target']:<28} "
+              f"{'met' if t['met'] else 'MISSED'}")
     return 0
 
 

@@ -11,8 +11,6 @@ with a Clopper-Pearson 95% interval. A calibrated test has rate ~alpha (the inte
 from __future__ import annotations
 
 import argparse
-import json
-import os
 
 import numpy as np
 import torch
@@ -20,6 +18,7 @@ from scipy import stats as sps
 from tqdm import tqdm
 
 import cactus_theory as ct
+from cactus_theory.atomic import atomic_write_json
 from cactus_theory.sampler import sample_rows, verify
 from cactus_theory.stats import goodness_of_fit, homogeneity
 from cactus_theory.toy import one_step_test, random_pair, sequence_test
@@ -75,10 +74,7 @@ def main(argv=None) -> int:
     ci = sps.binomtest(total, n).proportion_ci(0.95)
     print(f"{'all tests pooled':<60} {total:>10} {total / n:>7.3f}  [{ci.low:.3f}, {ci.high:.3f}]")
     if args.out:
-        tmp = args.out + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump({"alpha": args.alpha, "rows": rows, "pooled": [total, n]}, f, indent=1)
-        os.replace(tmp, args.out)
+        atomic_write_json(args.out, {"alpha": args.alpha, "rows": rows, "pooled": [total, n]})
     return 0
 
 

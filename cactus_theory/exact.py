@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .rules import Rule, ScalingRule, _check_inputs
+from .rules import Rule, ScalingRule
+from .validate import check_pqn
 
 __all__ = ["induced_distribution", "acceptance_rate", "induced_generic", "induced_scaling", "step_divergence"]
 
@@ -30,7 +31,7 @@ def acceptance_rate(rule: Rule, p, q, *, check: bool = True) -> np.ndarray:
     """Probability that the drafted token is accepted: ``sum_n p_n phi_n``; (..., V) -> (...)."""
     p, q = _as_f64(p, q)
     if check:
-        _check_inputs(p, q, None)
+        check_pqn(p, q)
     return np.sum(p * rule.accept_prob_all(p, q), axis=-1)
 
 
@@ -38,7 +39,7 @@ def induced_generic(rule: Rule, p, q, *, check: bool = True, chunk_elements: int
     """``h_alg`` for any rule by summing ``p_n (1 - phi_n) g_n`` over ``n``; memory O(chunk) not O(V^2)."""
     p, q = _as_f64(p, q)
     if check:
-        _check_inputs(p, q, None)
+        check_pqn(p, q)
     batch, V = p.shape[:-1], p.shape[-1]
     p2, q2 = p.reshape(-1, V), q.reshape(-1, V)
     phi = rule.accept_prob_all(p2, q2)
@@ -103,18 +104,11 @@ def induced_scaling(rule: ScalingRule, p, q, *, check: bool = True) -> np.ndarra
         raise ValueError(f"the fast path needs a two-block rule (SpS, Cactus), got {rule!r}")
     p, q = _as_f64(p, q)
     if check:
-        _check_inputs(p, q, None)
+        check_pqn(p, q)
     V = p.shape[-1]
     p2, q2 = p.reshape(-1, V), q.reshape(-1, V)
     out = np.stack([_induced_scaling_row(rule, a, b) for a, b in zip(p2, q2, strict=True)])
     return out.reshape(p.shape)
-
-
-def _is_two_block(rule: Rule) -> bool:
-    """True when ``rule``'s law is fixed by ``gamma``: a ScalingRule with the inherited phi / residual."""
-    cls = type(rule)
-    return (isinstance(rule, ScalingRule) and cls.residual is ScalingRule.residual
-            and cls.phi is ScalingRule.phi and cls.accept_from is ScalingRule.accept_from)
 
 
 def induced_distribution(rule: Rule, p, q, *, method: str = "auto", check: bool = True) -> np.ndarray:
@@ -122,12 +116,13 @@ def induced_distribution(rule: Rule, p, q, *, method: str = "auto", check: bool 
 
     ``method``: ``"auto"`` (fast path for SpS / Cactus, generic otherwise), ``"fast"`` or ``"generic"``.
     The fast path derives ``phi_n`` and ``g_n`` from ``gamma`` alone, so ``"auto"`` takes it only for
-    rules that keep the two-block ``phi`` and ``residual`` (a subclass overriding them, such as a
-    deliberately wrong port, is summed row by row from its own code).
+    rules that declare ``two_block`` (``rules.Rule``): a subclass overriding ``phi``, ``residual`` or
+    another method that property vouches for, such as a deliberately wrong port, loses the declaration
+    and is summed row by row from its own code.
     """
     if method not in ("auto", "fast", "generic"):
         raise ValueError(f"method must be 'auto', 'fast' or 'generic', got {method!r}")
-    if method == "fast" or (method == "auto" and _is_two_block(rule)):
+    if method == "fast" or (method == "auto" and rule.two_block):
         return induced_scaling(rule, p, q, check=check)
     return induced_generic(rule, p, q, check=check)
 

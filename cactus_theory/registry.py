@@ -23,7 +23,8 @@ from . import divergences as D
 from . import rules as R
 
 __all__ = ["Param", "RuleSpec", "DivergenceSpec", "RULES", "DIVERGENCES", "spec", "make", "make_rule", "label",
-           "colour", "marker", "sweep", "add_rule_arguments", "rule_from_args", "rule_classes"]
+           "colour", "marker", "sweep", "add_rule_arguments", "rule_from_args", "rule_classes", "SAMPLING",
+           "add_sampling_arguments"]
 
 
 @dataclass(frozen=True)
@@ -125,6 +126,35 @@ RULES: dict[str, RuleSpec] = {s.key: s for s in (
     RuleSpec("ears", R.EARS, "EARS", "tab:orange", "v",
              (Param("beta", "--ears-beta", float, "EARS beta: accept iff u < q_n / p_n + beta (1 - max q)"),),
              ("beta", (0.0, 0.25, 0.5, 1.0, 2.0, 4.0)), summary="accept iff u < q_n/p_n + beta (1 - max q)"),
+    # lossy rules that production servers ship (issue 11)
+    RuleSpec("sglang", R.SGLangThreshold, "SGLang threshold", "tab:brown", "P",
+             (Param("threshold_single", "--sglang-threshold-single", float,
+                    "SGLang speculative_accept_threshold_single: accept iff q_n >= it"),
+              Param("threshold_acc", "--sglang-threshold-acc", float,
+                    "SGLang speculative_accept_threshold_acc: accept with min(1, q_n / it)")),
+             ("threshold_acc", (1.0, 0.8, 0.6, 0.4, 0.2, 0.1, 0.05)),
+             summary="SGLang target-only verification: accept w.p. min(1, q_n / t_acc) (1 if q_n >= t_single), "
+                     "recover from q without n"),
+    RuleSpec("relaxed", R.RelaxedAcceptance, "relaxed (MAX / TRT-LLM)", "tab:pink", "X",
+             (Param("topk", "--relaxed-topk", int, "relaxed acceptance: q_n among the relaxed_topk largest"),
+              Param("delta", "--relaxed-delta", float, "relaxed acceptance: and q_n >= max q - relaxed_delta")),
+             ("delta", (0.0, 0.05, 0.1, 0.2, 0.4, 0.6, 1.0)),
+             summary="accept iff q_n is in q's top-k and q_n >= max q - delta; recover argmax q"),
+    RuleSpec("medusa", R.MedusaTypical, "Medusa typical", "tab:gray", "*",
+             (Param("epsilon", "--medusa-epsilon", float, "Medusa posterior_threshold"),
+              Param("alpha", "--medusa-alpha", float, "Medusa posterior_alpha"),
+              Param("entropy_eps", "--medusa-entropy-eps", float, "Medusa's eps in -sum q log(q + eps)")),
+             ("epsilon", (0.01, 0.03, 0.09, 0.2, 0.4)),
+             summary="Medusa: accept iff q_n > min(epsilon, alpha exp(-H(q))); recover from the truncated q",
+             sweep_params=lambda v: {"epsilon": v, "alpha": math.sqrt(v)}),
+    RuleSpec("fly", R.FLy, "FLy (vLLM)", "tab:olive", "h",
+             (Param("entropy_threshold", "--fly-entropy-threshold", float,
+                    "FLy fly_entropy_threshold on the top-k entropy of q"),
+              Param("entropy_top_k", "--fly-entropy-top-k", int, "FLy fly_entropy_top_k"),
+              Param("window_accept", "--fly-window-accept", float,
+                    "FLy: probability that the next fly_window_size drafts are natively accepted")),
+             ("entropy_threshold", (1.2, 0.8, 0.6, 0.3, 0.1, 0.0)),
+             summary="vLLM FLy: SpS, plus deferral of a rejection where the top-k entropy of q is high"),
 )}
 
 
@@ -197,7 +227,11 @@ def sweep(key: str) -> list[tuple[Any, R.Rule]]:
 
 
 def add_rule_arguments(parser: argparse.ArgumentParser, default: str = "cactus") -> None:
-    """``--rule`` (with ``choices``) and every rule parameter's flag, defaults shown in ``--help``."""
+    """``--rule`` (with ``choices``) and every rule parameter's flag, defaults shown in ``--help``.
+
+    A parameter flag left out takes the constructor's default; a flag of another rule than
+    ``--rule``'s (``--rule tas --delta 0.5``) is refused by ``rule_from_args`` instead of ignored.
+    """
     g = parser.add_argument_group("rule")
     g.add_argument("--rule", default=default, choices=list(RULES), help=f"acceptance rule (default {default})")
     seen: set[str] = set()
@@ -207,13 +241,49 @@ def add_rule_arguments(parser: argparse.ArgumentParser, default: str = "cactus")
                 continue
             seen.add(p.flag)
             d = s.default(p.name)
-            g.add_argument(p.flag, dest=p.dest, type=p.type, default=d, choices=p.choices, help=f"{p.help} (default {d})")
+            g.add_argument(p.flag, dest=p.dest, type=p.type, default=argparse.SUPPRESS, choices=p.choices,
+                           help=f"{p.help} (default {d})")
 
 
 def rule_from_args(args: argparse.Namespace) -> R.Rule:
-    """The rule named by ``args.rule`` with its parameters from the flags of ``add_rule_arguments``."""
+    """The rule named by ``args.rule`` with its parameters from the flags of ``add_rule_arguments``.
+
+    Raises ``ValueError`` naming the flag: for a bad value (``--delta: delta must be finite and
+    >= 0, got -1.0``) or for a flag that belongs to another rule.
+    """
     s = spec(args.rule)
-    return s.make(**{p.name: getattr(args, p.dest) for p in s.params})
+    own = {p.dest for p in s.params}
+    stray = [p.flag for o in RULES.values() for p in o.params if p.dest not in own and hasattr(args, p.dest)]
+    if stray:
+        owners = {p.flag: o.key for o in RULES.values() for p in o.params}
+        raise ValueError(f"{stray[0]} is a parameter of --rule {owners[stray[0]]}, not of --rule {s.key}")
+    kw = {p.name: getattr(args, p.dest) for p in s.params if hasattr(args, p.dest)}
+    try:
+        return s.make(**kw)
+    except ValueError as e:
+        msg = str(e)
+        flag = next((p.flag for p in s.params if msg.startswith(f"{p.name} ")), f"--rule {s.key}")
+        raise ValueError(f"{flag}: {msg}") from None
+
+
+# -- sampling: one default for the command line and the decoding functions ---------------------------
+
+SAMPLING = {"temperature": 0.6, "top_k": 20, "top_p": 0.95}
+"""The paper's sampling (temperature 0.6, top-k 20, top-p 0.95), applied to ``p`` and ``q`` alike."""
+
+
+def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--temperature``, ``--top-k`` (the sampling cut; not the TopK rule's ``--topk-rule-k`` nor the
+    drafts per step ``-k``) and ``--top-p``, defaults ``SAMPLING``, each checked by argparse."""
+    from .cli import nonneg_float, nonneg_int, top_p_float
+
+    g = parser.add_argument_group("sampling (applied to the draft's p and the verifier's q alike)")
+    g.add_argument("--temperature", type=nonneg_float, default=SAMPLING["temperature"],
+                   help=f"0 = greedy (default {SAMPLING['temperature']}, the paper's)")
+    g.add_argument("--top-k", type=nonneg_int, default=SAMPLING["top_k"],
+                   help=f"keep the k most likely tokens, 0 = off (default {SAMPLING['top_k']}, the paper's)")
+    g.add_argument("--top-p", type=top_p_float, default=SAMPLING["top_p"],
+                   help=f"nucleus mass in (0, 1], 1 = off (default {SAMPLING['top_p']}, the paper's)")
 
 
 def _check_registry() -> None:

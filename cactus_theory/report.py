@@ -8,7 +8,6 @@ Cases come from ``make_pair``: Dirichlet draws and the adversarial kinds of ``CA
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 from tqdm import tqdm
 
+from .atomic import atomic_write_text
 from .divergences import F_DIVERGENCES, cross_entropy, kl, tv
 from .exact import acceptance_rate, induced_distribution, induced_generic, induced_scaling
 from .rules import (
@@ -31,10 +31,14 @@ from .rules import (
 )
 from .validate import check_positive_int
 
-__all__ = ["ClaimResult", "CASE_KINDS", "make_pair", "verify_claims", "format_table", "configure", "run"]
+__all__ = ["ClaimResult", "CASE_KINDS", "WORKED_EXAMPLE", "make_pair", "verify_claims", "format_table", "configure", "run"]
 
 CASE_KINDS = ("random", "p_eq_q", "onehot_q", "disjoint", "zeros_in_p", "zeros_in_q", "qn_one", "tiny_qn")
 THM2_DIVERGENCES = ("kl", "reverse_kl", "chi2", "tv", "hellinger", "js")
+# The paper's worked example (its overview figure): the draft p, verifier q, drafted token n (index 1,
+# "token 2") and budget delta, with the paper's printed results (rounded as printed).
+WORKED_EXAMPLE = {"p": (0.05, 0.80, 0.15), "q": (0.30, 0.35, 0.35), "n": 1, "delta": 0.21,
+                  "sps_accept": 0.4375, "cactus_accept": 0.825, "h": (0.16, 0.66, 0.18), "kl": 0.198}
 # Theorem 2's shape check: moving mass e between tokens i != n changes D only by O(e^2 / q_i), so a
 # solver converged to 1e-11 pins h_{i != n} to about sqrt(1e-11) ~ 3e-6 (gamma itself to ~1e-9).
 SHAPE_TOL = 1e-5
@@ -170,7 +174,7 @@ def _theorem2(rng, cases):
         worst_g <= 1e-6 and worst_shape <= SHAPE_TOL, bad)
 
 
-def _taylor_rate(q_n: float, deltas: np.ndarray):
+def taylor_rate(q_n: float, deltas: np.ndarray):
     """Slope of log|gamma_exact - gamma_taylor| against log delta, and the error / delta ratios."""
     q = np.full(deltas.shape, q_n)
     err = np.array([float(two_block_root(np.asarray(q_n), float(d), "kl")) for d in deltas]) - taylor_gamma(q, deltas)
@@ -183,7 +187,7 @@ def _corollary5(rng, cases):
     worst_slope = worst_coef = 0.0
     bad = ""
     for q_n in [0.05, 0.2, 0.35, 0.7, 0.9, *rng.uniform(0.02, 0.45, 3)]:
-        slope, ratio = _taylor_rate(float(q_n), deltas)
+        slope, ratio = taylor_rate(float(q_n), deltas)
         coef = (1 - 2 * q_n) / 3  # predicted: gamma_exact - gamma_taylor = (1 - 2 q_n) delta / 3 + O(delta^1.5)
         e_c = abs(ratio[0] - coef) / abs(coef)
         if abs(slope - 1) > 0.02 or e_c > 0.02:
@@ -301,12 +305,13 @@ def _proposition4(rng, cases):
 
 
 def _worked_example(rng, cases):
-    p, q, n = np.array([0.05, 0.80, 0.15]), np.array([0.30, 0.35, 0.35]), np.asarray(1)
-    rule = Cactus(0.21)
+    w = WORKED_EXAMPLE
+    p, q, n = np.array(w["p"]), np.array(w["q"]), np.asarray(w["n"])
+    rule = Cactus(w["delta"])
     h = rule.target(p, q, n)
     acc, k, sps = float(rule.accept_prob(p, q, n)), float(kl(h, q)), float(SpS().accept_prob(p, q, n))
-    errs = [np.abs(h - [0.16, 0.66, 0.18]).max() / 0.005, abs(acc - 0.825) / 0.005, abs(k - 0.198) / 0.0015,
-            abs(sps - 0.4375) / 1e-12]
+    errs = [np.abs(h - w["h"]).max() / 0.005, abs(acc - w["cactus_accept"]) / 0.005, abs(k - w["kl"]) / 0.0015,
+            abs(sps - w["sps_accept"]) / 1e-12]
     return ClaimResult(
         "worked example: h ~ (.16,.66,.18), acceptance .825, KL .198 (delta ~ .21); SpS .4375",
         "overview figure", "Cactus Taylor delta=0.21 on the paper's (p, q, n); tolerance = the paper's rounding",
@@ -402,8 +407,10 @@ def format_table(results: list[ClaimResult]) -> str:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    from .cli import positive_int
+
     parser.add_argument("--seed", type=int, default=0, help="random seed for the cases (default 0)")
-    parser.add_argument("--cases", type=int, default=200, help="cases per claim (default 200)")
+    parser.add_argument("--cases", type=positive_int, default=200, help="cases per claim (default 200)")
     parser.add_argument("--out", default=None, help="also write the table to this markdown file")
 
 
@@ -415,9 +422,6 @@ def run(args: argparse.Namespace) -> int:
     print(text)
     print(f"({time.perf_counter() - t0:.1f} s)")
     if args.out:
-        tmp = f"{args.out}.tmp{os.getpid()}"
-        with open(tmp, "w") as f:
-            f.write(text)
-        os.replace(tmp, args.out)
+        atomic_write_text(args.out, text)
     return 0 if all(r.holds for r in results) else 1
 

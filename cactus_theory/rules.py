@@ -25,20 +25,14 @@ from array_api_compat import is_torch_array
 
 from ._array import Array, errstate, gather, one_hot_like, scatter, where0, xp_of
 from .divergences import F_DIVERGENCES, entropy
-from .validate import check_nonneg, check_positive_int, check_probs, check_same_shape, check_token
+from .validate import check_nonneg, check_positive_int
+from .validate import check_pqn as _check_inputs
 
 __all__ = [
     "Rule", "TargetRule", "ScalingRule", "SpS", "Cactus", "TAS", "TopK", "Interpolation", "EARS",
     "two_block_divergence", "two_block_root", "taylor_gamma",
+    "SGLangThreshold", "RelaxedAcceptance", "MedusaTypical", "FLy",
 ]
-
-
-def _check_inputs(p: Array, q: Array, n: Array | None) -> None:
-    check_same_shape(p, q, "p", "q")
-    check_probs(p, "p")
-    check_probs(q, "q")
-    if n is not None:
-        check_token(n, p.shape[-1], tuple(p.shape[:-1]), "n")
 
 
 def _normalise(r: Array, fallback: Array) -> Array:
@@ -54,11 +48,44 @@ def _pos(x: Array) -> Array:
     return xp.maximum(x, xp.zeros_like(x))
 
 
+# Declared properties of a rule's law, and the methods each one vouches for. Engines read the
+# properties (``sampler.verify`` skips row statistics, ``exact.induced_distribution`` takes the
+# O(V log V) two-block path) instead of comparing methods by identity. A subclass that overrides one
+# of the vouched-for methods without re-declaring the property in its own body gets the safe value
+# (see ``Rule.__init_subclass__``), so a deliberately wrong port is always run from its own code.
+_VOUCHED = {
+    # acceptance reads p_n, q_n only: no statistic of the row q (safe value: True, stats are computed)
+    "needs_row_stats": ("row_stats", "phi", "accept_from", "accept_prob", "accept_prob_all"),
+    # phi_n = min(1, gamma(q_n) / p_n), g_n = (h - p)_+ with the two-block h (safe value: False)
+    "two_block": ("phi", "accept_from", "accept_prob", "accept_prob_all", "residual", "h_n", "target_rows",
+                  "scale"),
+}
+_SAFE = {"needs_row_stats": True, "two_block": False}
+
+
 @dataclass(frozen=True)
 class Rule:
-    """Base class: a rule is ``phi(p_n, q_n, stats(q))`` plus a recovery law ``g_n``."""
+    """Base class: a rule is ``phi(p_n, q_n, stats(q))`` plus a recovery law ``g_n``.
+
+    Declared properties (class attributes, read by the engines):
+        ``needs_row_stats``  ``accept_prob`` reads statistics of the row ``q`` (``row_stats``) beyond
+                             ``q_n``; False lets ``sampler.verify`` read one probability per position.
+        ``two_block``        the law is fixed by ``gamma(q_n)`` (Theorem 2's shape, ``ScalingRule``);
+                             True lets ``exact.induced_distribution`` take its O(V log V) path.
+    A subclass overriding a method that a property vouches for, without declaring the property again
+    in its own class body, gets the safe value (row statistics computed; generic exact path).
+    """
 
     name: ClassVar[str] = "rule"
+    needs_row_stats: ClassVar[bool] = False
+    two_block: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        own = vars(cls)
+        for prop, methods in _VOUCHED.items():
+            if prop not in own and any(m in own for m in methods):
+                setattr(cls, prop, _SAFE[prop])
 
     # -- the two pieces each rule defines ------------------------------------------------
     def row_stats(self, q: Array) -> tuple:
@@ -103,6 +130,8 @@ class TargetRule(Rule):
     when ``h`` does not depend on ``n``. If ``(h - p)_+ = 0`` (then every draft is accepted) ``g_n = h``.
     """
 
+    needs_row_stats: ClassVar[bool] = False  # phi_n reads h_n(p_n, q_n) only
+
     def h_n(self, p_n: Array, q_n: Array) -> Array:
         """The target's mass on the drafted token, elementwise."""
         raise NotImplementedError
@@ -134,7 +163,10 @@ class ScalingRule(TargetRule):
     """Two-block targets (Theorem 2's shape): ``h_n = gamma(q_n)``, ``h_i = q_i (1 - gamma)/(1 - q_n)``.
 
     Convention: ``q_n = 1`` gives ``h = q`` (the 0/0 scale is taken as 0, as ``q_i = 0`` for ``i != n``).
+    Subclasses define ``gamma`` only; one that overrides ``phi`` / ``residual`` / ... loses ``two_block``.
     """
+
+    two_block: ClassVar[bool] = True
 
     def gamma(self, q_n: Array) -> Array:
         raise NotImplementedError
@@ -315,11 +347,6 @@ class TAS(Rule):
         xp = xp_of(q)
         return (xp.exp(-entropy(q))[..., None],)
 
-    def threshold(self, q: Array) -> Array:
-        """``min(epsilon, alpha exp(-H(q)))`` per row: (..., V) -> (...)."""
-        xp = xp_of(q)
-        return xp.clip(self.alpha * xp.exp(-entropy(q)), None, self.epsilon)
-
     def cross_entropy_threshold(self, q: Array) -> Array:
         """Proposition 4's threshold ``max(-log epsilon, H(q) - log alpha)`` on ``-log q_n``."""
         xp = xp_of(q)
@@ -390,6 +417,216 @@ class EARS(Rule):
 
     def residual(self, p, q, n, *, check=True):
         """``g_n = (q - p)_+ / sum (q - p)_+``."""
+        if check:
+            _check_inputs(p, q, n)
+        return _normalise(_pos(q - p), q + 0 * p)
+
+
+# -- lossy rules that production servers ship ----------------------------------------------------
+# Each is the one-position law of the server's verification, in the paper's letters (p draft, q
+# verifier after the sampling transforms); where the server's decision reads more than one position
+# (a window, a thinking-phase flag, a tree of siblings) the docstring says what is modelled exactly
+# and what is a parameter. Their exact one-step laws and divergence costs come from
+# ``exact.induced_distribution`` / ``exact.step_divergence`` like every other rule's.
+
+
+def _check_prob_param(value, name: str, *, low_open: bool = False) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or not ((0 < value) if low_open else (0 <= value)) or value > 1:
+        raise ValueError(f"{name} must be a number in {'(0' if low_open else '[0'}, 1], got {value!r}")
+
+
+def _without_n(q: Array, n: Array) -> Array:
+    """``q`` with the drafted token's mass removed, renormalised: ``(q - q_n e_n) / (1 - q_n)``
+    (``q`` itself where nothing is left, i.e. ``q_n = 1``)."""
+    return _normalise(scatter(q, n, 0 * gather(q, n)), q)
+
+
+@dataclass(frozen=True)
+class SGLangThreshold(Rule):
+    """SGLang's threshold acceptance (``--speculative-accept-threshold-single`` / ``-acc``), chain case.
+
+    SGLang's target-only verification (sgl-kernel ``tree_speculative_sampling_target_only``) reads no
+    draft probability: a drafted token is accepted iff ``u <= q_n / threshold_acc`` or
+    ``q_n >= threshold_single``, so ``phi_n = 1`` if ``q_n >= threshold_single`` else
+    ``min(1, q_n / threshold_acc)``; on rejection it samples ``relu(q - p')`` where ``p'`` is zero but
+    for ``p'_n = q_n``, i.e. ``q`` without ``n``, renormalised. With both thresholds 1 the step's law is
+    exactly ``q`` for every draft law (``q_n e_n + (q - q_n e_n) = q``): lossless, acceptance
+    ``sum_n p_n q_n``; thresholds below 1 are lossy. Modelled exactly for a chain (one candidate per
+    depth, EAGLE ``topk = 1``); in a tree SGLang shares one uniform among siblings and accumulates
+    their ``q`` (``prob_acc``), which this one-candidate law does not cover.
+    """
+
+    threshold_single: float = 1.0
+    threshold_acc: float = 1.0
+    name: ClassVar[str] = "sglang"
+    needs_row_stats: ClassVar[bool] = False  # phi_n reads q_n only
+
+    def __post_init__(self):
+        _check_prob_param(self.threshold_single, "threshold_single")
+        _check_prob_param(self.threshold_acc, "threshold_acc", low_open=True)
+
+    def phi(self, p_n, q_n, *stats):
+        xp = xp_of(q_n)
+        return xp.where(q_n >= self.threshold_single, xp.ones_like(q_n), q_n / self.threshold_acc)
+
+    def residual(self, p, q, n, *, check=True):
+        """``g_n = (q - q_n e_n) / (1 - q_n)``."""
+        if check:
+            _check_inputs(p, q, n)
+        return _without_n(q + 0 * p, n)
+
+
+@dataclass(frozen=True)
+class RelaxedAcceptance(Rule):
+    """Relaxed acceptance of Modular MAX and TensorRT-LLM (``relaxed_topk``, ``relaxed_delta``).
+
+    MAX's ``_relaxed_thinking_verdict`` (max.nn.sampling.rejection_sampler) accepts a drafted token
+    deterministically iff it is among the target's ``topk`` most likely tokens and
+    ``q_n >= max q - delta``; on rejection it emits the target's argmax. So
+    ``phi_n = 1[q_n >= q_(topk)] 1[q_n >= max q - delta]`` (ties at the k-th value accepted, as
+    ``TopK``), ``g_n = e_{argmax q}``. ``topk = 1`` accepts the argmax only; ``delta >= 1`` leaves the
+    rank test alone. MAX applies it only to rows inside a ``<think>`` span (a per-request flag: rows
+    outside are verified losslessly) and only with argmax drafts, reading the untempered softmax of
+    the target's logits: pass that row as ``q`` to reproduce its decision. Defaults: the values of
+    TensorRT-LLM's DeepSeek-R1 example (10, 0.6).
+    """
+
+    topk: int = 10
+    delta: float = 0.6
+    name: ClassVar[str] = "relaxed"
+    needs_row_stats: ClassVar[bool] = True
+
+    def __post_init__(self):
+        check_positive_int(self.topk, "topk")
+        check_nonneg(self.delta, "delta")
+
+    def row_stats(self, q):
+        xp = xp_of(q)
+        kth = TopK(self.topk).row_stats(q)[0]
+        return (xp.maximum(kth, xp.max(q, axis=-1, keepdims=True) - self.delta),)
+
+    def phi(self, p_n, q_n, floor):
+        xp = xp_of(q_n)
+        return xp.where(q_n >= floor, xp.ones_like(q_n), xp.zeros_like(q_n))
+
+    def residual(self, p, q, n, *, check=True):
+        """``g_n = e_{argmax q}``."""
+        if check:
+            _check_inputs(p, q, n)
+        xp = xp_of(q)
+        return xp.astype(one_hot_like(q, xp.argmax(q, axis=-1)), q.dtype)
+
+
+@dataclass(frozen=True)
+class MedusaTypical(Rule):
+    """Medusa's typical acceptance (Cai et al. 2024, ``evaluate_posterior`` / ``get_typical_one_token``).
+
+    Accept iff ``q_n > tau(q) = min(epsilon, alpha exp(-H_eps(q)))`` with Medusa's entropy
+    ``H_eps(q) = -sum_i q_i log(q_i + entropy_eps)``; the next token after a rejection is Medusa's
+    typical sample from ``q`` restricted to ``{i: q_i >= tau(q)}``, renormalised. Medusa's defaults
+    are ``posterior_threshold = 0.09``, ``posterior_alpha = 0.3``, ``1e-5`` in the log.
+
+    Relation to ``TAS``: vLLM's typical acceptance sampler took Medusa's test with these constants
+    (``alpha = sqrt(epsilon)``), so ``TAS(epsilon, alpha)`` accepts exactly when
+    ``MedusaTypical(epsilon, alpha, entropy_eps=0)`` does; the two differ in recovery (vLLM emits
+    ``argmax q``, Medusa samples the truncated ``q``) and in the ``1e-5`` in the entropy. Not
+    modelled: Medusa also draws its bonus token from the truncated ``q`` (``sampler.verify`` draws it
+    from ``q``), and verifies a tree of candidates from its heads rather than a sampled chain.
+    """
+
+    epsilon: float = 0.09
+    alpha: float = 0.3
+    entropy_eps: float = 1e-5
+    name: ClassVar[str] = "medusa"
+    needs_row_stats: ClassVar[bool] = True
+
+    def __post_init__(self):
+        for k in ("epsilon", "alpha"):
+            v = getattr(self, k)
+            if not (isinstance(v, (int, float)) and v > 0 and math.isfinite(v)):
+                raise ValueError(f"{k} must be a positive number, got {v!r}")
+        check_nonneg(self.entropy_eps, "entropy_eps")
+
+    def threshold(self, q: Array) -> Array:
+        """``tau(q) = min(epsilon, alpha exp(sum_i q_i log(q_i + entropy_eps)))`` per row: (..., V) -> (...)."""
+        xp = xp_of(q)
+        with errstate():
+            terms = xp.where(q > 0, q * xp.log(q + self.entropy_eps), xp.zeros_like(q))
+        return xp.clip(self.alpha * xp.exp(xp.sum(terms, axis=-1)), None, self.epsilon)
+
+    def row_stats(self, q):
+        return (self.threshold(q)[..., None],)
+
+    def phi(self, p_n, q_n, tau):
+        return xp_of(q_n).astype(q_n > tau, q_n.dtype)
+
+    def residual(self, p, q, n, *, check=True):
+        """``g_n = q 1[q >= tau(q)] / sum_i q_i 1[q_i >= tau(q)]`` for every ``n``."""
+        if check:
+            _check_inputs(p, q, n)
+        xp = xp_of(q)
+        kept = xp.where(q >= self.threshold(q)[..., None], q, xp.zeros_like(q))
+        return _normalise(kept + 0 * p, q + 0 * p)
+
+
+@dataclass(frozen=True)
+class FLy(Rule):
+    """vLLM's FLy verification (``rejection_sample_method="fly"``; arXiv 2511.22972), one position.
+
+    FLy runs native speculative sampling and defers (accepts) a native rejection at position ``j`` iff
+    the target is uncertain there, ``H_k(q) = -sum_{k largest} q_i log q_i >= entropy_threshold``
+    (``fly_entropy_top_k = 3`` by default, on the processed target probabilities), ``q_n > 0``, and
+    the next ``W = fly_window_size`` drafts are all natively accepted (with their own uniforms; only
+    positions with ``j + W < k`` can defer). A rejection that is not deferred recovers natively from
+    ``(q - p)_+``. The window couples positions: the deferral's probability is
+    ``P(next W natively accepted | context, n)``, a property of the future drafts, not of this row.
+    Modelled here as the parameter ``window_accept = f``:
+
+        ``phi_n = a_n + (1 - a_n) 1[H_k(q) >= entropy_threshold] 1[q_n > 0] f``,
+        ``a_n = min(1, q_n / p_n)``, ``g_n = (q - p)_+`` normalised,
+
+    which is exact for a position whose window is accepted with probability ``f`` whatever ``n`` is
+    (``f = 1``: the most FLy can defer, an upper bound of its acceptance and cost; ``f = 0``, or a
+    position among the last ``W``, is SpS). The greedy (temperature 0) path is not modelled.
+    """
+
+    entropy_threshold: float = 0.3
+    entropy_top_k: int = 3
+    window_accept: float = 1.0
+    name: ClassVar[str] = "fly"
+    needs_row_stats: ClassVar[bool] = True
+
+    def __post_init__(self):
+        check_nonneg(self.entropy_threshold, "entropy_threshold")
+        check_positive_int(self.entropy_top_k, "entropy_top_k")
+        _check_prob_param(self.window_accept, "window_accept")
+
+    def top_entropy(self, q: Array) -> Array:
+        """``H_k(q) = -sum over the k largest q_i of q_i log q_i`` (not renormalised, as vLLM): (..., V) -> (...)."""
+        xp = xp_of(q)
+        k = min(int(self.entropy_top_k), q.shape[-1])
+        if is_torch_array(q):
+            top = q.topk(k, dim=-1).values
+        else:
+            top = -np.sort(-q, axis=-1)[..., :k]
+        with errstate():
+            return -xp.sum(xp.where(top > 0, top * xp.log(xp.where(top > 0, top, xp.ones_like(top))),
+                                    xp.zeros_like(top)), axis=-1)
+
+    def row_stats(self, q):
+        xp = xp_of(q)
+        gate = self.top_entropy(q) >= self.entropy_threshold
+        return (xp.astype(gate, q.dtype)[..., None],)
+
+    def phi(self, p_n, q_n, gate):
+        xp = xp_of(p_n, q_n)
+        a = xp.clip(SpS().phi(p_n, q_n), 0.0, 1.0)
+        defer = gate * xp.astype(q_n > 0, q_n.dtype) * self.window_accept
+        return a + (1 - a) * defer
+
+    def residual(self, p, q, n, *, check=True):
+        """``g_n = (q - p)_+ / sum (q - p)_+`` (native recovery; ``q`` if that is zero)."""
         if check:
             _check_inputs(p, q, n)
         return _normalise(_pos(q - p), q + 0 * p)

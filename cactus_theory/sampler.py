@@ -21,25 +21,31 @@ import torch
 from .rules import Rule
 from .validate import check_probs, check_token
 
-__all__ = ["verify", "sample_rows", "VALIDATE_CHUNK_ELEMENTS"]
+__all__ = ["verify", "verify_flat", "sample_rows", "check_common", "PLACEHOLDER_TOKEN_ID"]
 
-VALIDATE_CHUNK_ELEMENTS = 1 << 24  # rows validated at once (float64 copy of ~128 MiB at most)
+PLACEHOLDER_TOKEN_ID = -1  # vLLM V1's filler after the last emitted token of a request
 
 
-def _check_probs_chunked(x: torch.Tensor, name: str) -> None:
-    """``check_probs`` on (B, m, V) in slices of batch rows, so validation memory stays bounded."""
-    step = max(1, VALIDATE_CHUNK_ELEMENTS // max(1, x[0].numel())) if x.shape[0] else 1
-    for i in range(0, x.shape[0], step):
-        check_probs(x[i:i + step], name)
+def check_common(rule, **tensors: torch.Tensor | None) -> None:
+    """Checks shared by the verification entry points: ``rule`` is a Rule and every named argument
+    is a ``torch.Tensor`` (``None`` where the entry point allows it), all on one device.
+
+    Shapes, token ranges (``validate.check_token``) and probability rows (``validate.check_probs``:
+    two reductions, no copy) are checked by each entry point for its own layout.
+    """
+    if not isinstance(rule, Rule):
+        raise ValueError(f"rule must be a cactus_theory Rule (SpS(), Cactus(...), ...), got {rule!r}")
+    for name, t in tensors.items():
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    devs = {t.device for t in tensors.values() if t is not None}
+    if len(devs) > 1:
+        names = ", ".join(n for n, t in tensors.items() if t is not None)
+        raise ValueError(f"{names} must be on one device, got {devs}")
 
 
 def _validate(draft_tokens, draft_probs, verifier_probs, rule) -> None:
-    if not isinstance(rule, Rule):
-        raise ValueError(f"rule must be a cactus_theory Rule (SpS(), Cactus(...), ...), got {rule!r}")
-    for name, t in (("draft_tokens", draft_tokens), ("draft_probs", draft_probs),
-                    ("verifier_probs", verifier_probs)):
-        if not isinstance(t, torch.Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    check_common(rule, draft_tokens=draft_tokens, draft_probs=draft_probs, verifier_probs=verifier_probs)
     if draft_tokens.ndim != 2:
         raise ValueError(f"draft_tokens must have shape (B, k), got {tuple(draft_tokens.shape)}")
     B, k = draft_tokens.shape
@@ -53,12 +59,9 @@ def _validate(draft_tokens, draft_probs, verifier_probs, rule) -> None:
             f"verifier_probs must have shape (B, k + 1, V) = ({B}, {k + 1}, {V}), got "
             f"{tuple(verifier_probs.shape)}"
         )
-    devs = {draft_tokens.device, draft_probs.device, verifier_probs.device}
-    if len(devs) > 1:
-        raise ValueError(f"draft_tokens, draft_probs and verifier_probs must be on one device, got {devs}")
     check_token(draft_tokens, V, (B, k), "draft_tokens")
-    _check_probs_chunked(draft_probs, "draft_probs")
-    _check_probs_chunked(verifier_probs, "verifier_probs")
+    check_probs(draft_probs, "draft_probs")
+    check_probs(verifier_probs, "verifier_probs")
 
 
 def _compute_dtype(*ts: torch.Tensor) -> torch.dtype:
@@ -99,8 +102,9 @@ def verify(
         rule: any ``cactus_theory`` rule (``SpS()``, ``Cactus(delta)``, ``TAS(...)``, ...).
         generator: ``torch.Generator`` for all random draws (uniforms are drawn on its device).
         check: validate inputs (shapes, ids in [0, V), finite normalised rows within
-            ``validate.prob_atol``: 1e-4 float32, 1e-2 float16/bfloat16, 1e-6 float64).
-            ``False`` skips it for trusted callers.
+            ``validate.prob_atol``: 1e-4 float32, 1e-2 float16/bfloat16, 1e-6 float64). It costs
+            two reductions over each probability tensor (no copy), a fraction of the call
+            (``benchmarks/bench_sampler.py`` prints it); ``False`` skips it for trusted callers.
 
     Returns:
         tokens: ``[B, k + 1]`` int64. The ``a_b`` accepted drafts, then one recovered (or bonus)
@@ -120,8 +124,7 @@ def verify(
     # acceptance: one probability per position (+ the rule's row stats of q, if any)
     p_n = p_all.gather(-1, n.unsqueeze(-1)).squeeze(-1).to(dt)  # [B, k]
     q_n = q_all[:, :k].gather(-1, n.unsqueeze(-1)).squeeze(-1).to(dt)  # [B, k]
-    has_stats = type(rule).row_stats is not Rule.row_stats  # SpS / Cactus: nothing else is read
-    stats = rule.row_stats(q_all[:, :k].to(dt)) if has_stats else ()
+    stats = rule.row_stats(q_all[:, :k].to(dt)) if rule.needs_row_stats else ()  # SpS / Cactus: none
     phi = rule.accept_from(p_n, q_n, *[s[..., 0] for s in stats])  # [B, k]
 
     dev = generator.device if generator is not None else draft_probs.device
@@ -144,3 +147,157 @@ def verify(
     tokens = torch.where(pos < num_accepted.unsqueeze(-1), n_pad, torch.full_like(n_pad, -1))
     tokens.scatter_(1, num_accepted.unsqueeze(-1), last.unsqueeze(-1))
     return tokens, num_accepted
+
+
+# -- vLLM V1's flat, ragged layout -------------------------------------------------------------
+
+def _validate_flat(draft_token_ids, cu_num_draft_tokens, draft_probs, target_probs, bonus_token_ids, rule,
+                   generator, max_spec_len) -> None:
+    check_common(rule, draft_token_ids=draft_token_ids, cu_num_draft_tokens=cu_num_draft_tokens,
+                 draft_probs=draft_probs, target_probs=target_probs, bonus_token_ids=bonus_token_ids)
+    for name, t in (("draft_token_ids", draft_token_ids), ("cu_num_draft_tokens", cu_num_draft_tokens),
+                    ("bonus_token_ids", bonus_token_ids)):
+        if t.dtype.is_floating_point or t.dtype == torch.bool:
+            raise ValueError(f"{name} must hold integers, got dtype {t.dtype}")
+    if draft_token_ids.ndim != 1:
+        raise ValueError(f"draft_token_ids must have shape (T,), got {tuple(draft_token_ids.shape)}")
+    if cu_num_draft_tokens.ndim != 1:
+        raise ValueError(f"cu_num_draft_tokens must have shape (B,), got {tuple(cu_num_draft_tokens.shape)}")
+    T, B = draft_token_ids.shape[0], cu_num_draft_tokens.shape[0]
+    if target_probs.ndim != 2 or target_probs.shape[0] != T:
+        raise ValueError(f"target_probs must have shape (T, V) = ({T}, V), got {tuple(target_probs.shape)}")
+    V = target_probs.shape[1]
+    if draft_probs is not None and tuple(draft_probs.shape) != (T, V):
+        raise ValueError(f"draft_probs must have shape (T, V) = ({T}, {V}) or be None, got {tuple(draft_probs.shape)}")
+    if tuple(bonus_token_ids.shape) != (B, 1):
+        raise ValueError(f"bonus_token_ids must have shape (B, 1) = ({B}, 1), got {tuple(bonus_token_ids.shape)}")
+    cu = cu_num_draft_tokens.long().cpu()
+    counts = torch.diff(cu, prepend=cu.new_zeros(1))
+    if B and (counts.min() < 0 or int(cu[-1]) != T):
+        raise ValueError(
+            f"cu_num_draft_tokens must be non-decreasing cumulative draft counts ending at T = {T}, got "
+            f"{cu.tolist()}")
+    if B == 0 and T:
+        raise ValueError(f"cu_num_draft_tokens is empty but draft_token_ids holds {T} tokens")
+    longest = int(counts.max()) if B else 0
+    if max_spec_len is not None and (not isinstance(max_spec_len, int) or max_spec_len < longest):
+        raise ValueError(f"max_spec_len must be an int >= the longest draft ({longest}), got {max_spec_len!r}")
+    if not (generator is None or isinstance(generator, torch.Generator) or (
+            isinstance(generator, dict) and all(isinstance(g, torch.Generator) for g in generator.values()))):
+        raise ValueError(f"generator must be None, a torch.Generator or a dict {{request index: torch.Generator}}, "
+                         f"got {type(generator).__name__}")
+    ids = draft_token_ids.detach().cpu()
+    if ids.numel() and (int(ids.min()) < PLACEHOLDER_TOKEN_ID or int(ids.max()) >= V):
+        bad = ids[(ids < PLACEHOLDER_TOKEN_ID) | (ids >= V)]
+        raise ValueError(f"draft_token_ids has token ids out of range [-1, {V}) (-1: a padded draft): "
+                         f"{bad[:8].tolist()}")
+    check_token(bonus_token_ids, V, (B, 1), "bonus_token_ids")
+    check_probs(target_probs, "target_probs")
+    if draft_probs is not None:
+        check_probs(draft_probs, "draft_probs")
+
+
+def verify_flat(
+    draft_token_ids: torch.Tensor,
+    cu_num_draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    target_probs: torch.Tensor,
+    bonus_token_ids: torch.Tensor,
+    rule: Rule,
+    generator: torch.Generator | dict[int, torch.Generator] | None = None,
+    *,
+    max_spec_len: int | None = None,
+    check: bool = True,
+) -> torch.Tensor:
+    """``verify`` in vLLM V1's flat, ragged layout (the layout of its ``rejection_sample``).
+
+    Args:
+        draft_token_ids: ``[T]`` int32 or int64. Drafted ids of all ``B`` requests, concatenated;
+            -1 marks a padded draft (as in vLLM): always rejected, its recovered token drawn from ``q``.
+        cu_num_draft_tokens: ``[B]`` int32 or int64. Cumulative draft counts (ends of each request's
+            slice, no leading 0); a request may have 0 drafts (then it emits its bonus token only).
+        draft_probs: ``[T, V]`` float, the draft law ``p`` each token was drawn from, or ``None``:
+            one-hot drafts (``p = e_n``), as vLLM passes for n-gram and EAGLE drafters.
+        target_probs: ``[T, V]`` float. Verifier law ``q`` at each drafted position (after the
+            sampling transforms).
+        bonus_token_ids: ``[B, 1]`` int. Drawn by the caller from each request's bonus position
+            (vLLM samples them with the request's own top-k / top-p); used when all drafts pass.
+        rule: any ``cactus_theory`` rule.
+        generator: ``None`` (torch's default generator), one ``torch.Generator`` for the batch, or
+            ``{request index: torch.Generator}`` as vLLM's ``sampling_metadata.generators`` (requests
+            not in it draw from the default generator). A request with its own generator draws
+            ``n_b + 1`` uniforms from it (acceptance, then the recovery draw) and a request with no
+            drafts draws none, so its tokens do not depend on the rest of the batch.
+        max_spec_len: output width minus one; default the longest draft in the batch.
+        check: validate inputs (as ``verify``); ``False`` skips it for trusted callers.
+
+    Returns:
+        ``[B, max_spec_len + 1]`` int32 (vLLM's ``sampled_token_ids`` dtype): each request's accepted
+        drafts, then its recovered token (first rejection) or its bonus token (all accepted), then
+        ``PLACEHOLDER_TOKEN_ID`` (-1).
+
+    With one ``torch.Generator`` and equal draft counts ``k`` the uniforms are drawn exactly as
+    ``verify`` draws them (one ``[B, k + 1]`` call), so the two functions emit the same tokens.
+    """
+    if check:
+        _validate_flat(draft_token_ids, cu_num_draft_tokens, draft_probs, target_probs, bonus_token_ids, rule,
+                       generator, max_spec_len)
+    dev = target_probs.device
+    B, (T, V) = cu_num_draft_tokens.shape[0], target_probs.shape
+    cu = cu_num_draft_tokens.to(dev, torch.long)
+    starts = torch.cat([cu.new_zeros(1), cu[:-1]])
+    counts = cu - starts  # [B]
+    K = int(counts.max()) if B else 0
+    K = K if max_spec_len is None else max_spec_len
+    out = torch.full((B, K + 1), PLACEHOLDER_TOKEN_ID, dtype=torch.int32, device=dev)
+    if B == 0:
+        return out
+    dt = _compute_dtype(target_probs, target_probs if draft_probs is None else draft_probs)
+    ids = draft_token_ids.to(dev, torch.long)  # [T]; -1 marks a padded draft (always rejected)
+    padded = ids < 0
+    n = ids.clamp_min(0)
+
+    # uniforms [B, K + 1]: column j < n_b accepts position j, column n_b (own generator) or K draws
+    # the recovered token; the batch draw matches verify's [B, k + 1] call
+    shared = generator if isinstance(generator, torch.Generator) else None
+    gdev = shared.device if shared is not None else dev
+    u = torch.rand((B, K + 1), generator=shared, device=gdev, dtype=torch.float64).to(dev)
+    last_col = torch.full((B,), K, dtype=torch.long, device=dev)
+    if isinstance(generator, dict):
+        for b, g in generator.items():
+            nb = int(counts[b])
+            if nb > 0:  # no draws for a request without drafts (vLLM does the same)
+                u[b, :nb + 1] = torch.rand(nb + 1, generator=g, device=g.device, dtype=torch.float64).to(dev)
+                last_col[b] = nb
+
+    # acceptance of every drafted position: one probability each (+ the rule's row stats of q)
+    q_n = target_probs.gather(-1, n.unsqueeze(-1)).squeeze(-1).to(dt)  # [T]
+    p_n = torch.ones_like(q_n) if draft_probs is None else draft_probs.gather(-1, n.unsqueeze(-1)).squeeze(-1).to(dt)
+    stats = rule.row_stats(target_probs.to(dt)) if rule.needs_row_stats else ()
+    phi = rule.accept_from(p_n, q_n, *[s[..., 0] for s in stats]).masked_fill(padded, 0.0)  # [T]
+
+    req = torch.repeat_interleave(torch.arange(B, device=dev), counts, output_size=T)  # [T] request of each
+    pos = torch.arange(T, device=dev) - starts[req]  # [T] position within its request
+    acc = torch.zeros((B, K), dtype=torch.bool, device=dev)
+    acc[req, pos] = u[req, pos] < phi.double()
+    num_accepted = acc.long().cumprod(-1).sum(-1).minimum(counts)  # [B] in [0, n_b]
+
+    # the one token each request draws: recovery at its first rejection (or the caller's bonus)
+    rejected = num_accepted < counts
+    rows = torch.nonzero(rejected).squeeze(-1)
+    last = bonus_token_ids.reshape(B).to(dev, torch.long).clone()
+    if rows.numel():
+        t = starts[rows] + num_accepted[rows]  # flat index of each first rejection
+        q_r = target_probs[t].to(dt)
+        n_r = n[t]
+        p_r = (torch.nn.functional.one_hot(n_r, V).to(dt) if draft_probs is None else draft_probs[t].to(dt))
+        g = rule.residual(p_r, q_r, n_r, check=False)  # [R, V]
+        g = torch.where(padded[t].unsqueeze(-1), q_r, g)  # a padded draft carries nothing: recover from q
+        last[rows] = sample_rows(g, u[rows, last_col[rows]])
+
+    col = torch.arange(K + 1, device=dev)
+    drafted = torch.zeros((B, K + 1), dtype=torch.long, device=dev)
+    drafted[req, pos] = n
+    out = torch.where(col < num_accepted.unsqueeze(-1), drafted, torch.full_like(drafted, PLACEHOLDER_TOKEN_ID))
+    out.scatter_(1, num_accepted.unsqueeze(-1), last.unsqueeze(-1))
+    return out.to(torch.int32)

@@ -14,6 +14,16 @@ Functions
     ``tv_estimate``, ``kl_estimate``  plug-in TV(P_hat, q), KL(P_hat || q) with bootstrap CIs.
     ``samples_needed``, ``power``      sample size for detecting TV distance ``eps``.
 
+Results behave like scipy.stats' test results: ``stat, p = goodness_of_fit(...)`` (and
+``homogeneity``) unpack to the statistic and the p-value, ``est, low, high = tv_estimate(...)`` to
+the estimate and its interval; every field is also an attribute (``res.reject``, ``res.dof``...).
+
+Not scipy's ``goodness_of_fit``: ``scipy.stats.goodness_of_fit(dist, data, ...)`` fits a continuous
+distribution family to real-valued data by Monte Carlo (Anderson-Darling and friends). Ours tests
+draws over a finite set of categories against fully specified probabilities, like
+``scipy.stats.chisquare`` / ``power_divergence`` plus pooling of small expected counts, exact and
+Monte Carlo p-values for small samples, and samples or counts as input.
+
 Inputs are either samples (integer category ids, shape (N,), or (N, d) for a law over d-tuples
 given as a d-dimensional probability array) or counts (same shape as the probabilities);
 ``kind="auto"`` decides by shape and refuses ambiguous input.
@@ -40,10 +50,24 @@ _LAMBDAS = {"chi2": "pearson", "gtest": "log-likelihood"}
 EXACT_MAX_OUTCOMES = 200_000  # largest multinomial support enumerated by method="exact"
 
 
+class _TestResult:
+    """Unpacks like scipy's test results: ``statistic, pvalue = result``."""
+
+    def __iter__(self):
+        return iter((self.statistic, self.pvalue))
+
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, i):
+        return (self.statistic, self.pvalue)[i]
+
+
 @dataclass(frozen=True)
-class GoodnessOfFitResult:
+class GoodnessOfFitResult(_TestResult):
     """``statistic``, ``pvalue``, ``dof`` (asymptotic methods), ``method``, ``n`` samples,
-    ``bins`` after pooling, ``alpha`` and ``reject = pvalue < alpha``."""
+    ``bins`` after pooling, ``alpha`` and ``reject = pvalue < alpha``; unpacks to
+    ``(statistic, pvalue)``."""
 
     statistic: float
     pvalue: float
@@ -59,8 +83,9 @@ class GoodnessOfFitResult:
 
 
 @dataclass(frozen=True)
-class HomogeneityResult:
-    """Two-sample test: ``statistic``, ``pvalue``, ``dof``, ``bins``, ``alpha``, ``reject``."""
+class HomogeneityResult(_TestResult):
+    """Two-sample test: ``statistic``, ``pvalue``, ``dof``, ``bins``, ``alpha``, ``reject``;
+    unpacks to ``(statistic, pvalue)``."""
 
     statistic: float
     pvalue: float
@@ -75,13 +100,23 @@ class HomogeneityResult:
 
 @dataclass(frozen=True)
 class EstimateResult:
-    """Point estimate with a ``confidence`` interval ``[low, high]`` and how it was computed."""
+    """Point estimate with a ``confidence`` interval ``[low, high]`` and how it was computed;
+    unpacks to ``(estimate, low, high)``."""
 
     estimate: float
     low: float
     high: float
     confidence: float
     method: str
+
+    def __iter__(self):
+        return iter((self.estimate, self.low, self.high))
+
+    def __len__(self) -> int:
+        return 3
+
+    def __getitem__(self, i):
+        return (self.estimate, self.low, self.high)[i]
 
 
 def _check_alpha(alpha: float, name: str = "alpha") -> None:
@@ -177,6 +212,10 @@ def goodness_of_fit(
     seed: int = 0,
 ) -> GoodnessOfFitResult:
     """Test H0: the draws ``x`` come from ``expected_probs`` (any shape; samples or counts).
+
+    Returns a ``GoodnessOfFitResult``; ``stat, p = goodness_of_fit(x, probs)`` unpacks it. Unlike
+    ``scipy.stats.goodness_of_fit`` (a continuous family fitted to real data), this tests category
+    draws against fixed probabilities (see the module docstring).
 
     ``statistic``: ``"chi2"`` (Pearson, sum (O - E)^2 / E) or ``"gtest"`` (2 sum O log(O / E)).
     ``method``:

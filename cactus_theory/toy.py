@@ -221,23 +221,43 @@ def step_parts(rule: Rule, p: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np
     return p * phi, reject
 
 
-def sequence_law(draft: Cond, verifier: Cond, rule: Rule, k: int, T: int, *, prompt: tuple = ()) -> np.ndarray:
+def sequence_law(draft: Cond | None, verifier: Cond, rule: Rule, k: int, T: int, *, prompt: tuple = (),
+                 verifier_first: bool = False,
+                 draft_in_block: Callable[[tuple, tuple], np.ndarray] | None = None) -> np.ndarray:
     """Exact law of the first ``T`` tokens emitted by ``speculative_decode``: array ``(V,) * T``.
 
     Dynamic programme over block boundaries: ``frontier[s]`` is the probability that a block
     starts right after emitted prefix ``s`` (``len(s) < T``); each block from ``s`` is enumerated
     over its accepted drafts (see ``step_parts``) until it ends or reaches ``T`` tokens. Cost:
     O(number of prefixes of length <= T) rule evaluations of size V.
+
+    ``verifier_first``: the first token is drawn from the verifier's own law (as when the prompt
+    pass of the verifier emits it, vLLM's and ``lm.speculative_generate``'s order), blocks follow.
+    ``draft_in_block(context, drafts)``: a draft whose law depends on where its block started (a
+    feature-level draft reads the verifier's features up to the block start and its own after):
+    the law of the next draft given the context at the block start and the drafts so far; it
+    replaces ``draft``.
     """
     check_positive_int(k, "k")
     check_positive_int(T, "T")
-    P, Q = _Cached(draft, "draft"), _Cached(verifier, "verifier")
+    if (draft is None) == (draft_in_block is None):
+        raise ValueError("give exactly one of draft and draft_in_block")
+    Q = _Cached(verifier, "verifier")
+    P = _Cached(draft, "draft") if draft is not None else None
     prompt = tuple(int(t) for t in prompt)
-    V = P(prompt).size
+    V = Q(prompt).size
     parts: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
     law = np.zeros((V,) * T)
     frontier: list[dict[tuple, float]] = [{} for _ in range(T)]
-    frontier[0][()] = 1.0
+    if verifier_first:
+        q0 = Q(prompt)
+        for y in np.flatnonzero(q0 > 0):
+            if T == 1:
+                law[int(y)] += q0[y]
+            else:
+                frontier[1][(int(y),)] = float(q0[y])
+    else:
+        frontier[0][()] = 1.0
 
     def emit(t: tuple, w: float) -> None:
         if len(t) >= T:
@@ -259,12 +279,14 @@ def sequence_law(draft: Cond, verifier: Cond, rule: Rule, k: int, T: int, *, pro
                     for y in np.flatnonzero(q > 0):
                         emit(s + d + (int(y),), wd * q[y])
                     continue
-                if c not in parts:
-                    q, p = Q(c), P(c)
+                key = c if P is not None else (prompt + s, d)
+                if key not in parts:
+                    q = Q(c)
+                    p = P(c) if P is not None else np.asarray(draft_in_block(prompt + s, d), dtype=np.float64)
                     if p.size != q.size:
                         raise ValueError(f"draft and verifier must share one vocabulary, got sizes {p.size} and {q.size}")
-                    parts[c] = step_parts(rule, p, q)
-                acc, rej = parts[c]
+                    parts[key] = step_parts(rule, p, q)
+                acc, rej = parts[key]
                 for y in np.flatnonzero(rej > 0):
                     emit(s + d + (int(y),), wd * rej[y])
                 for n in np.flatnonzero(acc > 0):

@@ -14,7 +14,8 @@ from array_api_compat import is_torch_array
 
 from ._array import Array
 
-__all__ = ["prob_atol", "check_probs", "check_same_shape", "check_token", "check_nonneg", "check_positive_int"]
+__all__ = ["prob_atol", "check_probs", "check_same_shape", "check_token", "check_pqn", "check_nonneg",
+           "check_positive_int"]
 
 
 def prob_atol(x: Array) -> float:
@@ -31,23 +32,32 @@ def _describe(bad) -> str:
     return np.array2string(np.asarray(bad)[:5], precision=6, separator=", ")
 
 
-def check_probs(x: Array, name: str) -> None:
-    """Raise ``ValueError`` unless ``x`` (..., V) holds probability rows over its last axis."""
+def _rows_ok(x: Array, atol: float) -> bool:
+    """Fast screen: one row-sum reduction and one global minimum, no copy of ``x``.
+
+    A NaN propagates into both reductions and an infinity into its row's sum, so finiteness needs
+    no pass of its own; only a ``bool`` comes back to the host. Row sums accumulate in the input's
+    precision (float32 for float16 / bfloat16), far inside the tolerances of ``prob_atol``.
+    """
     if is_torch_array(x):
-        if not x.is_floating_point():
-            raise ValueError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
+        import torch  # already loaded: x is a tensor
+
+        half = x.dtype in (torch.float16, torch.bfloat16)
+        sums = x.sum(-1, dtype=torch.float32) if half else x.sum(-1)
+        return bool((x.min() >= -atol) & ((sums - 1).abs() <= atol).all())
+    with np.errstate(invalid="ignore"):
+        return bool(x.min() >= -atol) and bool(np.all(np.abs(x.sum(-1) - 1) <= atol))
+
+
+def _raise_first_problem(x: Array, name: str, atol: float) -> None:
+    """The slow, exact diagnosis (float64) behind a failed screen: raise naming the first problem."""
+    if is_torch_array(x):
         xf = x.detach().double()  # reductions stay on x's device
-        finite, mn = bool(xf.isfinite().all()), (float(xf.min()) if xf.numel() else 0.0)
+        finite, mn = bool(xf.isfinite().all()), float(xf.min())
         sums = xf.sum(-1).flatten().cpu().numpy()
     else:
-        x = np.asarray(x)
-        if not np.issubdtype(x.dtype, np.floating):
-            raise ValueError(f"{name} must hold floating-point probabilities, got dtype {x.dtype}")
-        finite, mn = bool(np.all(np.isfinite(x))), (float(x.min()) if x.size else 0.0)
-        sums = np.ravel(x.sum(-1))
-    if x.ndim < 1 or x.shape[-1] < 1:
-        raise ValueError(f"{name} must have a vocabulary axis last, got shape {tuple(x.shape)}")
-    atol = prob_atol(x)
+        finite, mn = bool(np.all(np.isfinite(x))), float(x.min())
+        sums = np.ravel(x.astype(np.float64).sum(-1))
     if not finite:
         raise ValueError(f"{name} contains NaN or infinite entries")
     if mn < -atol:
@@ -58,6 +68,30 @@ def check_probs(x: Array, name: str) -> None:
             f"{name} is not normalised: row sums {_describe(sums[dev > atol])} differ from 1 by "
             f"up to {dev.max():.3g} (tolerance {atol:g})"
         )
+
+
+def check_probs(x: Array, name: str) -> None:
+    """Raise ``ValueError`` unless ``x`` (..., V) holds probability rows over its last axis.
+
+    Cost: two reductions over ``x`` in its own dtype and device (row sums, global minimum) and
+    no copy; the float64 diagnosis that names the problem runs only when that screen fails.
+    Reusable by any entry point that takes probability rows (``sampler.verify`` calls it on its
+    ``(B, k, V)`` inputs as they are).
+    """
+    if is_torch_array(x):
+        if not x.is_floating_point():
+            raise ValueError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
+    else:
+        x = np.asarray(x)
+        if not np.issubdtype(x.dtype, np.floating):
+            raise ValueError(f"{name} must hold floating-point probabilities, got dtype {x.dtype}")
+    if x.ndim < 1 or x.shape[-1] < 1:
+        raise ValueError(f"{name} must have a vocabulary axis last, got shape {tuple(x.shape)}")
+    if math.prod(x.shape) == 0:
+        return
+    atol = prob_atol(x)
+    if not _rows_ok(x, atol):
+        _raise_first_problem(x, name, atol)
 
 
 def check_same_shape(a: Array, b: Array, name_a: str = "p", name_b: str = "q") -> None:
@@ -87,6 +121,16 @@ def check_token(n: Array, V: int, batch_shape: tuple, name: str = "n") -> None:
     if arr.size and (arr.min() < 0 or arr.max() >= V):
         bad = arr[(arr < 0) | (arr >= V)]
         raise ValueError(f"{name} has token ids out of range [0, {V}): {_describe(bad)}")
+
+
+def check_pqn(p: Array, q: Array, n: Array | None = None) -> None:
+    """The inputs of a rule or an exact law: ``p`` and ``q`` (..., V) probability rows of one shape
+    and, if given, drafted tokens ``n`` (...) in ``[0, V)``."""
+    check_same_shape(p, q, "p", "q")
+    check_probs(p, "p")
+    check_probs(q, "q")
+    if n is not None:
+        check_token(n, p.shape[-1], tuple(p.shape[:-1]), "n")
 
 
 def check_nonneg(value: float, name: str) -> None:

@@ -13,6 +13,9 @@ from typing import Any
 
 import numpy as np
 
+from cactus_theory.atomic import atomic_path, atomic_write_text
+from cactus_theory.atomic import atomic_write_json as _atomic_write_json
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "paper_repro" / "results"
 FIGURES = ROOT / "figures"
@@ -77,17 +80,9 @@ def to_jsonable(x: Any) -> Any:
     return x
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temporary file and ``os.replace`` (never a half-written file)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def atomic_write_json(path: Path, obj: Any) -> None:
-    atomic_write_text(path, json.dumps(to_jsonable(obj), indent=1, sort_keys=True) + "\n")
+    """``cactus_theory.atomic.atomic_write_json`` of ``to_jsonable(obj)``."""
+    _atomic_write_json(path, to_jsonable(obj))
 
 
 def config_key(cfg: dict) -> str:
@@ -160,10 +155,8 @@ def save_figure(fig, ctx: Ctx, stem: str, dpi: int = 110) -> list[Path]:
     out = []
     for ext, kw in (("png", {"dpi": dpi, "metadata": {"Software": None}}), ("svg", {"metadata": {"Date": None}})):
         path = ctx.figures / f"{stem}.{ext}"
-        tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.{ext}")
-        with plt.rc_context({"svg.hashsalt": "cactus-theory", "svg.fonttype": "none"}):
+        with atomic_path(path) as tmp, plt.rc_context({"svg.hashsalt": "cactus-theory", "svg.fonttype": "none"}):
             fig.savefig(tmp, bbox_inches="tight", **kw)
-        os.replace(tmp, path)
         out.append(path)
     plt.close(fig)
     return out

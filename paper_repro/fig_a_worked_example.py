@@ -11,15 +11,14 @@ from __future__ import annotations
 import numpy as np
 
 from cactus_theory import Cactus, SpS, acceptance_rate, induced_distribution, kl
+from cactus_theory.report import WORKED_EXAMPLE
 
 from .common import Claim, Ctx, StepResult, cached_step, fmt, save_figure, standalone
 
 NAME = "fig_a_worked_example"
-Q = [0.30, 0.35, 0.35]
-P = [0.05, 0.80, 0.15]
-N = 1
-DELTA = 0.21  # "about delta = 0.21" in the paper
-PAPER = {"sps_accept": 0.4375, "cactus_accept": 0.825, "h": [0.16, 0.66, 0.18], "kl": 0.198}
+Q, P, N = list(WORKED_EXAMPLE["q"]), list(WORKED_EXAMPLE["p"]), WORKED_EXAMPLE["n"]
+DELTA = WORKED_EXAMPLE["delta"]  # "about delta = 0.21" in the paper
+PAPER = {k: WORKED_EXAMPLE[k] for k in ("sps_accept", "cactus_accept", "h", "kl")}
 
 
 def compute(ctx: Ctx) -> dict:

@@ -2,8 +2,11 @@
 
 For each (p, q) pair and rule, the exact one-step law ``h_alg = sum_n p_n [phi_n e_n + (1 - phi_n) g_n]``
 (``exact.induced_distribution``) gives the cost ``KL(h_alg || q)`` and ``acceptance_rate = sum_n p_n phi_n``
-the benefit; points are means over pairs. Sweeps: Cactus (delta), TAS (epsilon, alpha = sqrt(epsilon)
-as vLLM), interpolation (alpha), top-k (k), EARS (beta). Pair sets: random correlated softmax pairs
+the benefit; points are means over pairs. Sweeps: every lossy rule of ``registry.RULES`` along its
+registered sweep (Cactus delta, TAS epsilon with alpha = sqrt(epsilon) as vLLM, interpolation alpha,
+top-k k, EARS beta, and the production servers' rules: SGLang threshold_acc, MAX / TRT-LLM relaxed
+delta at top-10, Medusa epsilon, vLLM FLy entropy threshold at window_accept = 1, FLy's most
+permissive case). Pair sets: random correlated softmax pairs
 and, when available, rows from the embedded LM pair (see ``lm_pairs``).
 """
 
@@ -20,7 +23,7 @@ from cactus_theory import SpS, acceptance_rate, induced_distribution, kl, regist
 from .common import Claim, Ctx, StepResult, cached_step, fmt, save_figure, standalone
 
 NAME = "fig_c_tradeoff"
-FAMILIES = ("cactus", "tas", "interpolation", "topk", "ears")  # every lossy rule of the registry, SpS as reference
+FAMILIES = tuple(k for k, s in registry.RULES.items() if not s.lossless)  # every lossy rule of the registry, SpS as reference
 SWEEPS = {registry.spec(key).sweep_label: registry.sweep(key) for key in FAMILIES}  # label -> [(value, rule)]
 MARKERS = {registry.spec(key).sweep_label: registry.marker(key) for key in FAMILIES}
 COLOURS = {registry.spec(key).sweep_label: registry.colour(key) for key in FAMILIES}

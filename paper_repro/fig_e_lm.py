@@ -1,6 +1,6 @@
 """Figure e: real decoding with the embedded pair (or ``--verifier/--draft``).
 
-Panels: accepted drafts per step ``AL`` vs Cactus's ``delta`` and vs the number of drafts ``k``;
+Panels: ``AL`` (tokens per verifier call, bonus included) vs Cactus's ``delta`` and vs the number of drafts ``k``;
 quality vs AL for every rule, quality being the exact per-step ``KL(h_alg || q)`` at each verified
 position and the verifier's own NLL (temperature 1) of the generated tokens (the analogue of the
 paper's accuracy-vs-acceptance figure and its interpolation ablation); wall-clock speedup over the
@@ -51,7 +51,7 @@ def plot(d: dict, ctx: Ctx) -> list:
     if "TAS" in P:
         ax[0, 0].axhline(P["TAS"]["al"], color="tab:red", ls="--", label="TAS (eps=0.09, alpha=0.3)")
     ax[0, 0].set_xlabel("Cactus budget delta (nats)")
-    ax[0, 0].set_ylabel("AL: accepted drafts per step (tokens)")
+    ax[0, 0].set_ylabel("AL: tokens per verifier call (bonus included)")
     ax[0, 0].set_title("AL vs delta")
     ax[0, 0].legend(fontsize=8)
 
@@ -59,7 +59,7 @@ def plot(d: dict, ctx: Ctx) -> list:
         pts = sorted((s["k"], P[m]["al"]) for m, s in M.items() if s["rule"] == rule and s["params"] == params)
         ax[0, 1].plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=fam)
     ax[0, 1].set_xlabel("drafts per step k (tokens)")
-    ax[0, 1].set_ylabel("AL: accepted drafts per step (tokens)")
+    ax[0, 1].set_ylabel("AL: tokens per verifier call (bonus included)")
     ax[0, 1].set_title("AL vs k")
     ax[0, 1].legend(fontsize=8)
 
@@ -96,7 +96,7 @@ def plot(d: dict, ctx: Ctx) -> list:
     ax[1, 2].set_ylabel("wall-clock speedup (x)")
     ax[1, 2].set_title("speedup vs AL, all rules (k=4)")
     for a in ax[1]:
-        a.set_xlabel("AL: accepted drafts per step (tokens)")
+        a.set_xlabel("AL: tokens per verifier call (bonus included)")
     for a in ax.flat:
         a.grid(alpha=0.3)
     c = d["config"]

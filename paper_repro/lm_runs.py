@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import math
 import os
-import time
 
 import numpy as np
 from tqdm import tqdm
+
+from cactus_theory.atomic import atomic_path
 
 from .common import Ctx, Parts
 
@@ -94,15 +95,15 @@ def get_pair(ctx: Ctx):
         from cactus_theory.lm import load_pair
 
         if cfg["draft"] == "embedded" and ctx.fast:
-            from cactus_theory.lm.draft import DraftConfig, draft_path
+            from cactus_theory.lm.draft import DraftConfig, FeatureDraft, draft_path, head_args
             if not os.path.exists(draft_path(DraftConfig())):
-                from cactus_theory.lm.draft import ShortlistDraft
+                from cactus_theory.lm.draft_build import init_head
                 from cactus_theory.lm.pair import ModelPair, load_model
 
                 v, tok = load_model(cfg["verifier"])
-                L = len(v.model.layers)
-                d = ShortlistDraft(v, 2 * L // 3, torch.arange(v.config.vocab_size), adapter=0).eval()
-                _PAIRS[key] = ModelPair(d, v, tok, name="smollm2+untrained-early-exit")
+                d = FeatureDraft(head_args(v.config, DraftConfig(shortlist=4096)), v.get_input_embeddings())
+                init_head(d, v, torch.arange(4096))
+                _PAIRS[key] = ModelPair(d.eval(), v, tok, name="smollm2+untrained-head")
                 return _PAIRS[key]
         pair = load_pair(cfg["draft"], cfg["verifier"])
         dev = ctx.lm.get("device")
@@ -160,7 +161,7 @@ def pooled(runs: dict, method: str, styles=STYLES) -> dict:
             "kl_sum", "kl_count", "kl_skipped", "nll_sum", "nll_count")
     t = {k: sum(runs[method][s]["stats"][k] for s in styles) for k in keys}
     div = lambda a, b: a / b if b else math.nan  # noqa: E731
-    t.update(al=div(t["accepted"], t["steps"]), acceptance_rate=div(t["accepted"], t["drafted"]),
+    t.update(al=div(t["accepted"] + t["steps"], t["steps"]), acceptance_rate=div(t["accepted"], t["drafted"]),
              tokens_per_s=div(t["new_tokens"], t["seconds"]), mean_step_kl=div(t["kl_sum"], t["kl_count"]),
              nll=div(t["nll_sum"], t["nll_count"]), rejected_per_token=div(t["drafted"] - t["accepted"], t["new_tokens"]))
     return t
@@ -172,7 +173,7 @@ def save_lm_pairs(ctx: Ctx, runs: dict, max_rows: int = 256) -> int:
     These feed figure c's LM panel. Returns the number of rows."""
     import torch
 
-    from cactus_theory.lm import sampling_probs
+    from cactus_theory.lm.loop import first_step_laws
 
     path = ctx.results / "lm_pairs.npz"
     if path.exists() and not ctx.force:
@@ -187,10 +188,8 @@ def save_lm_pairs(ctx: Ctx, runs: dict, max_rows: int = 256) -> int:
             for prompt, gen in zip(r["prompts"], r["tokens"], strict=True):
                 if len(gen) < 2:
                     continue
-                ids = torch.tensor([prompt + gen], device=next(pair.verifier.parameters()).device)
-                lo, hi = len(prompt) - 1, ids.shape[1] - 1
-                q = sampling_probs(pair.verifier(input_ids=ids).logits[0, lo:hi], **SAMPLING).double().cpu().numpy()
-                p = sampling_probs(pair.draft(input_ids=ids).logits[0, lo:hi], **SAMPLING).double().cpu().numpy()
+                ids = prompt + gen
+                p, q = first_step_laws(pair, ids, len(prompt), len(ids) - 1, **SAMPLING)
                 for a, b in zip(p, q, strict=True):
                     sup = np.flatnonzero((a > 0) | (b > 0))[:PAIR_SUPPORT]
                     if a[sup].sum() < 1 - 1e-6 or b[sup].sum() < 1 - 1e-6:
@@ -200,14 +199,6 @@ def save_lm_pairs(ctx: Ctx, runs: dict, max_rows: int = 256) -> int:
                     P.append(pa)
                     Q.append(pb)
     P, Q = np.array(P[:max_rows]), np.array(Q[:max_rows])
-    ctx.results.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".lm_pairs.{os.getpid()}.tmp.npz")
-    np.savez_compressed(tmp, p=P, q=Q)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        np.savez_compressed(tmp, p=P, q=Q)
     return int(P.shape[0])
-
-
-def timed_run_all(ctx: Ctx) -> tuple[dict, float]:
-    t0 = time.perf_counter()
-    runs = run_all(ctx)
-    return runs, time.perf_counter() - t0

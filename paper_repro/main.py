@@ -1,7 +1,10 @@
-"""``cactus-theory repro``: regenerate every figure and table and ``paper_repro/REPORT.md``.
+"""``python -m paper_repro`` (what ``make repro`` runs): regenerate every figure and table and
+``paper_repro/REPORT.md``. The reproduction is not part of the library: it imports
+``cactus_theory``, never the reverse.
 
 Order: a (worked example), b (gamma*), d (Gamma(delta)), the embedded draft (built when not cached),
-e (real decoding), f (main-table analogue), g (task accuracy, a reduced ``cactus-theory eval``), c (rule sweeps; its LM panel uses rows saved by e),
+e (real decoding), f (main-table analogue), c (rule sweeps; its LM panel uses rows saved by e), g
+(production rules), h (task accuracy: a reduced ``cactus-theory eval``),
 the randomised claim checks of ``cactus-theory verify``, then the report. Every step caches its
 numbers under ``--results`` (atomic writes), so a rerun only redraws and an interrupted run resumes.
 """
@@ -28,17 +31,17 @@ from .common import (
 
 STEPS = {
     "a": "fig_a_worked_example", "b": "fig_b_gamma", "d": "fig_d_gamma_delta", "e": "fig_e_lm",
-    "f": "table_f_main", "g": "table_g_eval", "c": "fig_c_tradeoff",
+    "f": "table_f_main", "c": "fig_c_tradeoff", "g": "table_g_production", "h": "table_h_eval",
 }
-LM_STEPS = ("e", "f", "g")
+LM_STEPS = ("e", "f", "h")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fast", action="store_true", help="small sizes for CI (also CACTUS_FAST=1)")
     parser.add_argument("--only", default=None,
-                        help="comma-separated steps to (re)compute among a,b,c,d,e,f,g,verify; the others are "
+                        help="comma-separated steps to (re)compute among a,b,c,d,e,f,g,h,verify; the others are "
                              "taken from their cache when present")
-    parser.add_argument("--no-lm", action="store_true", help="skip the language-model steps e, f and g")
+    parser.add_argument("--no-lm", action="store_true", help="skip the language-model steps e, f and h")
     parser.add_argument("--force", action="store_true", help="recompute the selected steps, ignoring caches")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cases", type=int, default=None, help="cases per claim for the randomised checks")
@@ -52,6 +55,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--results", default=str(RESULTS), help="cache folder for the numbers")
     parser.add_argument("--figures", default=str(FIGURES), help="output folder for the figures")
     parser.add_argument("--report", default=str(REPORT), help="path of the report to write")
+
+
+def check(args: argparse.Namespace) -> None:
+    """Argument checks that need no computation (``ValueError`` naming the option)."""
+    _check(args)
 
 
 def _check(args: argparse.Namespace) -> list[str]:
@@ -70,7 +78,8 @@ def _build_draft_if_needed(ctx: Ctx) -> float:
     """Build the embedded draft (the full run only) and return the seconds it took (0 if cached)."""
     if ctx.fast or ctx.lm.get("draft", "embedded") != "embedded" or ctx.lm.get("pair") is not None:
         return 0.0
-    from cactus_theory.lm.draft import DraftConfig, build_draft, draft_path
+    from cactus_theory.lm.draft import DraftConfig, draft_path
+    from cactus_theory.lm.draft_build import build_draft
 
     if os.path.exists(draft_path(DraftConfig())):
         return 0.0
@@ -150,6 +159,10 @@ def repro(ctx: Ctx, only: list[str], lm: bool = True, cases: int | None = None,
     return {"steps": steps, "extra": extra, "timings": timings, "skipped": skipped, "report": text}
 
 
+DESCRIPTION = ("Regenerate every figure and table of the paper's reproduction and paper_repro/REPORT.md "
+               "(each step cached, so a rerun only redraws and an interrupted run resumes).")
+
+
 def run(args: argparse.Namespace) -> int:
     only = _check(args)
     lm = {"verifier": args.verifier, "draft": args.draft}
@@ -164,3 +177,14 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {args.report}: {counts['holds']} hold, {counts['differs']} differ, "
           f"{counts['out of reach']} out of reach; total {out['timings']['total']:.0f} s")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m paper_repro [--fast] [--only b,c] ...``: one-line errors (exit 2), as the library's CLI."""
+    import sys
+
+    from cactus_theory.cli import Parser, run_command
+
+    module = sys.modules[__name__]
+    return run_command(Parser(prog="python -m paper_repro", description=DESCRIPTION), module,
+                       sys.argv[1:] if argv is None else list(argv))

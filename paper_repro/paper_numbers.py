@@ -22,8 +22,6 @@ OTHER = {
     "speedup": "A100 40GB, vLLM, 0.6B + 14B, m = 10: Cactus delta = 1.0 about 1.9x faster than the verifier alone",
 }
 
-WORKED_EXAMPLE = {"q": (0.30, 0.35, 0.35), "p": (0.05, 0.80, 0.15), "n": 1, "delta": 0.21,
-                  "sps_accept": 0.4375, "cactus_accept": 0.825, "h": (0.16, 0.66, 0.18), "kl": 0.198}
 
 
 def main_table_markdown() -> str:

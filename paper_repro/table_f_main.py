@@ -2,7 +2,7 @@
 
 Methods: verifier alone, SpS, TAS, Cactus delta = 0.75 and 1.0, top-k (k = 3), interpolation
 (alpha = 0.5). Columns per style (math ~ GSM8K-style problems, code ~ HumanEval prompts, prose):
-``AL`` (accepted drafts per step), ``Rej`` (change in rejected drafts per emitted token vs SpS,
+``AL`` (tokens per verifier call, bonus included), ``Rej`` (change in rejected drafts per emitted token vs SpS,
 rejected = drafted - accepted), speedup over the verifier alone, exact per-step ``KL(h_alg || q)``
 and verifier NLL (nats/token). Task accuracy is out of reach for a 135M verifier; the paper's
 scores are printed for reference. Reads the cached runs of ``lm_runs`` (figure e runs them).
@@ -71,7 +71,7 @@ def run(ctx: Ctx) -> StepResult:
               ours="-", paper="e.g. GPQA: SpS 40.91, TAS 40.40, Cactus 1.0 45.46",
               verdict="out of reach",
               detail=("needs a GPU, the Qwen3 models and the datasets; a 135M verifier cannot solve GSM8K / GPQA. "
-                      "Run `cactus-theory repro --only e,f --verifier Qwen/Qwen3-14B --draft Qwen/Qwen3-0.6B` on a GPU "
+                      "Run `python -m paper_repro --only e,f --verifier Qwen/Qwen3-14B --draft Qwen/Qwen3-0.6B` on a GPU "
                       "for the decoding statistics; accuracy needs an evaluation harness on top")),
     ]
     return StepResult(NAME, {"markdown": text, "numbers": nums}, [], claims, time.perf_counter() - t0)

@@ -12,7 +12,7 @@ import cactus_theory as ct
 from cactus_theory.divergences import F_DIVERGENCES
 from cactus_theory.exact import induced_generic
 from cactus_theory.optimize import max_acceptance, solve_target
-from cactus_theory.report import SHAPE_TOL, _taylor_rate
+from cactus_theory.report import SHAPE_TOL, taylor_rate
 from cactus_theory.rules import TAS, Cactus, SpS, taylor_gamma, two_block_divergence, two_block_root
 
 THM2_DIVS = ("kl", "reverse_kl", "chi2", "tv", "hellinger", "js")
@@ -57,14 +57,14 @@ def test_corollary5_taylor_error_is_first_order(q_n):
     """Expanding the Bernoulli KL to third order, x^2/(2v) - (1-2q) x^3/(6 v^2) = delta with
     v = q(1-q), gives gamma_exact - gamma_taylor = (1 - 2 q_n) delta / 3 + O(delta^1.5): the Taylor
     root converges at rate delta (relative to the O(sqrt delta) boost: sqrt delta)."""
-    slope, ratio = _taylor_rate(q_n, np.logspace(-7, -4, 7))
+    slope, ratio = taylor_rate(q_n, np.logspace(-7, -4, 7))
     assert slope == pytest.approx(1.0, abs=0.01)
     assert ratio[0] == pytest.approx((1 - 2 * q_n) / 3, rel=0.01)
 
 
 def test_corollary5_error_at_half_is_higher_order():
     """At q_n = 1/2 the cubic term vanishes and the error falls like delta^1.5."""
-    slope, _ = _taylor_rate(0.5, np.logspace(-7, -4, 7))
+    slope, _ = taylor_rate(0.5, np.logspace(-7, -4, 7))
     assert slope == pytest.approx(1.5, abs=0.02)
 
 

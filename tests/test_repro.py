@@ -136,10 +136,10 @@ def test_repro_end_to_end_then_resumes_from_cache(tmp_path, tiny_pair):
                 "overview figure", "main table"):
         assert ref in text
     assert "out of reach" in text and "## f. Main-table analogue" in text
-    assert "## g. Task accuracy with intervals" in text and "Distribution tests on the real LM" in text
+    assert "## h. Task accuracy with intervals" in text and "Distribution tests on the real LM" in text
     figs = sorted(p.name for p in c.figures.iterdir())
     assert figs == sorted(f"{s}.{e}" for s in ("fig_a_worked_example", "fig_b_gamma", "fig_c_tradeoff",
-                                               "fig_d_gamma_delta", "fig_e_lm", "fig_g_eval") for e in ("png", "svg"))
+                                               "fig_d_gamma_delta", "fig_e_lm", "fig_h_eval") for e in ("png", "svg"))
     pairs = np.load(c.results / "lm_pairs.npz")
     assert pairs["p"].shape == pairs["q"].shape and pairs["p"].shape[0] > 0
     assert np.allclose(pairs["p"].sum(-1), 1) and np.allclose(pairs["q"].sum(-1), 1)

@@ -27,6 +27,7 @@ ROOT_DIVS = ("kl", "reverse_kl", "chi2", "tv", "hellinger", "js")
 ALL_RULES = [
     SpS(), Cactus(0.3), Cactus(1.0), *(Cactus(0.2, d, "exact") for d in ROOT_DIVS),
     TAS(), TAS(0.2, 0.5), TopK(1), TopK(3), Interpolation(0.4), EARS(0.3),
+    ct.SGLangThreshold(0.6, 0.3), ct.RelaxedAcceptance(3, 0.2), ct.MedusaTypical(), ct.FLy(0.3, 3, 0.5),
 ]
 rules = st.sampled_from(ALL_RULES)
 
@@ -203,7 +204,8 @@ def test_batched_equals_rowwise(rule):
 def test_make_rule():
     assert ct.make_rule("cactus", delta=0.5, divergence="chi2", solver="exact") == Cactus(0.5, "chi2", "exact")
     assert ct.make_rule("sps") == SpS()
-    assert set(ct.RULES) == {"sps", "cactus", "tas", "topk", "interpolation", "ears"}
+    assert set(ct.RULES) == {"sps", "cactus", "tas", "topk", "interpolation", "ears", "sglang", "relaxed", "medusa",
+                             "fly"}
     assert set(ROOT_DIVS) == set(F_DIVERGENCES)
 
 

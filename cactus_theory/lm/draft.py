@@ -1,72 +1,95 @@
-"""The embedded draft for SmolLM2: an early exit from the verifier's own first layers.
+"""The project's draft for the embedded SmolLM2 verifier: a feature-level head in the style of
+EAGLE-3 (Li et al., 2025), in the layout vLLM's ``Eagle3LlamaForCausalLM`` loads.
 
-Draft = the verifier's first ``L`` decoder layers (shared, frozen) + a trained exit head
-``logits_S = W norm(x + A(x))`` over a shortlist ``S`` of the ``|S|`` tokens the verifier predicts
-most (``A`` a small zero-initialised MLP, ``W`` initialised from the tied embedding rows of ``S``).
-Outside ``S`` the draft has ``p_i = 0``, which every rule handles exactly; the shortlist head
-skips most of the 49,152 x 576 LM head, the largest single cost of a forward on a CPU.
+The head reads, at position ``j``, the verifier's residual stream entering three of its layers
+(low, middle, high: ``aux_layers``), fused by ``fc`` to one vector ``a_j``, and the embedding of the
+token at ``j + 1``; one decoder layer (attention over the head's own KV cache, then an MLP) gives a
+vector ``g_j`` whose normalised image through a head over a token shortlist ``S`` is the draft law
+``p`` of the token at ``j + 2``. For the next draft step ``g_j`` replaces the verifier feature, so a
+whole block of ``k`` drafts costs ``k`` small forwards and no verifier call. Outside ``S`` the draft
+has ``p_i = 0``, which every rule handles exactly.
 
-Training (distillation) text: the verifier's own chat answers to seeded templated requests
-(``data.training_prompts``: prose, code, arithmetic word problems; sampled at temperature 0.7,
-top-k 20, top-p 0.95) plus some standard-library source. One teacher pass gives the verifier's
-next-token law ``q`` at every position (top ``TOPK`` tokens kept); the draft's copies of the first
-``L`` layers and its exit head minimise ``-sum_{i in S} q_i log p_i``. Held-out transcripts (requests
-not trained on) give the reported acceptance. Seeded, reproducible, cached in ``cache_dir()``,
+    a_j = fc([x^(l1)_j, x^(l2)_j, x^(l3)_j])                       (verifier features, fused)
+    g_j = a_j + Attn([norm_e(E[x_{j+1}]), norm_h(a_j)])            (one step of the head)
+    g_j = g_j + MLP(norm_m(g_j))
+    p(x_{j+2} | x_<=j+1) = softmax(W_S norm(g_j))                   (shortlist S, -inf elsewhere)
+
+Training (``draft_build.py``) distils the verifier's next-token laws, including the head's own
+predicted features for later steps ("training-time test"), on the verifier's own answers to seeded
+requests and on Wikipedia summaries; ``cactus-theory build-draft`` builds it, seeded, cached and
 written atomically.
 """
 
 from __future__ import annotations
 
-import argparse
-import copy
 import hashlib
 import json
 import math
 import os
-import time
-from dataclasses import asdict, dataclass
-from types import SimpleNamespace
+from dataclasses import asdict, dataclass, field
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
-__all__ = ["DraftConfig", "ShortlistDraft", "cache_dir", "draft_path", "build_draft", "load_draft",
-           "collect_teacher", "train_draft", "heldout_acceptance", "configure", "run"]
+from .llama import MLP, Attention, RMSNorm, block_inputs, rope_tables
 
-FORMAT_VERSION = 3
-TOPK = 32  # teacher tokens kept per position
+__all__ = ["DraftConfig", "FeatureDraft", "cache_dir", "draft_path", "load_draft", "MissingDraftError",
+           "FORMAT_VERSION", "export_eagle3"]
+
+FORMAT_VERSION = 4
 
 
 @dataclass(frozen=True)
 class DraftConfig:
-    num_layers: int = 2
-    shortlist: int = 4096
-    adapter: int = 1024
-    train_tokens: int = 4_096  # standard-library source
-    chat_prompts: int = 96  # templated requests answered by the verifier (on-policy transcripts)
-    chat_heldout: int = 12  # of which the last ones are held out for the acceptance report
-    chat_tokens: int = 96  # new tokens per transcript
-    gen_batch: int = 32
-    seq_len: int = 128
-    batch: int = 8
-    epochs: int = 4
-    lr: float = 2e-3
-    train_layers: bool = True
+    """Architecture, data and training of the embedded draft (every field enters the cache key)."""
+
+    aux_layers: tuple[int, int, int] = (2, 15, 27)  # vLLM's choice for 30 layers: (2, L // 2, L - 3)
+    shortlist: int = 8192  # draft vocabulary (the verifier's most likely tokens on the training data)
+    mlp_hidden: int = 1536
+    onpolicy_prompts: int = 720  # requests answered by the verifier (its own transcripts)
+    onpolicy_tokens: int = 160  # new tokens per transcript (at most)
+    wiki_docs: int = 400  # Wikipedia summaries as chat answers (teacher forced)
+    wiki_tokens: int = 192  # answer tokens kept per summary
+    heldout_prompts: int = 48  # further requests whose transcripts are held out for the report
+    gen_batch: int = 48
+    ttt_steps: int = 3  # draft steps unrolled in training (the head reads its own features)
+    epochs: int = 2
+    batch_tokens: int = 4096
+    lr: float = 1.5e-3
+    loss: str = "kl+tv"  # see draft_build.step_loss: "kl", "tv", "kl+tv", "acc+kl1"
+    temperature: float = 0.6  # the sampling the draft is trained for (the CLI default)
+    top_k: int = 20
+    top_p: float = 0.95
+    dtype: str = "auto"  # verifier / training compute dtype: "auto" = bfloat16 where the CPU has AMX
     seed: int = 0
 
     def __post_init__(self):
-        for name in ("num_layers", "shortlist", "train_tokens", "chat_prompts", "chat_heldout", "chat_tokens",
-                     "gen_batch", "seq_len", "batch", "epochs"):
+        for name in ("shortlist", "mlp_hidden", "onpolicy_tokens", "wiki_tokens", "gen_batch", "ttt_steps",
+                     "epochs", "batch_tokens"):
             v = getattr(self, name)
-            if not isinstance(v, int) or v < 1:
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
-        if self.chat_heldout >= self.chat_prompts:
-            raise ValueError(f"chat_heldout must be < chat_prompts, got {self.chat_heldout} >= {self.chat_prompts}")
-        if self.adapter < 0:
-            raise ValueError(f"adapter must be >= 0, got {self.adapter!r}")
+        for name in ("onpolicy_prompts", "wiki_docs", "heldout_prompts"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {v!r}")
+        if self.onpolicy_prompts + self.wiki_docs < 1:
+            raise ValueError("the draft needs training text: onpolicy_prompts + wiki_docs must be >= 1")
+        if len(self.aux_layers) != 3 or not all(isinstance(i, int) and i >= 0 for i in self.aux_layers):
+            raise ValueError(f"aux_layers must be three layer indices >= 0, got {self.aux_layers!r}")
+        if self.loss not in ("kl", "tv", "kl+tv", "acc+kl1"):
+            raise ValueError(f"loss must be 'kl', 'tv', 'kl+tv' or 'acc+kl1', got {self.loss!r}")
         if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise ValueError(f"lr must be > 0, got {self.lr!r}")
+            raise ValueError(f"lr must be a finite number > 0, got {self.lr!r}")
+        if self.dtype not in ("auto", "float32", "bfloat16"):
+            raise ValueError(f"dtype must be 'auto', 'float32' or 'bfloat16', got {self.dtype!r}")
+
+    def key(self) -> str:
+        return hashlib.sha1(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:10]
+
+
+class MissingDraftError(ValueError):
+    """The embedded draft has not been built yet (``cactus-theory build-draft``)."""
 
 
 def cache_dir() -> str:
@@ -77,312 +100,218 @@ def cache_dir() -> str:
     return os.path.join(base, "cactus-theory")
 
 
-def draft_path(cfg: DraftConfig) -> str:
-    key = hashlib.sha1(json.dumps(asdict(cfg), sort_keys=True).encode()).hexdigest()[:10]
-    return os.path.join(cache_dir(), f"smollm2-draft-v{FORMAT_VERSION}-L{cfg.num_layers}-S{cfg.shortlist}-{key}.pt")
+def draft_path(cfg: DraftConfig = DraftConfig()) -> str:
+    return os.path.join(cache_dir(), f"smollm2-eagle3-v{FORMAT_VERSION}-S{cfg.shortlist}-{cfg.key()}.pt")
 
 
-def _truncated(inner: nn.Module, num_layers: int, copy_layers: bool) -> nn.Module:
-    """The verifier's inner decoder cut to its first ``num_layers`` layers (shared, or copied when
-    ``copy_layers`` so that they can be trained), without the final norm (the exit head has its own);
-    the token embedding is always shared."""
-    cfg = copy.deepcopy(inner.config)
-    cfg.num_hidden_layers = num_layers
-    if isinstance(getattr(cfg, "layer_types", None), list):
-        cfg.layer_types = cfg.layer_types[:num_layers]
-    with torch.device("meta"):
-        base = type(inner)(cfg)
-    base.embed_tokens = inner.embed_tokens
-    layers = list(inner.layers[:num_layers])
-    base.layers = nn.ModuleList([copy.deepcopy(m) for m in layers] if copy_layers else layers)
-    base.rotary_emb = inner.rotary_emb
-    base.norm = nn.Identity()
-    left = [n for n, t in list(base.named_parameters()) + list(base.named_buffers()) if t.is_meta]
-    if left:
-        raise ValueError(f"cannot build an early-exit draft from {type(inner).__name__}: {left[:3]} not shared")
-    return base
+@dataclass
+class HeadArgs:
+    dim: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    hidden: int
+    vocab: int  # the verifier's vocabulary size V
+    shortlist: int  # |S|
+    aux_layers: tuple[int, ...] = (2, 15, 27)
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    max_positions: int = 8192
+    extra: dict = field(default_factory=dict)
 
 
-class ShortlistDraft(nn.Module):
-    """Early-exit draft: shared first ``L`` verifier layers + exit head over a token shortlist.
+class FeatureDraft(nn.Module):
+    """EAGLE-3-style head (see the module docstring). The token embedding ``embed`` is the verifier's
+    (shared, frozen, not saved with the head); ``d2t`` (|S|,) maps shortlist rows to token ids."""
 
-    Called like a Hugging Face causal LM (``input_ids, attention_mask, position_ids, cache``); returns
-    ``.logits`` over the full vocabulary with ``-inf`` outside the shortlist, and ``.past_key_values``.
-    """
-
-    def __init__(self, verifier: nn.Module, num_layers: int, shortlist: torch.Tensor, adapter: int = 1024,
-                 own_layers: bool = False):
+    def __init__(self, a: HeadArgs, embed: nn.Embedding):
         super().__init__()
-        inner = verifier.model
-        if not 1 <= num_layers < len(inner.layers):
-            raise ValueError(f"num_layers must be in [1, {len(inner.layers) - 1}], got {num_layers}")
-        d = inner.config.hidden_size
-        self.base = _truncated(inner, num_layers, own_layers)
-        self.own_layers = own_layers
-        self.adapter_in = nn.Linear(d, adapter) if adapter else None
-        self.adapter_out = nn.Linear(adapter, d) if adapter else None
-        if adapter:
-            nn.init.zeros_(self.adapter_out.weight)
-            nn.init.zeros_(self.adapter_out.bias)
-        self.norm = copy.deepcopy(inner.norm)
-        self.register_buffer("shortlist", shortlist.long().clone())
-        self.head = nn.Linear(d, shortlist.numel(), bias=False)
-        with torch.no_grad():
-            self.head.weight.copy_(verifier.get_output_embeddings().weight[self.shortlist])
-        self.config = copy.deepcopy(verifier.config)
-        self.num_layers = num_layers
+        self.args = a
+        d = a.dim
+        self.embed = embed
+        self.fc = nn.Linear(len(a.aux_layers) * d, d, bias=False)
+        self.embed_norm = RMSNorm(d, a.norm_eps)
+        self.feat_norm = RMSNorm(d, a.norm_eps)
+        self.attn = Attention(2 * d, d, a.n_heads, a.n_kv_heads, a.head_dim)
+        self.mlp_norm = RMSNorm(d, a.norm_eps)
+        self.mlp = MLP(d, a.hidden)
+        self.norm = RMSNorm(d, a.norm_eps)
+        self.head = nn.Linear(d, a.shortlist, bias=False)
+        self.register_buffer("d2t", torch.zeros(a.shortlist, dtype=torch.long))
+        cos, sin = rope_tables(a.head_dim, a.rope_theta, a.max_positions)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
 
-    def exit(self, x: torch.Tensor) -> torch.Tensor:
-        """Layer-``L`` features (..., d) -> shortlist logits (..., |S|)."""
-        if self.adapter_in is not None:
-            x = x + self.adapter_out(nn.functional.silu(self.adapter_in(x)))
-        return self.head(self.norm(x))
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.fc.weight.dtype
 
-    def trained_state(self) -> dict:
-        """Everything but the shared verifier modules (embedding; layers too unless own)."""
-        return {k: v for k, v in self.state_dict().items()
-                if not k.startswith("base.") or (self.own_layers and k.startswith("base.layers."))}
+    def own_state(self) -> dict:
+        """The head's weights without the shared embedding and the RoPE tables."""
+        return {k: v for k, v in self.state_dict().items() if not k.startswith("embed.")}
 
-    def trainable(self) -> list[nn.Parameter]:
-        return [p for n, p in self.named_parameters()
-                if not n.startswith("base.") or (self.own_layers and n.startswith("base.layers."))]
+    def fuse(self, aux: list[torch.Tensor]) -> torch.Tensor:
+        """Verifier features: list of (B, W, dim) -> ``a`` (B, W, dim)."""
+        return self.fc(torch.cat(aux, -1).to(self.dtype))
 
-    def features(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Layer-``L`` features of whole sequences (N, T) -> (N, T, d), no cache."""
-        return self.base(input_ids=input_ids, use_cache=False).last_hidden_state
+    def step(self, feat: torch.Tensor, tokens: torch.Tensor, k_cache, v_cache, slots: torch.Tensor,
+             used: int) -> torch.Tensor:
+        """One head step for a block: ``feat`` (B, W, dim) fused verifier features or the head's own
+        previous outputs, ``tokens`` (B, W) the next tokens, written at cache ``slots`` (B, W);
+        returns ``g`` (B, W, dim)."""
+        cos, sin, mask = block_inputs(slots, self.cos, self.sin, used)
+        x = torch.cat([self.embed_norm(self.embed(tokens).to(self.dtype)), self.feat_norm(feat)], -1)
+        g = feat + self.attn(x, cos.to(self.dtype), sin.to(self.dtype), k_cache, v_cache, slots, mask)
+        return g + self.mlp(self.mlp_norm(g))
 
-    def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None, past_key_values=None,
-                use_cache=True, **_):
-        out = self.base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                        **{_cache_kw(self.base): cache if cache is not None else past_key_values},
-                        use_cache=use_cache)
-        s = self.exit(out.last_hidden_state)
-        logits = s.new_full((*s.shape[:-1], self.config.vocab_size), -math.inf)
-        logits.scatter_(-1, self.shortlist.expand(*s.shape[:-1], -1), s)
-        return SimpleNamespace(logits=logits, past_key_values=_out_cache(out))
+    def logits(self, g: torch.Tensor) -> torch.Tensor:
+        """Shortlist logits (..., |S|) in float32."""
+        return self.head(self.norm(g)).float()
 
+    def full_logits(self, g: torch.Tensor) -> torch.Tensor:
+        """Logits over the whole vocabulary (..., V), ``-inf`` outside the shortlist."""
+        s = self.logits(g)
+        out = s.new_full((*s.shape[:-1], self.args.vocab), -math.inf)
+        return out.index_copy_(-1, self.d2t, s)
 
-def _cache_kw(model: nn.Module) -> str:
-    import inspect
+    def new_cache(self, batch: int, capacity: int, device=None):
+        a = self.args
+        shape = (batch, a.n_kv_heads, capacity, a.head_dim)
+        dev = device or self.fc.weight.device
+        return torch.zeros(shape, dtype=self.dtype, device=dev), torch.zeros(shape, dtype=self.dtype, device=dev)
 
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    # -- training-time test: k draft steps over whole sequences at once ---------------------------
+    def unrolled(self, a: torch.Tensor, tokens: torch.Tensor, steps: int) -> list[torch.Tensor]:
+        """Outputs ``g`` of draft steps 1..``steps`` at every entry of whole sequences, exactly as the
+        decode loop computes them (so training sees the head's own features, EAGLE-3's "training-time
+        test").
 
-
-def _out_cache(out):
-    c = getattr(out, "past_key_values", None)
-    return c if c is not None else getattr(out, "cache", None)
-
-
-# -- training ----------------------------------------------------------------------------------
-
-def _chunks(stream: list[int], seq_len: int) -> torch.Tensor:
-    n = len(stream) // seq_len
-    return torch.tensor(stream[:n * seq_len], dtype=torch.long).view(n, seq_len)
-
-
-def _chat_streams(verifier, tokenizer, cfg: DraftConfig, progress: bool):
-    """The verifier's answers to ``data.training_prompts``, as token streams of whole transcripts
-    (chat-templated prompt + answer): training, held-out (the last ``chat_heldout`` requests), and a
-    held-out 0/1 stream marking the positions whose NEXT token is part of an answer."""
-    from .data import training_prompts
-    from .generate import autoregressive_generate
-    from .pair import ModelPair
-
-    prompts = training_prompts(cfg.chat_prompts, cfg.seed)
-    alone = ModelPair(verifier, verifier, tokenizer, name="verifier")
-    streams: list[list[int]] = []
-    plens: list[int] = []
-    for i in tqdm(range(0, len(prompts), cfg.gen_batch), desc="verifier transcripts", disable=not progress):
-        res = autoregressive_generate(alone, prompts[i:i + cfg.gen_batch], max_new_tokens=cfg.chat_tokens,
-                                      temperature=0.7, top_k=20, top_p=0.95, batch_size=cfg.gen_batch,
-                                      seed=cfg.seed + i)
-        streams += [p + t for p, t in zip(res.prompts, res.tokens, strict=True)]
-        plens += [len(p) for p in res.prompts]
-    cut = len(streams) - cfg.chat_heldout
-    held_mask = [m for s, n in zip(streams[cut:], plens[cut:], strict=True) for m in
-                 [int(n - 1 <= i < len(s) - 1) for i in range(len(s))]]
-    return [t for s in streams[:cut] for t in s], [t for s in streams[cut:] for t in s], held_mask
-
-
-def _token_batches(tokenizer, cfg: DraftConfig, n_tokens: int, seed: int):
-    """Fixed-length token sequences cut from standard-library source, ``n_tokens`` in all."""
-    from .data import stdlib_texts
-
-    seqs, buf = [], []
-    need = n_tokens // cfg.seq_len
-    for text in stdlib_texts(seed=seed):
-        buf += tokenizer(text)["input_ids"]
-        while len(buf) >= cfg.seq_len and len(seqs) < need:
-            seqs.append(buf[:cfg.seq_len])
-            buf = buf[cfg.seq_len:]
-        if len(seqs) >= need:
-            break
-    return torch.tensor(seqs, dtype=torch.long)
+        ``a`` (N, T, dim): fused verifier features of entries j = 0..T-1; ``tokens`` (N, T): token
+        ``x_{j+1}`` of entry ``j``. Step 1 at entry ``j`` reads ``a_j`` and attends to step-1 entries
+        ``<= j``; step ``s`` at entry ``j`` reads step ``s-1``'s output at entry ``j-1`` and attends to
+        step-1 entries ``<= j-s+1`` plus the step-``r`` entry at ``j-s+r`` for ``r = 2..s`` (the
+        drafts of its own block). Entries with ``j < s - 1`` have no such chain; their outputs are
+        defined but meaningless (mask them in the loss). Returns a list of (N, T, dim).
+        """
+        N, T, d = a.shape
+        H, Hk, hd = self.args.n_heads, self.args.n_kv_heads, self.args.head_dim
+        rep = H // Hk
+        cos = self.cos[:T].to(a.dtype)[None, None]
+        sin = self.sin[:T].to(a.dtype)[None, None]
+        e = self.embed_norm(self.embed(tokens).to(a.dtype))
+        idx = torch.arange(T, device=a.device)
+        ks, vs, outs = [], [], []
+        feat = a
+        for s in range(1, steps + 1):
+            x = torch.cat([e, self.feat_norm(feat)], -1)
+            q, k, v = self.attn.wqkv(x).split([H * hd, Hk * hd, Hk * hd], dim=-1)
+            q = _rope(q.view(N, T, H, hd).transpose(1, 2), cos, sin)
+            k = _rope(k.view(N, T, Hk, hd).transpose(1, 2), cos, sin).repeat_interleave(rep, 1)
+            v = v.view(N, T, Hk, hd).transpose(1, 2).repeat_interleave(rep, 1)
+            ks.append(k)
+            vs.append(v)
+            scale = 1 / math.sqrt(hd)
+            sc = (q @ ks[0].transpose(-1, -2)) * scale  # (N, H, T, T) against step-1 entries
+            allowed = idx[None, :] <= idx[:, None] - (s - 1)
+            sc = sc.masked_fill(~allowed, -math.inf)
+            diag = [((q * _shift(ks[r - 1], s - r)) * scale).sum(-1, keepdim=True) for r in range(2, s + 1)]
+            w = torch.cat([sc, *diag], -1).softmax(-1)
+            y = w[..., :T] @ vs[0]
+            for i, r in enumerate(range(2, s + 1)):
+                y = y + w[..., T + i:T + i + 1] * _shift(vs[r - 1], s - r)
+            g = feat + self.attn.wo(y.transpose(1, 2).reshape(N, T, H * hd))
+            g = g + self.mlp(self.mlp_norm(g))
+            outs.append(g)
+            feat = _shift(g, 1, dim=1)
+        return outs
 
 
-@torch.no_grad()
-def collect_teacher(verifier: nn.Module, seqs: torch.Tensor, batch: int, progress: bool = True) -> dict:
-    """One verifier pass over ``seqs`` (N, T): the teacher's top-``TOPK`` log-probabilities and ids at
-    every position, (N, T, TOPK), and the summed next-token probabilities per token id (V,)."""
-    top_lp, top_id = [], []
-    mass = torch.zeros(verifier.config.vocab_size, dtype=torch.float64)
-    for i in tqdm(range(0, len(seqs), batch), desc="teacher pass", disable=not progress):
-        lp = verifier(input_ids=seqs[i:i + batch], use_cache=False).logits.float().log_softmax(-1)
-        mass += lp.exp().sum((0, 1)).double()
-        v, ix = lp.topk(min(TOPK, lp.shape[-1]), dim=-1)
-        top_lp.append(v)
-        top_id.append(ix)
-    return {"top_lp": torch.cat(top_lp), "top_id": torch.cat(top_id), "mass": mass}
+def _rope(x, cos, sin):
+    h = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., h:], x[..., :h]], -1) * sin
 
 
-def _targets(top_lp: torch.Tensor, top_id: torch.Tensor, shortlist: torch.Tensor, V: int):
-    """Teacher weights on shortlist positions: indices into S (0 where absent) and weights q_i."""
-    where = torch.full((V,), -1, dtype=torch.long)
-    where[shortlist] = torch.arange(shortlist.numel())
-    idx = where[top_id]
-    w = torch.where(idx >= 0, top_lp.exp(), torch.zeros_like(top_lp))
-    return idx.clamp_min(0), w
+def _shift(x: torch.Tensor, m: int, dim: int = 2) -> torch.Tensor:
+    """``y[j] = x[j - m]`` along ``dim`` (zeros for ``j < m``)."""
+    if m == 0:
+        return x
+    pad = torch.zeros_like(x.narrow(dim, 0, m))
+    return torch.cat([pad, x.narrow(dim, 0, x.shape[dim] - m)], dim)
 
 
-def train_draft(draft: ShortlistDraft, seqs: torch.Tensor, top_lp: torch.Tensor, top_id: torch.Tensor,
-                cfg: DraftConfig, progress: bool = True) -> list[float]:
-    """Adam on ``-sum_{i in S} q_i log p_i`` (teacher's top tokens) over every position of ``seqs``;
-    trains the exit head, and the copied layers when the draft owns them; returns epoch losses."""
-    g = torch.Generator().manual_seed(cfg.seed)
-    idx, w = _targets(top_lp, top_id, draft.shortlist, draft.config.vocab_size)
-    opt = torch.optim.Adam(draft.trainable(), lr=cfg.lr)
-    N, bs = seqs.shape[0], cfg.batch
-    steps = cfg.epochs * math.ceil(N / bs)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=steps, pct_start=0.1)
-    losses = []
-    bar = tqdm(total=steps, desc="train draft", disable=not progress)
-    for _ in range(cfg.epochs):
-        perm = torch.randperm(N, generator=g)
-        tot = 0.0
-        for s in range(0, N, bs):
-            b = perm[s:s + bs]
-            with torch.enable_grad():
-                with torch.set_grad_enabled(draft.own_layers):
-                    x = draft.features(seqs[b])
-                logp = draft.exit(x).log_softmax(-1)
-                loss = -(w[b] * logp.gather(-1, idx[b])).sum(-1).mean()
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-            sched.step()
-            tot += float(loss.detach()) * len(b)
-            bar.update()
-        losses.append(tot / N)
-        bar.set_postfix(loss=f"{losses[-1]:.3f}")
-    bar.close()
-    return losses
+def head_args(verifier_config, cfg: DraftConfig) -> HeadArgs:
+    c = verifier_config
+    rope = getattr(c, "rope_parameters", None) or {}
+    return HeadArgs(dim=c.hidden_size, n_heads=c.num_attention_heads, n_kv_heads=c.num_key_value_heads,
+                    head_dim=getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
+                    hidden=cfg.mlp_hidden, vocab=c.vocab_size, shortlist=cfg.shortlist, aux_layers=cfg.aux_layers,
+                    norm_eps=c.rms_norm_eps, rope_theta=float(rope.get("rope_theta", getattr(c, "rope_theta", 1e4))),
+                    max_positions=c.max_position_embeddings)
 
 
-@torch.no_grad()
-def heldout_acceptance(draft: ShortlistDraft, seqs: torch.Tensor, top_lp: torch.Tensor, top_id: torch.Tensor,
-                       temperature: float = 0.6, top_k: int = 20, top_p: float = 0.95,
-                       mask: torch.Tensor | None = None) -> float:
-    """Mean SpS acceptance ``sum_i min(p_i, q_i)`` over the positions of ``seqs`` (those where ``mask``
-    holds, if given: the build reports answer positions only), both laws after the sampling
-    transforms (exact when ``top_k <= TOPK``: the teacher's top logits determine ``q``)."""
-    from .transforms import sampling_probs
-
-    if not 0 < top_k <= top_lp.shape[-1]:
-        raise ValueError(f"top_k must be in [1, {top_lp.shape[-1]}] here, got {top_k}")
-    q_small = sampling_probs(top_lp, temperature, top_k, top_p)  # over top_id
-    acc = []
-    for i in range(0, len(seqs), 8):
-        p = sampling_probs(draft(seqs[i:i + 8], use_cache=False).logits, temperature, top_k, top_p)
-        acc.append(torch.minimum(p.gather(-1, top_id[i:i + 8]), q_small[i:i + 8]).sum(-1).flatten())
-    acc = torch.cat(acc)
-    return float(acc[mask.flatten()].mean() if mask is not None else acc.mean())
-
-
-def build_draft(cfg: DraftConfig = DraftConfig(), verifier=None, tokenizer=None, path: str | None = None,
-                progress: bool = True) -> str:
-    """Build the embedded draft (teacher pass, shortlist, training) and cache it; returns the path."""
-    from .pair import load_model
-
-    t0 = time.time()
-    torch.manual_seed(cfg.seed)
-    if verifier is None or tokenizer is None:
-        verifier, tokenizer = load_model("smollm2")
-    chat_train, chat_held, held_answer = _chat_streams(verifier, tokenizer, cfg, progress)
-    code = _token_batches(tokenizer, cfg, cfg.train_tokens, cfg.seed)
-    seqs = torch.cat([_chunks(chat_train, cfg.seq_len), code])
-    held_seqs = _chunks(chat_held, cfg.seq_len)
-    held_mask = _chunks(held_answer, cfg.seq_len).bool()
-    data = collect_teacher(verifier, seqs, cfg.batch, progress)
-    held = collect_teacher(verifier, held_seqs, cfg.batch, progress)
-    shortlist = data["mass"].topk(cfg.shortlist).indices.sort().values
-    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in set(shortlist.tolist()):
-        shortlist[data["mass"][shortlist].argmin()] = tokenizer.eos_token_id
-        shortlist = shortlist.sort().values
-    draft = ShortlistDraft(verifier, cfg.num_layers, shortlist, cfg.adapter, own_layers=cfg.train_layers)
-    before = heldout_acceptance(draft, held_seqs, held["top_lp"], held["top_id"], mask=held_mask)
-    losses = train_draft(draft, seqs, data["top_lp"], data["top_id"], cfg, progress)
-    after = heldout_acceptance(draft, held_seqs, held["top_lp"], held["top_id"], mask=held_mask)
-    after_all = heldout_acceptance(draft, held_seqs, held["top_lp"], held["top_id"])
-    info = {"config": asdict(cfg), "losses": losses, "train_tokens": seqs.numel(), "heldout_tokens": held_seqs.numel(), "heldout_acceptance_untrained": before,
-            "heldout_acceptance": after,
-            "heldout_acceptance_all_positions": after_all, "seconds": time.time() - t0, "format": FORMAT_VERSION}
+def load_draft(verifier: nn.Module, cfg: DraftConfig = DraftConfig(), path: str | None = None) -> FeatureDraft:
+    """The cached draft for ``verifier`` (the embedded SmolLM2); never builds it: a missing file raises
+    ``MissingDraftError`` telling to run ``cactus-theory build-draft``."""
     path = path or draft_path(cfg)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    torch.save({"info": info, "shortlist": shortlist, "state": draft.trained_state()}, tmp)
-    os.replace(tmp, path)
-    if progress:
-        print(f"draft saved to {path}: held-out SpS acceptance on answer tokens {before:.3f} -> {after:.3f} "
-              f"({after_all:.3f} on all positions; T=0.6, top-k 20, top-p 0.95) in {info['seconds']:.0f} s")
-    return path
-
-
-def load_draft(verifier: nn.Module, cfg: DraftConfig = DraftConfig(), build: bool = True,
-               tokenizer=None, progress: bool = True) -> ShortlistDraft:
-    """The cached draft for ``verifier`` (built first if missing and ``build``)."""
-    path = draft_path(cfg)
     if not os.path.exists(path):
-        if not build:
-            raise ValueError(f"no cached draft at {path}: run `cactus-theory build-draft`")
-        if tokenizer is None:
-            from .pair import load_model
-
-            tokenizer = load_model("smollm2")[1]
-        build_draft(cfg, verifier, tokenizer, path, progress)
+        raise MissingDraftError(f"the embedded draft is not built yet ({path} does not exist): run "
+                                f"`cactus-theory build-draft` (about 10-15 minutes on 2 CPU cores)")
     blob = torch.load(path, map_location="cpu", weights_only=False)
-    draft = ShortlistDraft(verifier, cfg.num_layers, blob["shortlist"], cfg.adapter, own_layers=cfg.train_layers)
-    draft.load_state_dict({**draft.state_dict(), **blob["state"]})
-    draft.eval()
-    draft.info = blob["info"]
-    return draft
+    if blob.get("format") != FORMAT_VERSION:
+        raise MissingDraftError(f"{path} has format {blob.get('format')}, expected {FORMAT_VERSION}: rebuild it "
+                                f"with `cactus-theory build-draft --force`")
+    embed = verifier.get_input_embeddings() if hasattr(verifier, "get_input_embeddings") else verifier.embed
+    draft = FeatureDraft(HeadArgs(**blob["args"]), embed)
+    missing, unexpected = draft.load_state_dict(blob["state"], strict=False)
+    bad = [k for k in missing if not k.startswith("embed.")] + list(unexpected)
+    if bad:
+        raise ValueError(f"{path} does not match the draft architecture: {bad[:5]}")
+    draft.to(embed.weight.device)
+    draft.info = blob.get("info", {})
+    draft.config = cfg
+    return draft.eval()
 
 
-# -- command -------------------------------------------------------------------------------------
+def eagle3_state(draft: FeatureDraft) -> dict[str, torch.Tensor]:
+    """The head's weights under the names of the EAGLE-3 checkpoints vLLM's ``Eagle3LlamaForCausalLM``
+    loads (``midlayer.*``, ``fc``, ``norm``, ``lm_head``, ``d2t`` as offsets: target id = row + d2t[row])."""
+    a = draft.args
+    q, k, v = draft.attn.wqkv.weight.split([a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim,
+                                            a.n_kv_heads * a.head_dim])
+    gate, up = draft.mlp.w13.weight.chunk(2, dim=0)
+    out = {"fc.weight": draft.fc.weight, "midlayer.input_layernorm.weight": draft.embed_norm.weight,
+           "midlayer.hidden_norm.weight": draft.feat_norm.weight, "midlayer.self_attn.q_proj.weight": q,
+           "midlayer.self_attn.k_proj.weight": k, "midlayer.self_attn.v_proj.weight": v,
+           "midlayer.self_attn.o_proj.weight": draft.attn.wo.weight,
+           "midlayer.post_attention_layernorm.weight": draft.mlp_norm.weight,
+           "midlayer.mlp.gate_proj.weight": gate, "midlayer.mlp.up_proj.weight": up,
+           "midlayer.mlp.down_proj.weight": draft.mlp.w2.weight, "norm.weight": draft.norm.weight,
+           "lm_head.weight": draft.head.weight, "d2t": draft.d2t - torch.arange(a.shortlist, device=draft.d2t.device)}
+    t2d = torch.zeros(a.vocab, dtype=torch.bool)
+    t2d[draft.d2t.cpu()] = True
+    out["t2d"] = t2d
+    return {k: v.detach().contiguous().cpu() for k, v in out.items()}
 
-def configure(parser: argparse.ArgumentParser) -> None:
-    d = DraftConfig()
-    parser.add_argument("--layers", type=int, default=d.num_layers, help="verifier layers kept by the draft")
-    parser.add_argument("--shortlist", type=int, default=d.shortlist, help="draft vocabulary size")
-    parser.add_argument("--train-tokens", type=int, default=d.train_tokens)
-    parser.add_argument("--epochs", type=int, default=d.epochs)
-    parser.add_argument("--seed", type=int, default=d.seed)
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (1 is faster on a busy machine)")
-    parser.add_argument("--force", action="store_true", help="rebuild even if cached")
 
+def export_eagle3(draft: FeatureDraft, folder: str, dtype: torch.dtype = torch.bfloat16) -> str:
+    """Write the head as an EAGLE-3 draft folder (``config.json`` + ``model.safetensors``) in the layout
+    vLLM's ``Eagle3LlamaForCausalLM`` loads (``--speculative-config '{"method": "eagle3", "model":
+    folder, ...}'``); the token embedding is the verifier's (vLLM shares it when the folder has none)."""
+    from safetensors.torch import save_file
 
-def args_config(args) -> DraftConfig:
-    return DraftConfig(num_layers=args.layers, shortlist=args.shortlist, train_tokens=args.train_tokens,
-                       epochs=args.epochs, seed=args.seed)
+    from ..atomic import atomic_path, atomic_write_json
 
-
-def run(args) -> int:
-    cfg = args_config(args)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    path = draft_path(cfg)
-    if os.path.exists(path) and not args.force:
-        info = torch.load(path, map_location="cpu", weights_only=False)["info"]
-        print(f"draft already built: {path} (held-out SpS acceptance {info['heldout_acceptance']:.3f})")
-        return 0
-    build_draft(cfg, path=path)
-    return 0
+    a = draft.args
+    os.makedirs(folder, exist_ok=True)
+    cfg = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": a.dim,
+           "intermediate_size": a.hidden, "num_attention_heads": a.n_heads, "num_key_value_heads": a.n_kv_heads,
+           "head_dim": a.head_dim, "num_hidden_layers": 1, "rms_norm_eps": a.norm_eps, "rope_theta": a.rope_theta,
+           "max_position_embeddings": a.max_positions, "vocab_size": a.vocab, "draft_vocab_size": a.shortlist,
+           "target_hidden_size": a.dim, "hidden_act": "silu", "tie_word_embeddings": False,
+           "torch_dtype": str(dtype).replace("torch.", ""),
+           "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(a.aux_layers), "use_aux_hidden_state": True}}
+    state = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in eagle3_state(draft).items()}
+    with atomic_path(os.path.join(folder, "model.safetensors")) as tmp:
+        save_file(state, str(tmp))
+    atomic_write_json(os.path.join(folder, "config.json"), cfg)
+    return folder

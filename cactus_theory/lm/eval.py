@@ -40,6 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import registry
+from ..atomic import atomic_path, atomic_write_text
 from ..stats import paired_difference, proportion_interval
 from . import tasks
 
@@ -140,16 +141,12 @@ class EvalConfig:
                 "sampling": dict(self.sampling), "pair": self.pair}
 
     def key(self) -> str:
-        """Names the cache folder: the configuration and the loop's batching (old loops: batch 1)."""
-        d = {**self.as_dict(), "loop": "batched" if _has_per_sequence() else "batch-1 adapter"}
-        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
+        """Names the cache folder."""
+        return hashlib.sha256(json.dumps(self.as_dict(), sort_keys=True).encode()).hexdigest()[:12]
 
 
 def _atomic_json(path: Path, obj) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj, indent=1, sort_keys=True, allow_nan=True) + "\n")
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(obj, indent=1, sort_keys=True, allow_nan=True) + "\n")
 
 
 def _read_json(path: Path):
@@ -161,42 +158,18 @@ def _read_json(path: Path):
 
 # -- decoding one batch ---------------------------------------------------------------------------
 
-def _has_per_sequence() -> bool:
-    from .generate import DecodeResult
-
-    return "per_sequence" in getattr(DecodeResult, "__dataclass_fields__", {})
-
-
 def _decode(pair, prompts: list[str], method: Method, cfg: EvalConfig, seed: int) -> tuple[list[str], list[dict], float]:
-    """Texts, per-sequence counters (``COUNTERS``) and decode seconds of one batch.
+    """Texts, per-sequence counters (``COUNTERS``, from the loop's ``DecodeResult.per_sequence``) and
+    the decode seconds of one batch, decoded at once."""
+    from .loop import autoregressive_generate, speculative_generate
 
-    Adapter: with a loop whose ``DecodeResult`` has ``per_sequence`` the batch is decoded at once;
-    with an older loop, one prompt per call (exact per-problem counters, batch size 1)."""
-    from .generate import autoregressive_generate, speculative_generate
-
-    kw = dict(max_new_tokens=cfg.max_new_tokens, seed=seed, **cfg.sampling)
-
-    def call(ps, bs):
-        if method.rule is None:
-            return autoregressive_generate(pair, ps, batch_size=bs, **kw)
-        return speculative_generate(pair, ps, method.rule, k=cfg.k, batch_size=bs, **kw)
-
-    if _has_per_sequence():
-        res = call(prompts, len(prompts))
-        return list(res.texts), [{c: res.per_sequence[i][c] for c in COUNTERS} for i in range(len(prompts))], \
-            float(res.stats.seconds)
-    texts, per, secs = [], [], 0.0
-    for i, p in enumerate(prompts):
-        kw["seed"] = seed * 1009 + i
-        s = call([p], 1)
-        st = s.stats
-        row = {c: getattr(st, c) for c in COUNTERS}
-        if method.rule is None:  # the verifier alone: one call per token, no drafts
-            row.update(steps=st.new_tokens, accepted=0, drafted=0)
-        texts.append(s.texts[0])
-        per.append(row)
-        secs += st.seconds
-    return texts, per, secs
+    kw = dict(max_new_tokens=cfg.max_new_tokens, seed=seed, batch_size=len(prompts), **cfg.sampling)
+    if method.rule is None:
+        res = autoregressive_generate(pair, prompts, **kw)
+    else:
+        res = speculative_generate(pair, prompts, method.rule, k=cfg.k, **kw)
+    per = [{c: getattr(sc, c) for c in COUNTERS} for sc in res.per_sequence]
+    return list(res.texts), per, float(res.stats.seconds)
 
 
 def _batch_record(pair, batch: list[tasks.Problem], method: Method, cfg: EvalConfig, seed: int) -> dict:
@@ -258,7 +231,7 @@ def run_eval(pair, cfg: EvalConfig, method_list: list[Method], cache_dir: Path |
             bar.update()
     bar.close()
     out = {"config": cfg.as_dict(), "methods": [_method_info(m) for m in method_list], "records": recs,
-           "seconds": secs, "adapter_batch_size_1": not _has_per_sequence()}
+           "seconds": secs}
     out["summary"] = summarise(recs, secs, method_list, seed=cfg.seed)
     if ablation:
         out["ablation"] = run_ablation(pair, cfg, method_list, recs, secs, cache, batches, progress)
@@ -276,8 +249,9 @@ def _method_info(m: Method) -> dict:
 # -- the interpolation ablation -------------------------------------------------------------------
 
 def _al(records: list[dict]) -> float:
+    """AL as ``DecodeStats.al``: (accepted drafts + verifier calls) / verifier calls, bonus included."""
     steps = sum(r["steps"] for r in records)
-    return sum(r["new_tokens"] for r in records) / steps if steps else math.nan
+    return sum(r["accepted"] + r["steps"] for r in records) / steps if steps else math.nan
 
 
 def run_ablation(pair, cfg, method_list, recs, secs, cache, batches, progress=True) -> dict:
@@ -379,10 +353,11 @@ def summarise(recs: dict[str, list[dict]], secs: dict[str, list[dict]], method_l
         row["diff_vs_sps"] = _paired_dict(d)
         row["nll"] = list(_ratio_ci(col(m.label, "nll_sum"), col(m.label, "nll_count"), idx))
         if m.rule is not None:
-            row["al"] = list(_ratio_ci(col(m.label, "new_tokens"), col(m.label, "steps"), idx))
+            emitted = col(m.label, "accepted") + col(m.label, "steps")  # DecodeStats.al's numerator
+            row["al"] = list(_ratio_ci(emitted, col(m.label, "steps"), idx))
             with np.errstate(invalid="ignore", divide="ignore"):  # AL minus SpS's AL, paired resamples
-                al_b = col(m.label, "new_tokens")[idx].sum(1) / col(m.label, "steps")[idx].sum(1) - \
-                    col(sps, "new_tokens")[idx].sum(1) / col(sps, "steps")[idx].sum(1)
+                al_b = emitted[idx].sum(1) / col(m.label, "steps")[idx].sum(1) - \
+                    (col(sps, "accepted") + col(sps, "steps"))[idx].sum(1) / col(sps, "steps")[idx].sum(1)
             al_b = al_b[np.isfinite(al_b)]
             row["al_diff_vs_sps"] = [row["al"][0] - _al(recs[sps]),
                                      *(np.quantile(al_b, [0.025, 0.975]).tolist() if al_b.size else [math.nan] * 2)]
@@ -487,10 +462,9 @@ def plot_accuracy_vs_al(result: dict, path_stem: str | Path | None = None):
         stem = Path(path_stem)
         stem.parent.mkdir(parents=True, exist_ok=True)
         for ext, kw in (("png", {"dpi": 110, "metadata": {"Software": None}}), ("svg", {"metadata": {"Date": None}})):
-            tmp = stem.with_name(f".{stem.name}.{os.getpid()}.tmp.{ext}")
-            with plt.rc_context({"svg.hashsalt": "cactus-theory", "svg.fonttype": "none"}):
+            with atomic_path(stem.with_suffix(f".{ext}")) as tmp, \
+                    plt.rc_context({"svg.hashsalt": "cactus-theory", "svg.fonttype": "none"}):
                 fig.savefig(tmp, bbox_inches="tight", **kw)
-            os.replace(tmp, stem.with_suffix(f".{ext}"))
     return fig
 
 
@@ -577,11 +551,7 @@ def evaluate(pair, cfg: EvalConfig, out_dir: Path, cache_dir: Path | None = None
     res["wall_seconds"] = time.perf_counter() - t0
     res["pair_name"] = getattr(pair, "name", "pair")
     _atomic_json(out_dir / "eval.json", slim(res))
-    md = format_table(res)
-    (out_dir / "eval.md").parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir / f".eval.md.{os.getpid()}.tmp"
-    tmp.write_text(md + "\n")
-    os.replace(tmp, out_dir / "eval.md")
+    atomic_write_text(out_dir / "eval.md", format_table(res) + "\n")
     import matplotlib.pyplot as plt
 
     plt.close(plot_accuracy_vs_al(res, out_dir / "fig_eval_accuracy_al"))

@@ -1,60 +1,164 @@
-"""The real-LM experiment as a function (used by ``benchmarks/bench_lm.py`` and the repro job):
-each rule at each k against the verifier decoding alone, same prompts, same sampling, same run."""
+"""The real-LM speed / acceptance experiment as a library function (``benchmarks/bench_lm.py`` and the
+reproduction call it): each (rule, k, batch size) against the verifier decoding alone at the same
+batch size, same prompts, same sampling, in one run, with bootstrap intervals over prompts.
+
+Units: AL = tokens per verifier call, bonus included; per-token acceptance = accepted / drafted;
+speedup = tokens/s of the rule / tokens/s of the verifier alone (mean of a run before and a run
+after the rules, both warmed up). At batch size 1 every prompt is timed on its own, so the speedup
+also gets a paired bootstrap interval over prompts.
+"""
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import torch
 from tqdm.auto import tqdm
 
 from .. import registry
 from ..rules import TAS, Cactus, Interpolation, SpS, TopK
-from .generate import autoregressive_generate, speculative_generate
+from .loop import SAMPLING, autoregressive_generate, speculative_generate
 
-__all__ = ["DEFAULT_RULES", "SAMPLING", "run_benchmark", "format_table"]
+__all__ = ["DEFAULT_RULES", "SAMPLING", "run_benchmark", "format_table", "bootstrap", "targets"]
 
 DEFAULT_RULES = [(registry.label(r), r) for r in (SpS(), TAS(0.09, 0.3), TopK(5), Interpolation(0.5), Cactus(0.25),
-                                        Cactus(0.5), Cactus(1.0))]
-SAMPLING = dict(temperature=0.6, top_k=20, top_p=0.95)
+                                                  Cactus(0.5), Cactus(1.0))]
 
 
-def run_benchmark(pair, prompts, rules=DEFAULT_RULES, ks=(4, 8), max_new_tokens: int = 64, batch_size: int = 1,
-                  seed: int = 0, sampling: dict = SAMPLING, progress: bool = True) -> dict:
-    """Decode ``prompts`` with the verifier alone (twice: first and last) and with every (rule, k);
-    return ``{"baseline": [...], "rows": [...], "reference_tokens_per_s": ...}``; each row has the
-    rule, k, al, al_bonus, acceptance_rate, tokens_per_s, speedup, mean_step_kl, nll and counters."""
-    kw = dict(max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed, **sampling)
-    jobs = [(label, rule, k) for k in ks for label, rule in rules]
-    bar = tqdm(total=len(jobs) + 2, desc="bench_lm", disable=not progress)
-    base = [autoregressive_generate(pair, prompts, **kw).stats]
-    bar.update()
-    rows = []
-    for label, rule, k in jobs:
-        s = speculative_generate(pair, prompts, rule, k=k, **kw).stats
-        rows.append({**s.as_dict(), "rule": label, "repr": repr(rule)})
-        bar.set_postfix(rule=label, k=k, al=f"{s.al:.2f}")
+def bootstrap(per_seq: list[list], stat, reps: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    """Point value and 95% percentile interval of ``stat(*runs)`` when prompts are resampled with
+    replacement (the same prompts for every run: paired). ``per_seq``: one list of per-prompt
+    counters per run; ``stat`` maps those lists (restricted to the resampled prompts) to a number."""
+    n = len(per_seq[0])
+    point = stat(*per_seq)
+    rng = np.random.default_rng(seed)
+    vals = []
+    for _ in range(reps):
+        idx = rng.integers(0, n, n)
+        v = stat(*[[run[i] for i in idx] for run in per_seq])
+        if math.isfinite(v):
+            vals.append(v)
+    if not vals:
+        return point, math.nan, math.nan
+    lo, hi = np.percentile(vals, [2.5, 97.5])
+    return point, float(lo), float(hi)
+
+
+def _al(c):
+    steps = sum(x.steps for x in c)
+    return (sum(x.accepted for x in c) + steps) / steps if steps else math.nan
+
+
+def _acc(c):
+    d = sum(x.drafted for x in c)
+    return sum(x.accepted for x in c) / d if d else math.nan
+
+
+def _rate(c):
+    s = sum(x.seconds for x in c)
+    return sum(x.new_tokens for x in c) / s if s > 0 else math.nan
+
+
+def _row(label, rule, k, batch, res, base_res):
+    s = res.stats
+    row = {**s.as_dict(), "rule": label, "repr": repr(rule), "k": k, "batch_size": batch}
+    row["al_ci"] = bootstrap([res.per_sequence], _al)[1:]
+    row["acceptance_ci"] = bootstrap([res.per_sequence], _acc)[1:]
+    if batch == 1:  # per-prompt timings: a paired interval for the speedup over the verifier alone
+        row["speedup_ci"] = bootstrap([res.per_sequence, *base_res], lambda a, *b: _rate(a) / np.mean(
+            [_rate(x) for x in b]))[1:]
+    row["per_sequence"] = [vars(c) for c in res.per_sequence]
+    return row
+
+
+def run_benchmark(pair, prompts, rules=DEFAULT_RULES, ks=(4,), batch_sizes=(1,), max_new_tokens: int = 64,
+                  seed: int = 0, sampling: dict = SAMPLING, progress: bool = True, warmup: bool = True) -> dict:
+    """Decode ``prompts`` with the verifier alone (a run before and one after the rules, at each batch
+    size) and with every (rule, k, batch size); return ``{"rows": [...], "baselines": {...}}``. Each
+    row has the run's ``DecodeStats`` fields, ``speedup`` (against the mean of the two baseline runs
+    at its batch size), bootstrap intervals and the per-prompt counters."""
+    kw = dict(max_new_tokens=max_new_tokens, seed=seed, **sampling)
+    if warmup:  # first calls pay for allocations and one-off setup (the compact model conversion)
+        autoregressive_generate(pair, prompts[:1], **{**kw, "max_new_tokens": 4})
+        speculative_generate(pair, prompts[:1], rules[0][1], k=ks[0], **{**kw, "max_new_tokens": 8})
+    jobs = [(b, k, label, rule) for b in batch_sizes for k in ks for label, rule in rules]
+    bar = tqdm(total=len(jobs) + 2 * len(batch_sizes), desc="bench_lm", disable=not progress)
+    rows, baselines = [], {}
+    for b in batch_sizes:
+        base = [autoregressive_generate(pair, prompts, batch_size=b, **kw)]
         bar.update()
-    base.append(autoregressive_generate(pair, prompts, **kw).stats)
-    bar.update()
+        mine = [j for j in jobs if j[0] == b]
+        results = []
+        for _, k, label, rule in mine:
+            res = speculative_generate(pair, prompts, rule, k=k, batch_size=b, **kw)
+            results.append((label, rule, k, res))
+            bar.set_postfix(rule=label, k=k, B=b, al=f"{res.stats.al:.2f}")
+            bar.update()
+        base.append(autoregressive_generate(pair, prompts, batch_size=b, **kw))
+        bar.update()
+        ref = float(np.mean([r.stats.tokens_per_s for r in base]))
+        baselines[b] = {"runs": [r.stats.as_dict() for r in base], "tokens_per_s": ref,
+                        "nll": float(np.mean([r.stats.nll for r in base])),
+                        "verifier_ms": 1000 * sum(r.stats.verifier_seconds for r in base)
+                        / max(1, sum(r.stats.verifier_calls for r in base))}
+        base_seq = [r.per_sequence for r in base]
+        for label, rule, k, res in results:
+            row = _row(label, rule, k, b, res, base_seq)
+            row["speedup"] = row["tokens_per_s"] / ref
+            row["draft_ms"] = 1000 * res.stats.draft_seconds / max(1, res.stats.draft_calls)
+            row["draft_vs_verifier"] = row["draft_ms"] / baselines[b]["verifier_ms"]
+            rows.append(row)
     bar.close()
-    ref = sum(b.tokens_per_s for b in base) / len(base)
     for r in rows:
-        r["speedup"] = r["tokens_per_s"] / ref
-    sps = {r["k"]: r["al"] for r in rows if r["repr"] == repr(SpS())}
-    for r in rows:
-        r["al_vs_sps"] = r["al"] / sps[r["k"]] if sps.get(r["k"]) else float("nan")
-    return {"baseline": [b.as_dict() for b in base], "reference_tokens_per_s": ref, "rows": rows,
-            "baseline_nll": sum(b.nll for b in base) / len(base),
-            "settings": {"max_new_tokens": max_new_tokens, "batch_size": batch_size, "seed": seed,
-                         "prompts": len(prompts), **sampling, "threads": torch.get_num_threads()}}
+        sps = next((x for x in rows if x["repr"] == repr(SpS()) and x["k"] == r["k"]
+                    and x["batch_size"] == r["batch_size"]), None)
+        r["al_vs_sps"] = r["al"] / sps["al"] if sps else math.nan
+    return {"rows": rows, "baselines": {str(b): v for b, v in baselines.items()},
+            "settings": {"max_new_tokens": max_new_tokens, "seed": seed, "prompts": len(prompts), **sampling,
+                         "ks": list(ks), "batch_sizes": list(batch_sizes), "threads": torch.get_num_threads()}}
+
+
+def _ci(v) -> str:
+    return f"[{v[0]:.2f}, {v[1]:.2f}]" if v and all(math.isfinite(x) for x in v) else ""
 
 
 def format_table(res: dict) -> str:
-    runs = ", ".join(f"{b['tokens_per_s']:.2f}" for b in res["baseline"])
-    lines = [f"verifier alone: {res['reference_tokens_per_s']:.2f} tokens/s (runs: {runs}), NLL {res['baseline_nll']:.3f}",
-             f"{'rule':<22}{'k':>3}{'AL':>7}{'AL/SpS':>8}{'AL+1':>7}{'acc':>7}{'tok/s':>8}{'speedup':>9}"
-             f"{'step KL':>9}{'NLL':>7}"]
+    lines = []
+    for b, base in res["baselines"].items():
+        runs = ", ".join(f"{x['tokens_per_s']:.2f}" for x in base["runs"])
+        lines.append(f"batch {b}: verifier alone {base['tokens_per_s']:.2f} tokens/s (runs {runs}), "
+                     f"{base['verifier_ms']:.1f} ms per forward, NLL {base['nll']:.3f}")
+    lines.append(f"{'rule':<18}{'k':>3}{'B':>3}{'AL':>7}{'95% CI':>14}{'acc':>7}{'95% CI':>14}{'AL/SpS':>7}"
+                 f"{'tok/s':>8}{'speedup':>9}{'95% CI':>14}{'step KL':>9}{'NLL':>7}{'draft/ver':>10}")
     for r in res["rows"]:
-        lines.append(f"{r['rule']:<22}{r['k']:>3}{r['al']:>7.3f}{r['al_vs_sps']:>8.2f}{r['al_bonus']:>7.3f}"
-                     f"{r['acceptance_rate']:>7.3f}{r['tokens_per_s']:>8.2f}{r['speedup']:>8.2f}x"
-                     f"{r['mean_step_kl']:>9.4f}{r['nll']:>7.3f}")
+        lines.append(f"{r['rule']:<18}{r['k']:>3}{r['batch_size']:>3}{r['al']:>7.3f}{_ci(r['al_ci']):>14}"
+                     f"{r['acceptance_rate']:>7.3f}{_ci(r['acceptance_ci']):>14}{r['al_vs_sps']:>7.2f}"
+                     f"{r['tokens_per_s']:>8.2f}{r['speedup']:>8.2f}x{_ci(r.get('speedup_ci')):>14}"
+                     f"{r['mean_step_kl']:>9.4f}{r['nll']:>7.3f}{r['draft_vs_verifier']:>9.1%}")
+    lines.append("profile (per verifier call): " + "; ".join(
+        f"{r['rule']} k={r['k']} B={r['batch_size']}: draft {1000 * r['draft_seconds'] / max(1, r['verifier_calls']):.1f}"
+        f" / verifier {1000 * r['verifier_seconds'] / max(1, r['verifier_calls']):.1f}"
+        f" / verify {1000 * r['verify_seconds'] / max(1, r['verifier_calls']):.1f}"
+        f" / bookkeeping {1000 * r['bookkeeping_seconds'] / max(1, r['verifier_calls']):.1f} ms"
+        for r in res["rows"] if r["k"] == 4 and r["batch_size"] == min(int(b) for b in res["baselines"])))
     return "\n".join(lines)
+
+
+def targets(res: dict, k: int = 4, batch: int = 1) -> list[tuple[str, float, str, bool]]:
+    """The draft issue's targets, each (what, measured, target, met), from one run's rows."""
+    rows = {r["repr"]: r for r in res["rows"] if r["k"] == k and r["batch_size"] == batch}
+    sps, cac = rows.get(repr(SpS())), rows.get(repr(Cactus(1.0)))
+    out = []
+    if sps:
+        out += [("SpS per-token acceptance", sps["acceptance_rate"], ">= 0.6", sps["acceptance_rate"] >= 0.6),
+                ("SpS acceptance per judged draft", sps["position_acceptance"], "(>= 0.6 if read per judged draft)",
+                 sps["position_acceptance"] >= 0.6),
+                ("SpS AL", sps["al"], ">= 2.5", sps["al"] >= 2.5),
+                ("SpS speedup", sps["speedup"], ">= 1.5x", sps["speedup"] >= 1.5),
+                ("draft call / verifier forward", sps["draft_vs_verifier"], "<= 10%", sps["draft_vs_verifier"] <= 0.10)]
+    if sps and cac:
+        out += [("Cactus d=1 AL / SpS AL", cac["al"] / sps["al"], ">= 1.15", cac["al"] / sps["al"] >= 1.15),
+                ("Cactus d=1 speedup", cac["speedup"], ">= 1.8x", cac["speedup"] >= 1.8),
+                ("Cactus d=1 mean step KL (nats)", cac["mean_step_kl"], "(reported)", True)]
+    return out

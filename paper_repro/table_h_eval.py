@@ -1,4 +1,4 @@
-"""Step g: task accuracy of the rules with intervals (a reduced ``cactus-theory eval``) and the
+"""Step h: task accuracy of the rules with intervals (a reduced ``cactus-theory eval``) and the
 distribution tests on the real LM, beside the paper's GSM8K / GPQA table.
 
 Reduced run (``REDUCED``; about 5 minutes with the batched decoding loop on 2 cores): the first
@@ -20,7 +20,7 @@ from .common import ROOT, Claim, Ctx, StepResult, cached, save_figure, standalon
 from .lm_runs import get_pair, set_threads
 from .paper_numbers import MAIN_TABLE, OTHER, SETUP, main_table_markdown
 
-NAME = "table_g_eval"
+NAME = "table_h_eval"
 FULL = ROOT / "paper_repro" / "results" / "eval" / "eval.json"
 REDUCED = {"problems": 48, "max_new_tokens": 160, "batch_size": 16, "k": 4,
            "lawtest_prompts": 5, "lawtest_draws": 20_000, "loop_draws": 1000}
@@ -189,7 +189,7 @@ def lawtest_claims(lt: dict) -> list[Claim]:
     rej = [r for r in lt["step"] if r["reject"]]
     dtv = max(r["detectable_tv"] for r in lt["step"])
     loop = lt["loop"]
-    h, g = loop["sps_vs_verifier_3_tokens"], loop["cactus_first_token"]
+    h, g = loop["sps_vs_verifier_3_tokens"], loop["cactus_second_token"]
     ctl = [r for r in lt["control"] if r["tv_between_laws"] > r["detectable_tv"]]
     ok = not rej and not h["reject"] and not g["reject"] and all(r["reject"] for r in ctl)
     import inspect
@@ -202,7 +202,7 @@ def lawtest_claims(lt: dict) -> list[Claim]:
         f"verifier alone, {loop['draws']} sequences each through the decode loop (homogeneity, 3 tokens); "
         f"alpha = {lt['alpha']:g} per test"),
         ours=(f"{len(rej)}/{len(lt['step'])} rejections (detectable TV <= {dtv:.3f}); loop: SpS vs verifier p = "
-              f"{h['pvalue']:.3g} (detectable TV {h['detectable_tv']:.3f}), Cactus first token p = {g['pvalue']:.3g}; "
+              f"{h['pvalue']:.3g} (detectable TV {h['detectable_tv']:.3f}), Cactus second token p = {g['pvalue']:.3g}; "
               f"control (a wrong law) rejected {sum(r['reject'] for r in ctl)}/{len(ctl)} where detectable"),
         verdict="holds" if ok else "differs")
     if "scope" in params:
@@ -245,13 +245,13 @@ def run(ctx: Ctx) -> StepResult:
     main = full or reduced
     from cactus_theory.lm.eval import plot_accuracy_vs_al
 
-    figs = save_figure(plot_accuracy_vs_al(main), ctx, "fig_g_eval")
+    figs = save_figure(plot_accuracy_vs_al(main), ctx, "fig_h_eval")
     cl = claims(main, "full run" if full else "reduced run")
     lt = main.get("lawtests") or reduced.get("lawtests")
     if lt:
         cl += lawtest_claims(lt)
     data = {"reduced": reduced, "full_used": full is not None,
-            "sections": [("g. Task accuracy with intervals (cactus-theory eval)", markdown(reduced, full))]}
+            "sections": [("h. Task accuracy with intervals (cactus-theory eval)", markdown(reduced, full))]}
     return StepResult(NAME, data, figs, cl, time.perf_counter() - t0)
 
 

@@ -1,0 +1,157 @@
+"""Any project rule inside Hugging Face ``model.generate(..., assistant_model=draft, do_sample=True)``.
+
+    import cactus_theory as ct
+    from cactus_theory.integrations.transformers import use_rule
+
+    with use_rule(ct.Cactus(0.5)):
+        out = model.generate(**inputs, assistant_model=draft, do_sample=True)
+
+Everything else stays transformers' own: the assistant's drafting (and its schedule), the KV-cache
+cropping, stopping criteria, streamers, logits processors. Inside the ``with`` block the one step a
+rule defines, verifying the assistant's candidates, is done by ``sampler.verify`` with the rule.
+
+Which hook, and why. transformers 5 offers three places to change speculative sampling:
+  * ``custom_generate=<callable>``: the callable replaces the whole decoding method, and for a
+    callable transformers rebuilds the mode's keyword arguments from the callable's own new
+    parameters, dropping ``assistant_model``, the tokenizers and the streamer. A callable would
+    therefore have to re-create the assisted loop (candidate generator, cache cropping, stopping)
+    that ``GenerationMixin._assisted_decoding`` already implements: a second copy of that loop.
+  * a candidate generator: proposes candidates only; verification is inline in
+    ``_assisted_decoding`` and cannot be overridden there.
+  * ``transformers.generation.utils._speculative_sampling(candidate_input_ids, candidate_logits,
+    candidate_length, new_logits, assistant_ensemble_weight)``: the module-level function that
+    ``_assisted_decoding`` looks up at every step, exactly the rejection step and nothing else.
+We replace that function for the duration of a ``with`` block (restored on exit, also on errors).
+It is a private name: importing this module checks that it exists with the expected parameters and
+raises a clear ``ImportError`` naming the installed version otherwise. The swap is process-global
+while the block runs (do not run other ``generate`` calls concurrently in other threads).
+
+Letters. transformers calls the target (verifier) law ``p`` and the assistant (draft) law ``q``; this
+project uses the paper's ``p`` = draft, ``q`` = verifier. Here ``p = softmax(candidate_logits)``
+(the assistant's logits after the same logits processors as the target's: temperature, top-k,
+top-p) and ``q = softmax(new_logits)``. Observed in transformers 5.24: the assistant runs those
+processors twice (its generation config's warpers and the target's list), so at temperature ``t`` it
+drafts from ``softmax(logits / t^2)``, and it reports those same logits; ``p`` is therefore exactly
+the law the candidates were drawn from, which is what every rule needs (tests/
+test_integration_transformers.py reads the assistant's temperature before computing the exact law).
+
+transformers' own lossy option, ``assistant_ensemble_weight = w``, verifies against
+``v = w q + (1 - w) p`` (our letters): that is ``ct.Interpolation(alpha=1 - w)`` exactly (same
+acceptance ``min(1, (1 - w) + w q_n / p_n)``, same recovery ``(q - p)_+``; pinned by a test on the
+laws). Inside ``use_rule`` the weight must be unset (pass ``Interpolation(1 - w)`` as the rule).
+
+Only sampling (``do_sample=True``) goes through ``_speculative_sampling``; greedy assisted decoding
+compares argmaxes and never calls a rule.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import threading
+
+import torch
+
+from ..rules import Rule
+from ..sampler import verify
+
+__all__ = ["use_rule", "assisted_generate", "speculative_sampling", "ensemble_weight_rule"]
+
+try:
+    from transformers.generation import utils as _gen_utils
+except ImportError as e:  # pragma: no cover - transformers is an optional dependency
+    raise ImportError("cactus_theory.integrations.transformers needs transformers (pip install 'cactus-theory[lm]')") from e
+
+_EXPECTED = ("candidate_input_ids", "candidate_logits", "candidate_length", "new_logits")
+_original = getattr(_gen_utils, "_speculative_sampling", None)
+if _original is None or tuple(inspect.signature(_original).parameters)[:4] != _EXPECTED:
+    import transformers as _tf
+
+    raise ImportError(
+        f"transformers {_tf.__version__} has no generation.utils._speculative_sampling{_EXPECTED}: this "
+        "integration supports the transformers 5 assisted-decoding loop")
+
+_lock = threading.RLock()
+
+
+def ensemble_weight_rule(w: float) -> Rule:
+    """The project rule equal to transformers' ``assistant_ensemble_weight = w``: ``Interpolation(1 - w)``."""
+    from ..rules import Interpolation
+
+    if not (isinstance(w, (int, float)) and 0 < w < 1):
+        raise ValueError(f"assistant_ensemble_weight must be in (0, 1), got {w!r}")
+    return Interpolation(round(1.0 - w, 12))  # 1 - 0.7 reads 0.3, not 0.30000000000000004
+
+
+def speculative_sampling(rule: Rule, candidate_input_ids: torch.Tensor, candidate_logits: torch.Tensor,
+                         candidate_length: int, new_logits: torch.Tensor,
+                         assistant_ensemble_weight: float | None = None,
+                         generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' ``_speculative_sampling`` contract, verified by ``rule``.
+
+    Args:
+        candidate_input_ids: ``[1, L + k]`` int64, the sequence with the ``k`` candidates last.
+        candidate_logits: ``[1, k, V]`` float, the assistant's processed logits at the candidates.
+        candidate_length: ``k``.
+        new_logits: ``[1, k + 1, V]`` float32, the target's processed logits (row ``k``: bonus).
+        assistant_ensemble_weight: must be None (use ``Interpolation(1 - w)`` as the rule).
+        generator: random source (default: torch's global generator, as transformers).
+
+    Returns:
+        ``valid_tokens`` ``[1, a + 1]`` int64 (accepted candidates, then the recovered or bonus
+        token) and ``n_matches`` ``a`` (0-d int64 tensor), as transformers expects.
+    """
+    if assistant_ensemble_weight is not None:
+        raise ValueError(
+            f"assistant_ensemble_weight={assistant_ensemble_weight!r} is set while a cactus_theory rule "
+            f"({rule!r}) verifies; use the rule ct.Interpolation({1 - assistant_ensemble_weight:g}) instead")
+    k = int(candidate_length)
+    if candidate_logits.shape[-1] != new_logits.shape[-1]:
+        raise ValueError(
+            f"the assistant's vocabulary ({candidate_logits.shape[-1]} logits) differs from the target's "
+            f"({new_logits.shape[-1]}): speculative sampling needs one shared vocabulary")
+    q = new_logits.float().softmax(-1)  # [1, k + 1, V]
+    if k == 0:
+        u = torch.rand(1, generator=generator, dtype=torch.float64, device=q.device)
+        from ..sampler import sample_rows
+
+        return sample_rows(q[:, 0], u).view(1, 1), torch.zeros((), dtype=torch.long)
+    p = candidate_logits.to(q.device).float().softmax(-1)  # [1, k, V]
+    drafts = candidate_input_ids[:, -k:].to(q.device)
+    tokens, num_accepted = verify(drafts, p, q, rule, generator=generator)
+    a = num_accepted[0]
+    return tokens[:, : int(a) + 1], a
+
+
+@contextlib.contextmanager
+def use_rule(rule: Rule, generator: torch.Generator | None = None):
+    """Within the block, transformers' speculative sampling verifies with ``rule``.
+
+    ``generator``: random source of the verification draws (default torch's global generator,
+    which ``torch.manual_seed`` seeds, as for transformers' own sampling).
+    """
+    if not isinstance(rule, Rule):
+        raise ValueError(f"rule must be a cactus_theory Rule (ct.SpS(), ct.Cactus(0.5), ...), got {rule!r}")
+
+    def patched(candidate_input_ids, candidate_logits, candidate_length, new_logits,
+                assistant_ensemble_weight=None):
+        return speculative_sampling(rule, candidate_input_ids, candidate_logits, candidate_length, new_logits,
+                                    assistant_ensemble_weight, generator=generator)
+
+    with _lock:
+        before = _gen_utils._speculative_sampling
+        _gen_utils._speculative_sampling = patched
+        try:
+            yield rule
+        finally:
+            _gen_utils._speculative_sampling = before
+
+
+def assisted_generate(model, assistant_model, rule: Rule, generator: torch.Generator | None = None, **kwargs):
+    """``model.generate(assistant_model=assistant_model, do_sample=True, **kwargs)`` verified by ``rule``."""
+    if kwargs.get("do_sample") is False:
+        raise ValueError("do_sample=False never calls a verification rule (greedy assisted decoding "
+                         "compares argmaxes); leave do_sample=True")
+    kwargs["do_sample"] = True
+    with use_rule(rule, generator=generator):
+        return model.generate(assistant_model=assistant_model, **kwargs)

@@ -1,0 +1,270 @@
+"""Model / KV-cache adapters of the decoding loop: one object per model and batch that remembers
+what the model has read, so the loop only says what to feed next.
+
+``Target`` (the verifier) has one pending token per row (emitted, not yet read). ``score(drafts)``
+reads ``[pending, drafts]`` in one forward and returns the verifier's logits at each of those
+positions (and its features there, for feature-level drafts); ``advance(a, last)`` keeps the pending
+token and the ``a`` accepted drafts and makes ``last`` the new pending token.
+
+Drafters propose ``k`` tokens with their laws: ``propose(k, sampling, gen)``; ``advance(a, tokens,
+feats)`` tells them what the verifier kept. ``TokenDrafter`` wraps a causal LM (its own cache);
+``FeatureDrafter`` wraps the EAGLE-3-style head, which reads the verifier's features.
+
+Two cache implementations: the compact Llama (``llama.py``; static cache written at per-row
+offsets, stale slots overwritten) for Llama-family models, and any Hugging Face causal LM (a
+growing cache whose rejected slots are masked out; positions count only unmasked slots, so each row
+sees exactly the sequence it would see alone).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+from .draft import FeatureDraft
+from .llama import Llama
+from .transforms import sampling_probs
+
+__all__ = ["Target", "TokenDrafter", "FeatureDrafter", "make_target", "make_drafter", "right_pad"]
+
+
+def right_pad(prompts: list[list[int]], pad: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids (B, L) right-padded with ``pad`` and the lengths (B,)."""
+    L = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), L), pad, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, :len(p)] = torch.tensor(p)
+    return ids.to(device), torch.tensor([len(p) for p in prompts], device=device)
+
+
+class _LlamaStream:
+    """A compact Llama's cache for a batch: ``length[b]`` slots of row ``b`` are final."""
+
+    def __init__(self, model: Llama, batch: int, capacity: int, aux_layers=()):
+        self.model, self.aux_layers = model, tuple(aux_layers)
+        self.cache = model.new_cache(batch, capacity)
+        self.length = torch.zeros(batch, dtype=torch.long, device=model.device)
+
+    def feed(self, ids: torch.Tensor, logits_at: torch.Tensor | None = None):
+        """Read block ``ids`` (B, W) after each row's final slots (the length does not move)."""
+        return self.model(ids, self.length, self.cache, self.aux_layers, logits_at=logits_at)
+
+    def select(self, idx):
+        self.cache.select(idx)
+        self.length = self.length[idx]
+
+
+class _HFStream:
+    """A Hugging Face model's cache for a batch: blocks are appended; slots of rejected tokens are
+    masked out (``mask = 0``) rather than cut, so rows that kept different numbers of tokens stay
+    in one rectangular cache."""
+
+    def __init__(self, model, batch: int, device, aux_layers=()):
+        self.model, self.aux_layers = model, tuple(aux_layers)
+        self.kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        self.cache = None
+        self.mask = torch.zeros((batch, 0), dtype=torch.long, device=device)
+
+    def feed(self, ids: torch.Tensor, valid: torch.Tensor | None = None, logits_at=None):
+        valid = torch.ones_like(ids) if valid is None else valid.long()
+        pos = (self.mask.sum(-1, keepdim=True) + valid.cumsum(-1) - 1).clamp_min(0)
+        self.mask = torch.cat([self.mask, valid], dim=1)
+        out = self.model(input_ids=ids, attention_mask=self.mask, position_ids=pos, use_cache=True,
+                         output_hidden_states=bool(self.aux_layers), **{self.kw: self.cache})
+        c = getattr(out, "past_key_values", None)
+        self.cache = c if c is not None else getattr(out, "cache", None)
+        aux = [out.hidden_states[i] for i in self.aux_layers] if self.aux_layers else []
+        logits = out.logits
+        if logits_at is not None:
+            logits = logits[torch.arange(ids.shape[0], device=ids.device), logits_at].unsqueeze(1)
+        return logits.float(), aux
+
+    def keep(self, n: torch.Tensor, w: int) -> None:
+        """Of the last ``w`` slots, keep the first ``n[b]`` of row ``b`` (mask the rest)."""
+        if w:
+            keep = torch.arange(w, device=n.device)[None, :] < n[:, None]
+            self.mask[:, -w:] *= keep.long()
+
+    def select(self, idx):
+        self.mask = self.mask[idx]
+        if self.cache is not None:
+            self.cache.batch_select_indices(idx)
+
+
+def _stream(model, batch: int, capacity: int, device, aux_layers=()):
+    if isinstance(model, Llama):
+        return _LlamaStream(model, batch, capacity, aux_layers)
+    return _HFStream(model, batch, device, aux_layers)
+
+
+class Target:
+    """The verifier's side of the loop (see the module docstring)."""
+
+    def __init__(self, model, batch: int, capacity: int, device, aux_layers=()):
+        self.s = _stream(model, batch, capacity, device, aux_layers)
+        self.pending = None  # (B,) the emitted token not yet read
+
+    def prefill(self, ids: torch.Tensor, lens: torch.Tensor):
+        """Read the prompts (right-padded ``ids`` (B, L), lengths ``lens``); returns the logits of the
+        first new token (B, V) and the features at every prompt position (list of (B, L, dim))."""
+        s = self.s
+        if isinstance(s, _LlamaStream):
+            logits, aux = s.feed(ids, logits_at=lens - 1)
+            s.length = lens.clone()
+        else:  # left-aligned valid slots: padding is masked out, positions count only real tokens
+            valid = (torch.arange(ids.shape[1], device=ids.device)[None] < lens[:, None]).long()
+            logits, aux = s.feed(ids, valid, logits_at=lens - 1)
+        return logits[:, 0], aux
+
+    def score(self, drafts: torch.Tensor | None):
+        """Read ``[pending, drafts]`` (B, 1 + k); returns logits (B, 1 + k, V) float32 and features."""
+        block = self.pending[:, None] if drafts is None else torch.cat([self.pending[:, None], drafts], 1)
+        self._w = block.shape[1]
+        return self.s.feed(block)
+
+    def advance(self, a: torch.Tensor, last: torch.Tensor) -> None:
+        """Keep the pending token and ``a`` (B,) accepted drafts; ``last`` (B,) is the new pending token."""
+        if isinstance(self.s, _LlamaStream):
+            self.s.length = self.s.length + a + 1
+        else:
+            self.s.keep(a + 1, self._w)
+        self.pending = last
+
+    def select(self, idx):
+        self.s.select(idx)
+        self.pending = self.pending[idx]
+
+
+def _sample(logits: torch.Tensor, sampling, gen) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw one token per row from the transformed law; returns (token (B,), law (B, V))."""
+    p = sampling_probs(logits, *sampling)
+    return torch.multinomial(p, 1, generator=gen)[:, 0], p
+
+
+class TokenDrafter:
+    """A causal LM as the draft: it reads tokens only. Pending tokens are those emitted but not yet
+    read (one or two per row: the last accepted draft is never read when all ``k`` are kept)."""
+
+    needs_features = False
+
+    def __init__(self, model, batch: int, capacity: int, device):
+        self.s = _stream(model, batch, capacity, device)
+        self.ids = None  # (B, W) pending block
+        self.n = None  # (B,) pending count per row
+
+    def start(self, ids, lens, first, feats=None):
+        self.ids = torch.cat([ids, ids[:, :1]], 1)  # room for the first token after each prompt
+        self.ids[torch.arange(ids.shape[0], device=ids.device), lens] = first
+        self.n = lens + 1
+
+    def _read(self, block: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+        """Read a ragged block (row ``b`` has ``n[b]`` real tokens); returns each row's last logits (B, V)."""
+        s = self.s
+        if isinstance(s, _LlamaStream):
+            logits, _ = s.feed(block, logits_at=n - 1)
+            s.length = s.length + n
+        else:
+            valid = (torch.arange(block.shape[1], device=block.device)[None] < n[:, None]).long()
+            logits, _ = s.feed(block, valid, logits_at=n - 1)
+        return logits[:, 0]
+
+    def propose(self, k: int, sampling, gen):
+        toks, laws = [], []
+        logits = self._read(self.ids, self.n)
+        for j in range(k):
+            t, p = _sample(logits, sampling, gen)
+            toks.append(t)
+            laws.append(p)
+            if j < k - 1:  # speculative reads: not final until the verifier keeps them
+                one = torch.ones_like(self.n)
+                logits = self._read(t[:, None], one)
+        return torch.stack(toks, 1), torch.stack(laws, 1)
+
+    def advance(self, a: torch.Tensor, tokens: torch.Tensor, feats=None) -> None:
+        """``a`` (B,) drafts kept; ``tokens`` (B, k + 1) from ``verify``: kept drafts then the new token."""
+        k = tokens.shape[1] - 1
+        read = torch.clamp(a, max=k - 1)  # drafts 1..k-1 were read speculatively; those kept stay
+        s = self.s
+        if isinstance(s, _LlamaStream):
+            s.length = s.length - (k - 1) + read
+        else:
+            s.keep(read, k - 1)  # the k - 1 drafts read one by one: keep those the verifier kept
+        B = tokens.shape[0]
+        rows = torch.arange(B, device=tokens.device)
+        full = a == k
+        # pending: [d_k, t] when all k were kept (d_k was never read), else [t]
+        self.ids = torch.stack([torch.where(full, tokens[rows, k - 1], tokens[rows, a]), tokens[rows, a]], 1)
+        self.n = 1 + full.long()
+
+    def select(self, idx):
+        self.s.select(idx)
+        self.ids, self.n = self.ids[idx], self.n[idx]
+
+
+class FeatureDrafter:
+    """The EAGLE-3-style head as the draft: each entry reads a verifier feature and the next token.
+    Pending entries (fused features and their next tokens) are those whose features the verifier
+    produced since the last proposal."""
+
+    needs_features = True
+
+    def __init__(self, head: FeatureDraft, batch: int, capacity: int, device):
+        self.head = head
+        self.k_cache, self.v_cache = head.new_cache(batch, capacity, device)
+        self.length = torch.zeros(batch, dtype=torch.long, device=device)
+        self.feat = self.ids = self.n = None
+
+    def start(self, ids, lens, first, feats):
+        self.advance_block(self.head.fuse(feats), torch.cat([ids[:, 1:], ids[:, :1]], 1), lens, first)
+
+    def advance_block(self, feat, next_ids, n, last):
+        rows = torch.arange(feat.shape[0], device=feat.device)
+        next_ids = next_ids.clone()
+        next_ids[rows, n - 1] = last  # the entry at the last fed position reads the new token
+        self.feat, self.ids, self.n = feat, next_ids, n
+
+    def _step(self, feat, ids, start):
+        W = ids.shape[1]
+        slots = start[:, None] + torch.arange(W, device=ids.device)[None]
+        used = min(int(slots.max()) + 1, self.k_cache.shape[2])
+        return self.head.step(feat, ids, self.k_cache, self.v_cache, slots, used)
+
+    def propose(self, k: int, sampling, gen):
+        rows = torch.arange(self.ids.shape[0], device=self.ids.device)
+        g = self._step(self.feat, self.ids, self.length)[rows, self.n - 1][:, None]  # (B, 1, dim)
+        self.length = self.length + self.n
+        toks, laws = [], []
+        d2t, V = self.head.d2t, self.head.args.vocab
+        for j in range(k):
+            # the transforms on the shortlist equal those on the full row (-inf outside it); the law
+            # is then written into the full vocabulary for verify
+            p_s = sampling_probs(self.head.logits(g[:, 0]), *sampling)
+            t = d2t[torch.multinomial(p_s, 1, generator=gen)[:, 0]]
+            toks.append(t)
+            laws.append(p_s.new_zeros((p_s.shape[0], V)).index_copy_(1, d2t, p_s))
+            if j < k - 1:
+                g = self._step(g, t[:, None], self.length + j)
+        return torch.stack(toks, 1), torch.stack(laws, 1)
+
+    def advance(self, a: torch.Tensor, tokens: torch.Tensor, feats) -> None:
+        """The verifier's features at its scored positions (list of (B, k + 1, dim)) become the next
+        pending entries: features at the pending token and the ``a`` kept drafts, each paired with
+        the token after it (the kept drafts, then the new token)."""
+        rows = torch.arange(tokens.shape[0], device=tokens.device)
+        self.advance_block(self.head.fuse(feats), tokens.clamp_min(0), a + 1, tokens[rows, a])
+
+    def select(self, idx):
+        self.k_cache, self.v_cache = self.k_cache[idx], self.v_cache[idx]
+        self.length = self.length[idx]
+        self.feat, self.ids, self.n = self.feat[idx], self.ids[idx], self.n[idx]
+
+
+def make_target(model, batch: int, capacity: int, device, aux_layers=()) -> Target:
+    return Target(model, batch, capacity, device, aux_layers)
+
+
+def make_drafter(model, batch: int, capacity: int, device):
+    if isinstance(model, FeatureDraft):
+        return FeatureDrafter(model, batch, capacity, device)
+    return TokenDrafter(model, batch, capacity, device)

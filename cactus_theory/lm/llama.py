@@ -1,0 +1,261 @@
+"""A compact Llama for decoding (in the spirit of gpt-fast's ``model.py``): fused projections and a
+static KV cache written at per-row offsets, so rows of a batch that accepted different numbers of
+drafts stay in one tensor with no masked-out slots piling up.
+
+``Llama.from_hf(model)`` copies the weights of a Hugging Face ``LlamaForCausalLM`` (default RoPE, no
+biases; e.g. SmolLM2) and computes the same function (tested against transformers to float
+tolerance). Decoding calls ``forward(ids, start, cache)``: block ``ids`` (B, W) is written at cache
+slots ``start[b] .. start[b] + W - 1`` of row ``b`` (its positions too) and attends to every slot
+before its own. Slots at or past a row's length hold stale entries (rejected drafts, padding);
+they are never attended, because a query only sees slots up to its own, and they are overwritten
+by the next block written there. The caller keeps each row's length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+__all__ = ["LlamaArgs", "Llama", "KVCache", "RMSNorm", "Attention", "MLP", "Block", "rope_tables",
+           "supports_hf"]
+
+
+@dataclass(frozen=True)
+class LlamaArgs:
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    hidden: int  # MLP intermediate size
+    vocab: int
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    max_positions: int = 8192
+    tie_embeddings: bool = True
+
+
+def supports_hf(model: nn.Module) -> str | None:
+    """``None`` if ``model`` is a Hugging Face Llama this module reproduces, else the reason it is not."""
+    cfg = getattr(model, "config", None)
+    if cfg is None or getattr(cfg, "model_type", None) != "llama":
+        return f"not a Llama model (model_type {getattr(cfg, 'model_type', None)!r})"
+    rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+    if rope.get("rope_type", "default") != "default":
+        return f"RoPE type {rope.get('rope_type')!r} is not implemented here"
+    if getattr(cfg, "attention_bias", False) or getattr(cfg, "mlp_bias", False):
+        return "attention / MLP biases are not implemented here"
+    if getattr(cfg, "hidden_act", "silu") != "silu":
+        return f"activation {cfg.hidden_act!r} is not implemented here"
+    return None
+
+
+def _hf_args(cfg) -> LlamaArgs:
+    rope = getattr(cfg, "rope_parameters", None) or {}
+    theta = rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0))
+    return LlamaArgs(dim=cfg.hidden_size, n_layers=cfg.num_hidden_layers, n_heads=cfg.num_attention_heads,
+                     n_kv_heads=cfg.num_key_value_heads,
+                     head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads,
+                     hidden=cfg.intermediate_size, vocab=cfg.vocab_size, norm_eps=cfg.rms_norm_eps,
+                     rope_theta=float(theta), max_positions=cfg.max_position_embeddings,
+                     tie_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)))
+
+
+class RMSNorm(nn.Module):
+    """``x / sqrt(mean(x^2) + eps) * w``, computed in float32 (as transformers does)."""
+
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+def rope_tables(head_dim: int, theta: float, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin tables (n, head_dim) in float32 for positions 0..n-1 (the rotate-half layout)."""
+    inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    f = torch.arange(n, dtype=torch.float32)[:, None] * inv[None]
+    emb = torch.cat([f, f], -1)
+    return emb.cos(), emb.sin()
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE on x (B, H, W, hd) with cos / sin (B, 1, W, hd)."""
+    h = x.shape[-1] // 2
+    rot = torch.cat([-x[..., h:], x[..., :h]], -1)
+    return x * cos + rot * sin
+
+
+class KVCache:
+    """Keys and values of every layer: (B, n_kv_heads, capacity, head_dim) each, preallocated."""
+
+    def __init__(self, n_layers: int, batch: int, n_kv_heads: int, capacity: int, head_dim: int,
+                 dtype: torch.dtype, device):
+        shape = (batch, n_kv_heads, capacity, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.capacity = capacity
+
+    def select(self, idx: torch.Tensor) -> None:
+        """Keep rows ``idx`` (finished rows leave the batch)."""
+        self.k = [t.index_select(0, idx) for t in self.k]
+        self.v = [t.index_select(0, idx) for t in self.v]
+
+
+class Attention(nn.Module):
+    """Grouped-query attention with fused ``wqkv``; ``in_dim`` may differ from ``n_heads * head_dim``
+    (the EAGLE-3 draft layer reads a concatenation of two vectors)."""
+
+    def __init__(self, in_dim: int, dim: int, n_heads: int, n_kv_heads: int, head_dim: int):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
+        self.wqkv = nn.Linear(in_dim, (n_heads + 2 * n_kv_heads) * head_dim, bias=False)
+        self.wo = nn.Linear(n_heads * head_dim, dim, bias=False)
+
+    def forward(self, x, cos, sin, k_cache, v_cache, slots, mask):
+        """x (B, W, in_dim); cos / sin (B, 1, W, hd); caches (B, Hkv, T, hd) written at ``slots`` (B, W);
+        ``mask`` (B, 1, W, T') True where a query may attend (T' <= T: only the slots in use)."""
+        B, W, _ = x.shape
+        hd, H, Hk = self.head_dim, self.n_heads, self.n_kv_heads
+        q, k, v = self.wqkv(x).split([H * hd, Hk * hd, Hk * hd], dim=-1)
+        q = _rotate(q.view(B, W, H, hd).transpose(1, 2), cos, sin)
+        k = _rotate(k.view(B, W, Hk, hd).transpose(1, 2), cos, sin)
+        v = v.view(B, W, Hk, hd).transpose(1, 2)
+        idx = slots[:, None, :, None].expand(B, Hk, W, hd)
+        k_cache.scatter_(2, idx, k.to(k_cache.dtype))
+        v_cache.scatter_(2, idx, v.to(v_cache.dtype))
+        T = mask.shape[-1]
+        y = F.scaled_dot_product_attention(q, k_cache[:, :, :T], v_cache[:, :, :T], attn_mask=mask,
+                                           enable_gqa=H != Hk)
+        return self.wo(y.transpose(1, 2).reshape(B, W, H * hd))
+
+
+class MLP(nn.Module):
+    """SwiGLU with fused gate / up projection: ``w2(silu(x W1) * x W3)``."""
+
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.w13 = nn.Linear(dim, 2 * hidden, bias=False)
+        self.w2 = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x):
+        a, b = self.w13(x).chunk(2, dim=-1)
+        return self.w2(F.silu(a) * b)
+
+
+class Block(nn.Module):
+    def __init__(self, a: LlamaArgs):
+        super().__init__()
+        self.attn_norm = RMSNorm(a.dim, a.norm_eps)
+        self.attn = Attention(a.dim, a.dim, a.n_heads, a.n_kv_heads, a.head_dim)
+        self.mlp_norm = RMSNorm(a.dim, a.norm_eps)
+        self.mlp = MLP(a.dim, a.hidden)
+
+    def forward(self, x, cos, sin, k_cache, v_cache, slots, mask):
+        x = x + self.attn(self.attn_norm(x), cos, sin, k_cache, v_cache, slots, mask)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+def block_inputs(slots: torch.Tensor, cos_t: torch.Tensor, sin_t: torch.Tensor, used: int):
+    """cos / sin (B, 1, W, hd) at positions ``slots`` (B, W) and the attention mask (B, 1, W, used):
+    query ``i`` of row ``b`` sees cache slots ``<= slots[b, i]``."""
+    cos, sin = cos_t[slots].unsqueeze(1), sin_t[slots].unsqueeze(1)
+    keys = torch.arange(used, device=slots.device)
+    mask = (keys[None, None, :] <= slots[:, :, None]).unsqueeze(1)
+    return cos, sin, mask
+
+
+class Llama(nn.Module):
+    """Decoder-only Llama: ``forward(ids, start, cache)`` -> logits (B, W, V) (and the residual stream
+    entering the layers in ``aux_layers``, for feature-level drafts)."""
+
+    def __init__(self, a: LlamaArgs):
+        super().__init__()
+        self.args = a
+        self.embed = nn.Embedding(a.vocab, a.dim)
+        self.layers = nn.ModuleList([Block(a) for _ in range(a.n_layers)])
+        self.norm = RMSNorm(a.dim, a.norm_eps)
+        self.head = nn.Linear(a.dim, a.vocab, bias=False)
+        if a.tie_embeddings:
+            self.head.weight = self.embed.weight
+        cos, sin = rope_tables(a.head_dim, a.rope_theta, a.max_positions)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.weight.device
+
+    def new_cache(self, batch: int, capacity: int) -> KVCache:
+        if capacity > self.args.max_positions:
+            raise ValueError(f"capacity {capacity} exceeds the model's {self.args.max_positions} positions")
+        a = self.args
+        return KVCache(a.n_layers, batch, a.n_kv_heads, capacity, a.head_dim, self.dtype, self.device)
+
+    def forward(self, ids: torch.Tensor, start: torch.Tensor, cache: KVCache, aux_layers: tuple[int, ...] = (),
+                logits_at: torch.Tensor | None = None):
+        """ids (B, W) int64 written at slots ``start[b] + 0..W-1``; returns logits (B, W, V) float32
+        (or (B, 1, V) at column ``logits_at[b]`` of each row, skipping the LM head elsewhere) and a
+        list of (B, W, dim) residual-stream tensors, one per ``aux_layers`` index (the input of that
+        layer, as vLLM's EAGLE-3 reads it)."""
+        B, W = ids.shape
+        slots = start[:, None] + torch.arange(W, device=ids.device)[None]
+        used = min(int(slots.max()) + 1, cache.capacity)
+        cos, sin, mask = block_inputs(slots, self.cos, self.sin, used)
+        cos, sin = cos.to(self.dtype), sin.to(self.dtype)
+        x = self.embed(ids)
+        aux = []
+        for i, layer in enumerate(self.layers):
+            if i in aux_layers:
+                aux.append(x)
+            x = layer(x, cos, sin, cache.k[i], cache.v[i], slots, mask)
+        if logits_at is not None:
+            x = x[torch.arange(B, device=x.device), logits_at].unsqueeze(1)
+        return self.head(self.norm(x)).float(), aux
+
+    @classmethod
+    def from_hf(cls, model: nn.Module, dtype: torch.dtype | None = None) -> Llama:
+        """The same network as a transformers ``LlamaForCausalLM`` (weights copied, then fused), in
+        ``dtype`` (default: the model's own)."""
+        why = supports_hf(model)
+        if why:
+            raise ValueError(f"cannot build a compact Llama from {type(model).__name__}: {why}")
+        a = _hf_args(model.config)
+        sd = model.state_dict()
+        dev = next(model.parameters()).device
+        with torch.device("meta"):
+            m = cls(a)
+        m = m.to_empty(device=dev)
+        with torch.no_grad():
+            m.embed.weight.copy_(sd["model.embed_tokens.weight"])
+            if not a.tie_embeddings:
+                m.head.weight.copy_(sd["lm_head.weight"])
+            m.norm.weight.copy_(sd["model.norm.weight"])
+            for i, blk in enumerate(m.layers):
+                p = f"model.layers.{i}."
+                blk.attn_norm.weight.copy_(sd[p + "input_layernorm.weight"])
+                blk.mlp_norm.weight.copy_(sd[p + "post_attention_layernorm.weight"])
+                blk.attn.wqkv.weight.copy_(torch.cat([sd[p + f"self_attn.{n}_proj.weight"] for n in "qkv"]))
+                blk.attn.wo.weight.copy_(sd[p + "self_attn.o_proj.weight"])
+                blk.mlp.w13.weight.copy_(torch.cat([sd[p + "mlp.gate_proj.weight"], sd[p + "mlp.up_proj.weight"]]))
+                blk.mlp.w2.weight.copy_(sd[p + "mlp.down_proj.weight"])
+            cos, sin = rope_tables(a.head_dim, a.rope_theta, a.max_positions)
+            m.cos, m.sin = cos.to(dev), sin.to(dev)
+        if a.tie_embeddings:
+            m.head.weight = m.embed.weight
+        m.config = model.config
+        m = m.to(dtype or next(model.parameters()).dtype)
+        m.cos, m.sin = m.cos.float(), m.sin.float()
+        return m.eval()
+

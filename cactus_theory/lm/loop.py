@@ -1,0 +1,331 @@
+"""Batched speculative decoding with a (draft, verifier) pair, and the verifier decoding alone.
+
+One step, for every unfinished row (``_speculative_rows``, in the spirit of gpt-fast's
+``speculative_decode``)::
+
+    drafts, p = drafter.propose(k)            # n_1..n_k ~ p(. | prefix, n_<j), with their laws
+    logits = target.score(drafts)             # ONE verifier forward over [pending, n_1..n_k]
+    q = sampling_probs(logits)                # the same transforms as p (temperature, top-k, top-p)
+    tokens, a = verify(drafts, p, q, rule)    # the rule's own code accepts a drafts, emits one more
+    target.advance(a, tokens[a]); drafter.advance(a, tokens, features)
+
+The first new token of each row comes from the verifier's prompt pass (``prefill``), exactly as
+when the verifier decodes alone. Rows stop independently at EOS or after ``max_new_tokens``;
+finished rows leave the batch (``_drop_finished``). Llama-family Hugging Face models run as the
+compact Llama of ``llama.py`` (converted once per pair, same function); others through their own
+forward (``cache.py``).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from .. import registry
+from ..registry import make_rule
+from ..rules import Rule
+from ..sampler import verify
+from .cache import Target, make_drafter, right_pad
+from .draft import FeatureDraft
+from .llama import Llama, supports_hf
+from .metrics import DecodeResult, DecodeStats, SequenceCounters, nll_of, step_kl
+from .pair import ModelPair, context_length
+from .transforms import check_sampling, sampling_probs
+
+__all__ = ["speculative_generate", "autoregressive_generate", "prepare_prompts", "SAMPLING", "runtime_models",
+           "first_step_laws"]
+
+SAMPLING = registry.SAMPLING  # the paper's (temperature 0.6, top-k 20, top-p 0.95): the default everywhere
+
+
+def prepare_prompts(pair: ModelPair, prompts, max_new_tokens: int, chat: bool = True) -> list[list[int]]:
+    """Validate prompts (strings need the pair's tokenizer; or lists of token ids) -> token ids."""
+    if isinstance(prompts, str) or not isinstance(prompts, (list, tuple)) or len(prompts) == 0:
+        raise ValueError(f"prompts must be a non-empty list of strings or token-id lists, got {prompts!r}")
+    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    if all(isinstance(p, str) for p in prompts):
+        if pair.tokenizer is None:
+            raise ValueError("text prompts need a tokenizer; this pair has none (pass token-id lists)")
+        from .data import encode_prompts
+
+        ids = encode_prompts(pair.tokenizer, list(prompts), chat=chat)
+    else:
+        ids = []
+        for i, p in enumerate(prompts):
+            if isinstance(p, torch.Tensor):
+                p = p.tolist()
+            if not isinstance(p, (list, tuple)) or not all(isinstance(t, (int, np.integer)) for t in p):
+                raise ValueError(f"prompts[{i}] must be a string or a list of token ids, got {p!r}")
+            ids.append([int(t) for t in p])
+    V, ctx = pair.vocab_size, context_length(pair.verifier)
+    for i, p in enumerate(ids):
+        if len(p) == 0:
+            raise ValueError(f"prompts[{i}] is empty: a prompt needs at least one token")
+        if min(p) < 0 or max(p) >= V:
+            raise ValueError(f"prompts[{i}] has token ids outside [0, {V}): {[t for t in p if not 0 <= t < V][:5]}")
+        if ctx is not None and len(p) + max_new_tokens > ctx:
+            raise ValueError(f"prompts[{i}] has {len(p)} tokens; with max_new_tokens={max_new_tokens} it exceeds "
+                             f"the verifier's context of {ctx} positions")
+    return ids
+
+
+def _check_args(k: int, batch_size: int, temperature: float, top_k: int, top_p: float) -> None:
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise ValueError(f"k must be an integer >= 1 (drafts per step), got {k!r}")
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    check_sampling(temperature, top_k, top_p)
+
+
+def _as_rule(rule) -> Rule:
+    if isinstance(rule, str):
+        return make_rule(rule)
+    if not isinstance(rule, Rule):
+        raise ValueError(f"rule must be a Rule (SpS(), Cactus(delta), ...) or a rule name, got {rule!r}")
+    return rule
+
+
+def _device(model) -> torch.device:
+    return next(model.parameters()).device
+
+
+def runtime_models(pair: ModelPair, compact: bool = True):
+    """The (draft, verifier) modules the loop runs: Llama-family Hugging Face models as the compact
+    Llama (converted once, cached on the pair), anything else as given."""
+    def run_as(model):
+        if not compact or isinstance(model, (Llama, FeatureDraft)) or supports_hf(model) is not None:
+            return model
+        cache = pair.__dict__.setdefault("_compact", {})
+        if id(model) not in cache:
+            cache[id(model)] = Llama.from_hf(model)
+        return cache[id(model)]
+
+    return run_as(pair.draft), run_as(pair.verifier)
+
+
+def _emit(out, rows, toks, counts, eos, max_new) -> tuple[list[int], torch.Tensor]:
+    """Append each row's emitted tokens (cut after EOS and at the budget); return how many each row
+    kept and a mask of rows still running."""
+    kept, alive = [], []
+    toks_l, counts_l = toks.tolist(), counts.tolist()
+    for i, b in enumerate(rows):
+        em = toks_l[i][:counts_l[i]]
+        stop = False
+        if eos is not None and eos in em:
+            em, stop = em[:em.index(eos) + 1], True
+        em = em[:max_new - len(out[b])]
+        out[b] += em
+        kept.append(len(em))
+        alive.append(not stop and len(out[b]) < max_new)
+    return kept, torch.tensor(alive, dtype=torch.bool)
+
+
+def _drop_finished(alive: torch.Tensor, rows: list[int], parts: list, dev) -> list[int]:
+    """Remove finished rows from every cache and pending state in ``parts``; returns the rows left."""
+    if bool(alive.all()):
+        return rows
+    rows = [r for r, keep in zip(rows, alive.tolist(), strict=True) if keep]
+    if rows:
+        idx = torch.nonzero(alive.to(dev))[:, 0]
+        for p in parts:
+            p.select(idx)
+    return rows
+
+
+def _first_tokens(target, ids, lens, sampling, gen, out, per_seq, stats, eos, max_new):
+    logits, feats = target.prefill(ids, lens)
+    stats.prefill_calls += 1
+    p = sampling_probs(logits, *sampling)
+    first = torch.multinomial(p, 1, generator=gen)[:, 0]
+    rows = list(range(len(out)))
+    kept, alive = _emit(out, rows, first[:, None], torch.ones_like(first), eos, max_new)
+    nll = nll_of(logits[:, None], first[:, None])[:, 0].tolist()
+    for b in rows:
+        per_seq[b].nll_sum += nll[b]
+        per_seq[b].nll_count += 1
+    target.pending = first
+    return first, feats, alive
+
+
+@torch.inference_mode()
+def _speculative_rows(draft, verifier, prompts, rule, k, max_new, sampling, gen, stats, per_seq, track_kl, eos):
+    dev = _device(verifier)
+    B = len(prompts)
+    ids, lens = right_pad(prompts, eos or 0, dev)
+    cap = int(lens.max()) + max_new + k + 2
+    aux = draft.args.aux_layers if isinstance(draft, FeatureDraft) else ()
+    target = Target(verifier, B, cap, dev, aux)
+    drafter = make_drafter(draft, B, cap, dev)
+    out: list[list[int]] = [[] for _ in range(B)]
+    first, feats, alive = _first_tokens(target, ids, lens, sampling, gen, out, per_seq, stats, eos, max_new)
+    drafter.start(ids, lens, first, feats)
+    rows = _drop_finished(alive, list(range(B)), [target, drafter], dev)
+    while rows:
+        t0 = time.perf_counter()
+        drafts, p = drafter.propose(k, sampling, gen)  # (n, k), (n, k, V)
+        t1 = time.perf_counter()
+        logits, feats = target.score(drafts)  # (n, k + 1, V)
+        q = sampling_probs(logits, *sampling)
+        t2 = time.perf_counter()
+        tokens, a = verify(drafts, p, q, rule, generator=gen, check=False)
+        t3 = time.perf_counter()
+        last = tokens.gather(1, a[:, None])[:, 0]
+        target.advance(a, last)
+        drafter.advance(a, tokens, feats)
+        kept, alive = _emit(out, rows, tokens, a + 1, eos, max_new)
+        stats.draft_seconds += t1 - t0
+        stats.verifier_seconds += t2 - t1
+        stats.verify_seconds += t3 - t2
+        stats.draft_calls += k
+        stats.verifier_calls += 1
+        t4 = time.perf_counter()
+        _count(stats, per_seq, rows, a.tolist(), kept, k, logits, tokens, p, q, rule, track_kl)
+        stats.metric_seconds += time.perf_counter() - t4
+        rows = _drop_finished(alive, rows, [target, drafter], dev)
+    return out
+
+
+def _count(stats, per_seq, rows, a, kept, k, logits, tokens, p, q, rule, track_kl) -> None:
+    """Counters of one step: AL / acceptance counts, the verifier NLL of kept tokens and, if
+    ``track_kl``, the exact step KL at every judged position whose output was kept."""
+    nll = nll_of(logits, tokens).tolist()
+    P = Q = None
+    if track_kl:
+        P, Q = p.cpu().double().numpy(), q.cpu().double().numpy()
+    for i, b in enumerate(rows):
+        c = per_seq[b]
+        judged = min(a[i] + 1, k)
+        c.steps += 1
+        c.accepted += a[i]
+        c.drafted += k
+        c.judged += judged
+        c.nll_sum += sum(nll[i][:kept[i]])
+        c.nll_count += kept[i]
+        if track_kl:
+            for j in range(min(judged, kept[i])):
+                v = step_kl(rule, P[i, j], Q[i, j])
+                if v is None:
+                    stats.kl_skipped += 1
+                else:
+                    c.kl_sum += v
+                    c.kl_count += 1
+
+
+@torch.inference_mode()
+def _autoregressive_rows(verifier, prompts, max_new, sampling, gen, stats, per_seq, eos):
+    dev = _device(verifier)
+    B = len(prompts)
+    ids, lens = right_pad(prompts, eos or 0, dev)
+    target = Target(verifier, B, int(lens.max()) + max_new + 2, dev)
+    out: list[list[int]] = [[] for _ in range(B)]
+    _, _, alive = _first_tokens(target, ids, lens, sampling, gen, out, per_seq, stats, eos, max_new)
+    rows = _drop_finished(alive, list(range(B)), [target], dev)
+    zero = torch.zeros(B, dtype=torch.long, device=dev)
+    while rows:
+        t1 = time.perf_counter()
+        logits, _ = target.score(None)  # (n, 1, V)
+        t = torch.multinomial(sampling_probs(logits[:, 0], *sampling), 1, generator=gen)  # (n, 1)
+        stats.verifier_seconds += time.perf_counter() - t1
+        stats.verifier_calls += 1
+        target.advance(zero[:len(rows)], t[:, 0])
+        kept, alive = _emit(out, rows, t, torch.ones(len(rows), dtype=torch.long), eos, max_new)
+        t4 = time.perf_counter()
+        nll = nll_of(logits, t)[:, 0].tolist()
+        for i, b in enumerate(rows):
+            per_seq[b].steps += 1
+            per_seq[b].nll_sum += nll[i] * kept[i]
+            per_seq[b].nll_count += kept[i]
+        stats.metric_seconds += time.perf_counter() - t4
+        rows = _drop_finished(alive, rows, [target], dev)
+    return out
+
+
+def _run(pair, prompts, max_new_tokens, batch_size, seed, chat, stats, body) -> DecodeResult:
+    ids = prepare_prompts(pair, prompts, max_new_tokens, chat)
+    gen = torch.Generator(_device(pair.verifier)).manual_seed(int(seed))
+    tokens: list[list[int]] = []
+    per_seq = [SequenceCounters() for _ in ids]
+    t0 = time.perf_counter()
+    for s in range(0, len(ids), batch_size):
+        chunk, t1, m1 = per_seq[s:s + batch_size], time.perf_counter(), stats.metric_seconds
+        tokens += body(ids[s:s + batch_size], gen, chunk)
+        for c in chunk:
+            c.seconds = (time.perf_counter() - t1 - (stats.metric_seconds - m1)) / len(chunk)
+    stats.seconds = time.perf_counter() - t0 - stats.metric_seconds
+    for c, t in zip(per_seq, tokens, strict=True):
+        c.new_tokens = len(t)
+        for name in ("new_tokens", "steps", "accepted", "drafted", "judged", "kl_sum", "kl_count", "nll_sum",
+                     "nll_count"):
+            setattr(stats, name, getattr(stats, name) + getattr(c, name))
+    stats.sequences = len(ids)
+    texts = None
+    if pair.tokenizer is not None:
+        texts = [pair.tokenizer.decode(t, skip_special_tokens=True) for t in tokens]
+    return DecodeResult(tokens, texts, stats, ids, per_seq)
+
+
+def speculative_generate(pair: ModelPair, prompts, rule: Rule | str, k: int = 4, max_new_tokens: int = 64,
+                         temperature: float = SAMPLING["temperature"], top_k: int = SAMPLING["top_k"],
+                         top_p: float = SAMPLING["top_p"], batch_size: int = 8, seed: int = 0, chat: bool = True,
+                         track_kl: bool = True, compact: bool = True) -> DecodeResult:
+    """Speculative decoding of ``prompts`` (strings, chat-wrapped if ``chat``, or token-id lists) with
+    ``rule`` deciding every drafted token through ``sampler.verify`` (see the module docstring).
+
+    Sampling defaults are the paper's (temperature 0.6, top-k 20, top-p 0.95), applied to ``p`` and
+    ``q`` alike. ``track_kl`` computes the exact step ``KL(h_alg || q)`` at every judged position
+    (outside the timed decode). ``compact=False`` runs Hugging Face Llama models through their own
+    forward instead of the compact Llama.
+    """
+    rule = _as_rule(rule)
+    _check_args(k, batch_size, temperature, top_k, top_p)
+    stats = DecodeStats("speculative", rule=repr(rule), k=k)
+    sampling = (temperature, top_k, top_p)
+    draft, verifier = runtime_models(pair, compact)
+    return _run(pair, prompts, max_new_tokens, batch_size, seed, chat, stats,
+                lambda b, gen, ps: _speculative_rows(draft, verifier, b, rule, k, max_new_tokens, sampling, gen, stats,
+                                                     ps, track_kl, pair.eos_token_id))
+
+
+def autoregressive_generate(pair: ModelPair, prompts, max_new_tokens: int = 64,
+                            temperature: float = SAMPLING["temperature"], top_k: int = SAMPLING["top_k"],
+                            top_p: float = SAMPLING["top_p"], batch_size: int = 8, seed: int = 0,
+                            chat: bool = True, compact: bool = True) -> DecodeResult:
+    """The baseline: the verifier alone, one forward per token, the same sampling transforms."""
+    _check_args(1, batch_size, temperature, top_k, top_p)
+    stats = DecodeStats("autoregressive")
+    sampling = (temperature, top_k, top_p)
+    _, verifier = runtime_models(pair, compact)
+    return _run(pair, prompts, max_new_tokens, batch_size, seed, chat, stats,
+                lambda b, gen, ps: _autoregressive_rows(verifier, b, max_new_tokens, sampling, gen, stats, ps,
+                                                        pair.eos_token_id))
+
+
+@torch.inference_mode()
+def first_step_laws(pair: ModelPair, ids: list[int], lo: int, hi: int, temperature: float = SAMPLING["temperature"],
+                    top_k: int = SAMPLING["top_k"], top_p: float = SAMPLING["top_p"]):
+    """Teacher-forced laws along a token sequence: for each position ``i`` in ``[lo, hi)``, the
+    verifier's law ``q_i`` of token ``i + 1`` given ``ids[:i + 1]`` and the draft's law ``p_i`` of the
+    same token when a block starts there (its first draft step), both after the sampling transforms.
+    Returns numpy arrays ``(P, Q)`` of shape (hi - lo, V) in float64. ``lo >= 1`` for a feature draft
+    (it reads the verifier's feature at ``i - 1``)."""
+    if not 0 <= lo < hi <= len(ids):
+        raise ValueError(f"need 0 <= lo < hi <= len(ids) = {len(ids)}, got lo={lo}, hi={hi}")
+    sampling = (temperature, top_k, top_p)
+    draft, verifier = pair.draft, pair.verifier
+    x = torch.tensor([ids], device=_device(verifier))
+    if isinstance(draft, FeatureDraft):
+        if lo < 1:
+            raise ValueError(f"a feature-level draft needs lo >= 1, got lo={lo}")
+        out = verifier(input_ids=x, output_hidden_states=True)
+        feats = draft.fuse([out.hidden_states[i] for i in draft.args.aux_layers])
+        g = draft.unrolled(feats[:, :-1], x[:, 1:], 1)[0]  # entry j reads feature j and token j + 1
+        p_logits = draft.full_logits(g[0, lo - 1:hi - 1])
+    else:
+        out = verifier(input_ids=x)
+        p_logits = draft(input_ids=x).logits[0, lo:hi]
+    q = sampling_probs(out.logits[0, lo:hi].float(), *sampling)
+    p = sampling_probs(p_logits.float(), *sampling)
+    return p.double().cpu().numpy(), q.double().cpu().numpy()

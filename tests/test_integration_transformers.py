@@ -1,0 +1,214 @@
+"""cactus_theory.integrations.transformers: project rules inside ``model.generate(assistant_model=...)``.
+
+* the output law of ``generate`` under ``use_rule`` equals the exact law (``toy.sequence_law``) on a
+  tiny randomly initialised Llama pair: Pearson test at level ALPHA = 1e-3, fixed seed, with
+  N = samples_needed(0.1, 36 categories, alpha=1e-3, beta=0.01) draws, i.e. power >= 0.99 against
+  any law at TV >= 0.1 from the exact one, such as transformers' own (lossless) rule, which is
+  asserted to lie at TV > 0.3 here;
+* transformers' ``assistant_ensemble_weight = w`` is ``Interpolation(1 - w)``: its acceptance
+  probabilities and recovery laws, read from its own ``_speculative_sampling``, equal ours to float64
+  precision, hence so do the one-step laws;
+* one run with the real SmolLM2 verifier and a 4-layer truncated copy of it as the assistant.
+"""
+
+from __future__ import annotations
+
+import copy
+from unittest import mock
+
+import numpy as np
+import pytest
+import torch
+
+import cactus_theory as ct
+from cactus_theory.integrations import transformers as ct_tf
+from cactus_theory.stats import goodness_of_fit, samples_needed
+from cactus_theory.toy import autoregressive_law, sequence_law
+
+transformers = pytest.importorskip("transformers")
+from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM  # noqa: E402
+from transformers.generation import utils as gen_utils  # noqa: E402
+
+V, K, T, TEMP = 6, 2, 2, 0.8
+PROMPT = (1, 2)
+
+
+def tiny_llama(seed: int) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=V, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32,
+                      initializer_range=0.5, tie_word_embeddings=False, bos_token_id=0, eos_token_id=None,
+                      pad_token_id=0)
+    model = LlamaForCausalLM(cfg).eval()
+    model.generation_config = GenerationConfig(pad_token_id=0, eos_token_id=None, bos_token_id=0)
+    return model
+
+
+def conditional(model, prompt, temperature=TEMP):
+    """Exact next-token law after ``prompt + prefix`` at ``temperature``."""
+    def cond(prefix):
+        with torch.no_grad():
+            logits = model(torch.tensor([list(prompt) + list(prefix)])).logits[0, -1]
+        return torch.softmax(logits.double() / temperature, -1).numpy()
+    return cond
+
+
+def assistant_temperature(target, draft, cfg) -> float:
+    """The temperature of the law the assistant drafts from, read from what transformers hands to
+    ``_speculative_sampling``. transformers 5.24 applies the logits processors to the assistant twice
+    (its generation config's warpers and the target's list), so it drafts at TEMP**2, and reports
+    those same processed logits (so its own rule stays lossless). Whichever it is, the exact law must
+    use the law the assistant really samples from."""
+    seen = []
+
+    def capture(rule, cii, cl, k, nl, w=None, generator=None):
+        seen.append(cl[0, 0].double())
+        return ct_tf.speculative_sampling.__wrapped__(rule, cii, cl, k, nl, w, generator=generator)
+
+    capture.__wrapped__ = ct_tf.speculative_sampling
+    ids = torch.tensor([PROMPT])
+    with mock.patch.object(ct_tf, "speculative_sampling", capture), ct_tf.use_rule(ct.SpS()):
+        target.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=draft, generation_config=cfg)
+    with torch.no_grad():
+        raw = draft(ids).logits[0, -1].double()
+    reported = torch.softmax(seen[0], -1)
+    for temp in (TEMP, TEMP ** 2):
+        if torch.allclose(reported, torch.softmax(raw / temp, -1), atol=1e-6):
+            return temp
+    raise AssertionError(f"the assistant's reported law {reported} matches neither temperature")
+
+
+@pytest.fixture(scope="module")
+def tiny_pair():
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    target, draft = tiny_llama(0), tiny_llama(1)
+    # a fixed number of drafts per step (no heuristic schedule, no confidence stop)
+    draft.generation_config.num_assistant_tokens = K
+    draft.generation_config.num_assistant_tokens_schedule = "constant"
+    draft.generation_config.assistant_confidence_threshold = 0.0
+    yield target, draft
+    torch.set_num_threads(old)
+
+
+def test_generate_law_equals_exact_law(tiny_pair):
+    target, draft = tiny_pair
+    rule = ct.Cactus(0.5)
+    cfg = GenerationConfig(do_sample=True, temperature=TEMP, top_k=0, top_p=1.0, max_new_tokens=T + 1,
+                           pad_token_id=0, eos_token_id=None)
+    law = sequence_law(conditional(draft, PROMPT, assistant_temperature(target, draft, cfg)),
+                       conditional(target, PROMPT), rule, K, T)
+    lossless = autoregressive_law(conditional(target, PROMPT), T)
+    assert ct.tv(law.ravel(), lossless.ravel()) > 0.3  # transformers' own rule would be caught
+    N = samples_needed(0.1, categories=V ** T, alpha=1e-3, beta=0.01)
+    ids = torch.tensor([PROMPT])
+    torch.manual_seed(0)
+    out = np.empty((N, T), dtype=np.int64)
+    with ct_tf.use_rule(rule):
+        for i in range(N):
+            # T + 1 new tokens: every one of the first T is verified (min(K, T - emitted) drafts per
+            # step), as toy.sequence_law's loop does; the (T + 1)-th is not tested
+            seq = target.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=draft,
+                                  generation_config=cfg)
+            out[i] = seq[0, len(PROMPT):len(PROMPT) + T].numpy()
+    res = goodness_of_fit(out, law, alpha=1e-3, kind="samples")
+    assert not res.reject, res
+
+
+def _transformers_parts(p, q, w):
+    """Acceptance probabilities and recovery laws of transformers' own ``_speculative_sampling``
+    with ``assistant_ensemble_weight = w`` (float64 logits), read by intercepting its draws."""
+    seen = {}
+
+    def rand_like(ratio):  # records the acceptance ratio, then rejects (u = 2)
+        seen["ratio"] = float(ratio.reshape(-1)[0])
+        return torch.full_like(ratio, 2.0)
+
+    def multinomial(probs, num_samples):  # records the recovery law
+        seen["g"] = probs.reshape(-1).numpy().copy()
+        return torch.zeros((1, 1), dtype=torch.long)
+
+    acc, res = np.zeros(V), np.zeros((V, V))
+    for n in range(V):
+        with mock.patch.object(torch, "rand_like", rand_like), mock.patch.object(torch, "multinomial", multinomial):
+            gen_utils._speculative_sampling(
+                torch.tensor([[n]]), torch.from_numpy(np.log(p))[None, None],  # their q: the assistant
+                1, torch.from_numpy(np.log(np.stack([q, q])))[None], assistant_ensemble_weight=w)
+        acc[n] = min(1.0, seen["ratio"])
+        res[n] = seen["g"]
+    return acc, res
+
+
+@pytest.mark.parametrize("w", [0.2, 0.5, 0.9])
+def test_assistant_ensemble_weight_is_interpolation(w):
+    rng = np.random.default_rng(int(10 * w))
+    p, q = rng.dirichlet(np.ones(V)), rng.dirichlet(np.ones(V))
+    assert gen_utils._speculative_sampling is ct_tf._original  # not inside use_rule
+    acc, res = _transformers_parts(p, q, w)
+    rule = ct_tf.ensemble_weight_rule(w)
+    assert isinstance(rule, ct.Interpolation) and rule.alpha == pytest.approx(1 - w, abs=1e-12)
+    n = np.arange(V)
+    P, Q = np.broadcast_to(p, (V, V)), np.broadcast_to(q, (V, V))
+    np.testing.assert_allclose(acc, rule.accept_prob(P, Q, n), rtol=0, atol=1e-12)
+    rej = acc < 1
+    np.testing.assert_allclose(res[rej], rule.residual(P, Q, n)[rej], rtol=0, atol=1e-12)
+    h_tf = (p * acc) @ np.eye(V) + (p * (1 - acc)) @ np.where(rej[:, None], res, 0)
+    np.testing.assert_allclose(h_tf, ct.induced_distribution(rule, p, q), rtol=0, atol=1e-12)
+    assert ct.tv(h_tf, q) > 1e-3  # a lossy rule: the pin is not trivially q = q
+
+
+def test_use_rule_restores_and_refuses_bad_input(tiny_pair):
+    target, draft = tiny_pair
+    original = gen_utils._speculative_sampling
+    with pytest.raises(RuntimeError, match="boom"):
+        with ct_tf.use_rule(ct.SpS()):
+            assert gen_utils._speculative_sampling is not original
+            raise RuntimeError("boom")
+    assert gen_utils._speculative_sampling is original
+    with pytest.raises(ValueError, match="rule"):
+        with ct_tf.use_rule("cactus"):
+            pass
+    ids = torch.tensor([PROMPT])
+    with pytest.raises(ValueError, match=r"Interpolation\(0.7\)"):
+        ct_tf.assisted_generate(target, draft, ct.Cactus(0.5), input_ids=ids, attention_mask=torch.ones_like(ids),
+                                max_new_tokens=3, assistant_ensemble_weight=0.3)
+    with pytest.raises(ValueError, match="do_sample"):
+        ct_tf.assisted_generate(target, draft, ct.SpS(), input_ids=ids, do_sample=False)
+    with pytest.raises(ValueError, match="vocabulary"):
+        ct_tf.speculative_sampling(ct.SpS(), torch.tensor([[1, 2]]), torch.zeros(1, 1, V + 1), 1,
+                                   torch.zeros(1, 2, V))
+
+
+@pytest.mark.lm
+def test_smollm2_with_truncated_assistant():
+    from cactus_theory.lm.pair import load_model
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model, tok = load_model("smollm2")
+        cfg = copy.deepcopy(model.config)
+        cfg.num_hidden_layers = 4  # an untrained early exit: the first 4 of 30 layers, shared head
+        draft = type(model)(cfg).eval()
+        missing, _ = draft.load_state_dict(model.state_dict(), strict=False)
+        assert not missing
+        draft.generation_config.num_assistant_tokens = 3
+        draft.generation_config.num_assistant_tokens_schedule = "constant"
+        calls = []
+
+        def spy(*args, **kwargs):
+            out = ct.sampler.verify(*args, **kwargs)
+            calls.append(int(out[1][0]))
+            return out
+
+        ids = tok("The capital of France is", return_tensors="pt")
+        torch.manual_seed(0)
+        with mock.patch.object(ct_tf, "verify", spy):
+            out = ct_tf.assisted_generate(model, draft, ct.Cactus(1.0), **ids, max_new_tokens=8,
+                                          temperature=0.6, top_k=20, top_p=0.95)
+        new = out[0, ids["input_ids"].shape[1]:]
+        assert len(new) == 8 and calls and max(calls) >= 1  # drafts were verified, some accepted
+        text = tok.decode(new)
+        assert isinstance(text, str) and text.strip()
+    finally:
+        torch.set_num_threads(old)

