@@ -206,7 +206,8 @@ def test_eval_command_registered_and_bad_input_before_models(tmp_path):
     p = argparse.ArgumentParser()
     ev.configure(p)
     for argv, msg in [(["--problems", "0"], "problems"), (["--task", "gsm8k"], "task"),
-                      (["--top-p", "0"], "top_p"), (["--rules", "nonsense"], "rules"), (["-k", "0"], "k must")]:
+                      (["--top-p", "0"], "top_p"), (["--rules", "nonsense"], "rules"), (["-k", "0"], "k must"),
+                      (["--draft-path", "/no/such/file.pt"], "draft-path")]:
         with pytest.raises(ValueError, match=msg):
             ev.run(p.parse_args(argv + ["--out", str(tmp_path)]))
 

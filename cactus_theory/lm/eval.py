@@ -449,9 +449,12 @@ def plot_accuracy_vs_al(result: dict, path_stem: str | Path | None = None):
             ax.axhspan(acc[1], acc[2], color="0.85", zorder=0)
             ax.axhline(acc[0], color="0.3", lw=1, ls=":", label=f"{label} (AL 1 by definition)")
             continue
-        al = r["al"]
+        al, key = r["al"], info[label]["key"]
         ax.errorbar(al[0], acc[0], xerr=[[al[0] - al[1]], [al[2] - al[0]]], yerr=[[acc[0] - acc[1]], [acc[2] - acc[0]]],
-                    fmt="o" if "ablation" not in label else "s", color=info[label]["colour"], capsize=3, label=label)
+                    fmt=registry.marker(key), color=info[label]["colour"], capsize=3, label=label,
+                    mfc="none" if "ablation" in label else info[label]["colour"])
+        if " " in label:  # one colour per rule family: the parameter tells the family's points apart
+            ax.annotate(label.split(" ", 1)[1], (al[0], acc[0]), textcoords="offset points", xytext=(4, 4), fontsize=6)
     ax.set_xlabel("AL: tokens emitted per verifier call (bonus included)")
     ax.set_ylabel("accuracy (%), 95% Wilson interval")
     c = result["config"]
@@ -497,6 +500,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--draft", default="embedded", help="'embedded', a .gguf path, a folder or a hub id")
     parser.add_argument("--verifier", default="smollm2", help="'smollm2', a .gguf path, a folder or a hub id")
+    parser.add_argument("--draft-path", default=None,
+                        help="with --draft embedded: this checkpoint of the embedded draft instead of the cached build")
     parser.add_argument("--device", default=None, help="torch device (default cpu)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--no-ablation", action="store_true", help="skip the interpolation ablation")
@@ -522,16 +527,34 @@ def _check_args(args) -> EvalConfig:
             raise ValueError(f"--{name.replace('_', '-')} must be an integer >= 1, got {v!r}")
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads!r}")
+    if args.draft_path is not None and (args.draft != "embedded" or not os.path.isfile(args.draft_path)):
+        raise ValueError(f"--draft-path must be an existing file and goes with --draft embedded, got "
+                         f"{args.draft_path!r} with --draft {args.draft!r}")
     return cfg
 
 
-def pair_id(draft: str, verifier: str) -> str:
+def pair_id(draft: str, verifier: str, draft_path: str | None = None) -> str:
     """A name for the pair that changes when the embedded draft's build changes (cache keys)."""
     if draft != "embedded":
         return f"{draft}->{verifier}"
-    from .draft import DraftConfig, draft_path
+    if draft_path is None:
+        from .draft import draft_path as cached
 
-    return f"embedded:{os.path.basename(draft_path(DraftConfig()))}->{verifier}"
+        draft_path = cached()
+    st = os.stat(draft_path) if os.path.exists(draft_path) else None
+    return f"embedded:{os.path.basename(draft_path)}:{st.st_size if st else 'absent'}->{verifier}"
+
+
+def load_eval_pair(draft: str, verifier: str, draft_path: str | None = None):
+    """``load_pair``, or the embedded draft from ``draft_path`` (a checkpoint of another build)."""
+    from .pair import ModelPair, load_model, load_pair
+
+    if draft_path is None:
+        return load_pair(draft, verifier)
+    from .draft import load_draft
+
+    v, tok = load_model(verifier)
+    return ModelPair(load_draft(v, path=draft_path), v, tok, name=f"{verifier}+{os.path.basename(draft_path)}")
 
 
 def evaluate(pair, cfg: EvalConfig, out_dir: Path, cache_dir: Path | None = None, only: list[str] | None = None,
@@ -564,12 +587,10 @@ def run(args) -> int:
     methods(only=only)  # validates --rules before loading models
     import torch
 
-    from .pair import load_pair
-
     if args.threads:
         torch.set_num_threads(args.threads)
-    cfg.pair = pair_id(args.draft, args.verifier)
-    pair = load_pair(args.draft, args.verifier)
+    cfg.pair = pair_id(args.draft, args.verifier, args.draft_path)
+    pair = load_eval_pair(args.draft, args.verifier, args.draft_path)
     if args.device:
         pair.draft.to(args.device)
         pair.verifier.to(args.device)
