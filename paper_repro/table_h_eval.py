@@ -22,7 +22,7 @@ from .paper_numbers import MAIN_TABLE, OTHER, SETUP, main_table_markdown
 
 NAME = "table_h_eval"
 FULL = ROOT / "paper_repro" / "results" / "eval" / "eval.json"
-REDUCED = {"problems": 48, "max_new_tokens": 160, "batch_size": 16, "k": 4,
+REDUCED = {"problems": 48, "max_new_tokens": 128, "batch_size": 16, "k": 4,
            "lawtest_prompts": 5, "lawtest_draws": 20_000, "loop_draws": 1000}
 FAST = {"problems": 4, "max_new_tokens": 8, "batch_size": 2, "k": 2,
         "lawtest_prompts": 2, "lawtest_draws": 2000, "loop_draws": 100}
