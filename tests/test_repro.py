@@ -173,3 +173,26 @@ def test_bad_arguments_name_the_option(argv, match, tmp_path):
     args = p.parse_args([*argv, "--results", str(tmp_path)])
     with pytest.raises(ValueError, match=match):
         main_run(args)
+
+
+def test_eval_verdicts_follow_the_intervals():
+    """Step h's verdicts: interval above 0 -> consistent (another scale), below -> differs, across -> inconclusive."""
+    from paper_repro import table_h_eval as h
+
+    def res(diff, al_diff, rej):
+        methods = [{"label": "verifier alone", "key": None, "params": {}}, {"label": "SpS", "key": "sps", "params": {}},
+                   {"label": "Cactus delta=1", "key": "cactus", "params": {"delta": 1.0}}]
+        row = {"diff_vs_sps": dict(zip(("estimate", "low", "high"), diff, strict=True), pvalue=0.5),
+               "al": [2.0, 1.9, 2.1], "al_diff_vs_sps": al_diff, "rej_vs_sps": rej, "speedup": [1.2, 1.1, 1.3]}
+        return {"config": {"task": "arith", "problems": 300, "k": 4}, "methods": methods,
+                "summary": {"SpS": {"al": [1.5, 1.4, 1.6]}, "Cactus delta=1": row}}
+
+    better = h.claims(res((0.05, 0.01, 0.09), [0.5, 0.4, 0.6], [-0.3, -0.4, -0.2]), "full run")
+    assert len(better) == 4  # accuracy, AL, Rej, speedup of Cactus delta=1
+    # before the claims ledger lands, "consistent" is written as "holds" with "consistent: <scope>" in the note
+    assert all(c.verdict == "consistent" or (c.verdict == "holds" and "consistent: SmolLM2-135M" in c.detail)
+               for c in better)
+    worse = h.claims(res((-0.05, -0.09, -0.01), [-0.1, -0.2, -0.05], [0.1, 0.05, 0.2]), "full run")
+    assert [c.verdict for c in worse if "faster" not in c.claim] == ["differs"] * 3
+    unsure = h.claims(res((0.0, -0.05, 0.05), [0.0, -0.1, 0.1], [0.0, -0.1, 0.1]), "full run")
+    assert all("inconclusive" in c.verdict + c.detail for c in unsure if "faster" not in c.claim)
