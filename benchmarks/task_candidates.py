@@ -21,6 +21,7 @@ import time
 
 import torch
 
+from cactus_theory.atomic import atomic_write_json
 from cactus_theory.lm import ModelPair, autoregressive_generate, load_model, tasks
 from cactus_theory.lm.tasks import (
     TASKS,
@@ -65,10 +66,7 @@ def rescore(path: str) -> None:
                                                                                        strict=True)) / len(ok)}
         print(f"{name:<16} rescored accuracy {ci.estimate:.3f} [{ci.low:.3f}, {ci.high:.3f}] (first score "
               f"{row['accuracy']:.3f})")
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(out, f, indent=1)
-    os.replace(tmp, path)
+    atomic_write_json(path, out)
 
 
 def main() -> None:
@@ -125,13 +123,9 @@ def main() -> None:
               f"{row['mean_tokens_before_answer']:.0f}, cut at budget {row['cut_at_budget']:.2f})  {sec:.0f} s",
               flush=True)
         if args.json:
-            os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-            tmp = f"{args.json}.{os.getpid()}.tmp"
-            with open(tmp, "w") as f:
-                json.dump({**out, "_settings": {"problems": args.problems, "max_new_tokens": args.max_new_tokens,
-                                                "batch_size": args.batch_size, "threads": args.threads,
-                                                "sampling": "T 0.6, top-k 20, top-p 0.95", "seed": 0}}, f, indent=1)
-            os.replace(tmp, args.json)
+            atomic_write_json(args.json, {**out, "_settings": {
+                "problems": args.problems, "max_new_tokens": args.max_new_tokens, "batch_size": args.batch_size,
+                "threads": args.threads, "sampling": "T 0.6, top-k 20, top-p 0.95", "seed": 0}})
 
 
 if __name__ == "__main__":

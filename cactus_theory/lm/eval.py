@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import registry
-from ..atomic import atomic_path, atomic_write_text
+from ..atomic import atomic_path, atomic_write_json, atomic_write_text
 from ..stats import paired_difference, proportion_interval
 from . import tasks
 
@@ -148,10 +148,6 @@ class EvalConfig:
         return hashlib.sha256(json.dumps(self.as_dict(), sort_keys=True).encode()).hexdigest()[:12]
 
 
-def _atomic_json(path: Path, obj) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=1, sort_keys=True, allow_nan=True) + "\n")
-
-
 def _read_json(path: Path):
     try:
         return json.loads(path.read_text())
@@ -191,7 +187,7 @@ class _Cache:
     def __init__(self, root: Path | None, cfg: EvalConfig):
         self.dir = None if root is None else Path(root) / cfg.key()
         if self.dir is not None:
-            _atomic_json(self.dir / "config.json", cfg.as_dict())
+            atomic_write_json(self.dir / "config.json", cfg.as_dict())
 
     def get(self, method: Method, b: int, compute):
         path = None if self.dir is None else self.dir / method.slug / f"b{b:04d}.json"
@@ -201,7 +197,7 @@ class _Cache:
                 return got, True
         val = compute()
         if path is not None:
-            _atomic_json(path, val)
+            atomic_write_json(path, val)
         return val, False
 
 
@@ -575,7 +571,7 @@ def evaluate(pair, cfg: EvalConfig, out_dir: Path, cache_dir: Path | None = None
                                        sampling=cfg.sampling, seed=cfg.seed, progress=progress)
     res["wall_seconds"] = time.perf_counter() - t0
     res["pair_name"] = getattr(pair, "name", "pair")
-    _atomic_json(out_dir / "eval.json", slim(res))
+    atomic_write_json(out_dir / "eval.json", slim(res))
     atomic_write_text(out_dir / "eval.md", format_table(res) + "\n")
     import matplotlib.pyplot as plt
 
