@@ -122,7 +122,7 @@ class EvalConfig:
     seed: int = 0
     k: int = 4
     max_new_tokens: int = 128
-    batch_size: int = 16
+    batch_size: int = 32
     sampling: dict = field(default_factory=lambda: dict(SAMPLING))
     pair: str = "smollm2+embedded"
 
@@ -491,7 +491,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated registry keys or labels to run (default: all; SpS always runs)")
     parser.add_argument("-k", type=int, default=4, help="drafted tokens per step")
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--temperature", type=float, default=SAMPLING["temperature"])
     parser.add_argument("--top-k", type=int, default=SAMPLING["top_k"])
     parser.add_argument("--top-p", type=float, default=SAMPLING["top_p"])

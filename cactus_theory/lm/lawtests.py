@@ -5,9 +5,9 @@ Two kinds, reported separately:
 * **Verification step (sampled through ``sampler.verify``; the cheap route).** For each prompt, the
   draft's ``p`` and the verifier's ``q`` are computed once (one full forward each, the eval's sampling
   transforms applied to both) at one position: the prompt (chat template) followed by the first ``j``
-  tokens of the verifier's own seeded continuation, ``j < HORIZON`` chosen where ``TV(p, q)`` is largest
-  (``step_position``: a chat answer's first token is often near-deterministic, where every rule's law
-  is the same and the test says little). Then ``draws`` independent steps are
+  tokens of the verifier's own seeded continuation, ``1 <= j < HORIZON`` chosen where Cactus delta = 1's
+  step law is farthest from ``q`` (``step_position``: elsewhere every rule's law is about ``q`` and the
+  test says little). Then ``draws`` independent steps are
   verified in one batch: ``n ~ p``, ``sampler.verify(n, p, q, rule)`` with ``k = 1``, keeping the first
   emitted token. Its empirical law is tested with ``stats.goodness_of_fit`` against the exact one-step
   law ``exact.induced_distribution(rule, p, q)``. The vocabulary is cut to the union support of ``p``
@@ -48,8 +48,9 @@ LOOP_PROMPT = "Question: 7 + 5 = ?\nAnswer:"  # short and raw: the loop's cost i
 def step_position(pair, prompt_ids: list[int], sampling: dict, horizon: int = HORIZON, seed: int = 0):
     """Where the step tests look: after ``prompt_ids`` plus the first ``j`` tokens of the verifier's
     own continuation (``horizon`` tokens, seeded), ``1 <= j`` (the loop takes the first token from the
-    prompt pass, so blocks start from the second), ``j`` chosen where ``TV(p, q)`` is largest, so the
-    rules' laws differ (a chat answer's early tokens are often near-deterministic). ``p`` is the
+    prompt pass, so blocks start from the second), ``j`` chosen where Cactus delta = 1's step law is
+    farthest from ``q`` in TV, so the rules' laws differ there (a chat answer's early tokens are often
+    near-deterministic, and where ``p`` and ``q`` barely overlap every rule emits about ``q``). ``p`` is the
     draft's law of the first draft of a block starting there, ``q`` the verifier's (``loop.first_step_laws``,
     sampling transforms applied). Returns ``(j, p, q)``, or ``(None, None, None)`` when the
     continuation is too short."""
@@ -61,8 +62,16 @@ def step_position(pair, prompt_ids: list[int], sampling: dict, horizon: int = HO
     full = prompt_ids + cont
     lo = len(prompt_ids)  # position lo predicts cont[1] (a block's first draft after the first token)
     P, Q = first_step_laws(pair, full, lo, len(full) - 1, **sampling)
-    i = int(np.argmax(0.5 * np.abs(P - Q).sum(-1)))
+    i = int(np.argmax([_lossy_tv(p, q) for p, q in zip(P, Q, strict=True)]))
     return i + 1, P[i], Q[i]
+
+
+def _lossy_tv(p: np.ndarray, q: np.ndarray) -> float:
+    """``TV(h_alg, q)`` of one step of Cactus delta = 1: how far a lossy rule's law is from SpS's there."""
+    rule = Cactus(1.0)
+    idx = _support((rule,), p, q)
+    pc, qc = p[idx] / p[idx].sum(), q[idx] / q[idx].sum()
+    return float(0.5 * np.abs(induced_distribution(rule, pc, qc) - qc).sum())
 
 
 def _support(rules, p: np.ndarray, q: np.ndarray) -> np.ndarray:
