@@ -561,3 +561,14 @@ def test_first_step_laws_are_the_block_start_laws(feature):
         np.testing.assert_allclose(P[r], ref, atol=1e-5)
     with pytest.raises(ValueError, match="lo"):
         first_step_laws(pr, ids, 5, 3)
+
+
+@pytest.mark.parametrize("top_k,top_p", [(20, 0.95), (5, 1.0), (0, 0.9), (0, 1.0)])
+def test_truncated_law_is_the_sampling_law(top_k, top_p):
+    from cactus_theory.lm.draft_build import truncated_law
+
+    logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(0)) * 3
+    cfg = DraftConfig(temperature=0.6, top_k=top_k, top_p=top_p)
+    vals, rows = truncated_law(logits, cfg)
+    full = torch.zeros(6, 50).scatter(-1, rows, vals)
+    assert torch.allclose(full, sampling_probs(logits, 0.6, top_k, top_p), atol=1e-6)
