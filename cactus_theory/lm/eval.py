@@ -506,7 +506,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-lawtests", action="store_true", help="skip the distribution tests")
     parser.add_argument("--lawtest-prompts", type=int, default=5)
     parser.add_argument("--lawtest-draws", type=int, default=20_000)
-    parser.add_argument("--loop-draws", type=int, default=2000,
+    parser.add_argument("--loop-draws", type=int, default=1000,
                         help="sequences per method for the end-to-end SpS vs verifier-alone check through the loop")
     parser.add_argument("--out", default=str(DEFAULT_OUT), help="folder for eval.json, eval.md and the figure")
     parser.add_argument("--cache", default=None, help="per-batch cache folder (default <out>/cache)")

@@ -149,7 +149,7 @@ def loop_tests(pair, k: int, sampling: dict, draws: int, seed: int) -> dict:
     return out
 
 
-def run_lawtests(pair, method_list, problems, draws: int = 20_000, loop_draws: int = 2000, k: int = 4,
+def run_lawtests(pair, method_list, problems, draws: int = 20_000, loop_draws: int = 1000, k: int = 4,
                  sampling: dict | None = None, seed: int = 0, progress: bool = True) -> dict:
     """Every rule of ``method_list`` on every problem's first position (verification step), the
     control, and the loop checks. Returns ``{"alpha", "beta", "step": [...], "control": [...], "loop": {...}}``."""
