@@ -584,14 +584,15 @@ def test_feature_draft_ragged_batch_and_eos_keep_each_rows_law():
                                max_new_tokens=3, batch_size=len(batch), seed=8, track_kl=False, **RAW)
     assert sum(len(t) < 3 for t in res.tokens) > 100  # EOS ends some rows early
 
-    def absorbing(law_fn):  # after EOS the padded output repeats EOS
-        def f(context, drafts):
-            return np.eye(V)[EOS] if EOS in (tuple(context) + tuple(drafts))[n_prompt:] else law_fn(context, drafts)
-        return f
+    ver, head = cond(HEAD_VER), head_law()
+
+    def absorbing_verifier(n_prompt):  # after EOS the padded output repeats EOS
+        return lambda c: np.eye(V)[EOS] if EOS in c[n_prompt:] else ver(c)
+
+    def absorbing_draft(n_prompt):
+        return lambda c, d: np.eye(V)[EOS] if EOS in (tuple(c) + tuple(d))[n_prompt:] else head(c, d)
 
     for j, pr in enumerate(prompts):
-        n_prompt = len(pr)
-        ver = cond(HEAD_VER)
-        law = sequence_law(None, lambda c, n=n_prompt: np.eye(V)[EOS] if EOS in c[n:] else ver(c), rule, 2, 3,
-                           prompt=tuple(pr), verifier_first=True, draft_in_block=absorbing(head_law()))
+        law = sequence_law(None, absorbing_verifier(len(pr)), rule, 2, 3, prompt=tuple(pr), verifier_first=True,
+                           draft_in_block=absorbing_draft(len(pr)))
         assert_fits(res.tokens[j::3], law, 3, pad=EOS)
