@@ -170,5 +170,5 @@ ax.grid(alpha=0.3)
 plt.show()
 
 # %% [markdown]
-# The reproduction's step h (`python -m paper_repro --only h`) runs the same study on figure c's
+# The reproduction's step i (`python -m paper_repro --only i`) runs the same study on figure c's
 # pairs at `V = 64` and puts the table in REPORT.md's "results we derived".

@@ -13,9 +13,9 @@ rules (the draft's probability enters the test) in solid lines, truncation rules
 ``p`` never read) dashed. DropMatch reads the verifier's LM head, which random pairs do not have: each
 random pair gets a synthetic head (``dropmatch.synthetic_head``, d = 64, undropped logits = the pair's
 ``log q`` exactly) whose dropout at rate 0.1 moves the logits by about 0.43 of their spread over the
-vocabulary, as SmolLM2-135M's head does (0.42, table i's ``noise_ratio_at_0.1``); its path law is Monte
+vocabulary, as SmolLM2-135M's head does (0.42, table j's ``noise_ratio_at_0.1``); its path law is Monte
 Carlo over ``DROPMATCH_MASKS`` masks. The LM rows
-(``lm_pairs.npz``) carry no hidden states, so DropMatch is left out of that panel (its LM numbers: table i).
+(``lm_pairs.npz``) carry no hidden states, so DropMatch is left out of that panel (its LM numbers: table j).
 
 The paper's baselines are the references' variants: TAS with vLLM's entropy ``-sum q log(q + 1e-5)``
 (``entropy_eps=1e-5``) and top-k with the authors' recovery ``(1[q >= q_(k)] - p)_+``

@@ -100,7 +100,7 @@ def findings(results: Path = RESULTS) -> str:
                        f"random pairs: {fr.verdict}; {fr.ours}.")
     md, sh, f1 = _row(claims, "multi-draft-gain"), _row(claims, "multi-draft-shape"), _row(claims, "single-draft-frontier")
     if md is not None:
-        line = (f"* **Cactus with several drafts** (our result, not the paper's; REPORT.md section h, notebook 05): "
+        line = (f"* **Cactus with several drafts** (our result, not the paper's; REPORT.md section i, notebook 05): "
                 f"the budget's gain shrinks as drafts are added ({md.label}): {md.ours}")
         if sh is not None:
             line += f"; the optimum's shape ({sh.label}): {sh.ours}"
@@ -108,14 +108,14 @@ def findings(results: Path = RESULTS) -> str:
             line += f"; with one draft ({f1.label}): {f1.ours}"
         out.append(line + ".")
     dm, dq = _row(claims, "dropmatch-vs-cactus"), _row(claims, "dropmatch-outside-q")
-    ti = _load(results, "table_i_dropmatch")
+    ti = _load(results, "table_j_dropmatch")
     if ti is not None and dm is not None and dq is not None:
         t = ti["data"]
         row = next((r for r in t["table"] if r["base"] == "sps" and r["paths"] == 4 and r["rate"] == 0.01), None)
         if row is not None:
             out.append(
                 f"* **DropMatch on the real LM** (our measurement; {t['pair']}, {t['rows']} teacher-forced rows of "
-                f"{t['prompts']} prompts; `paper_repro/results/table_i_dropmatch.md`): with 4 dropout paths at rate "
+                f"{t['prompts']} prompts; `paper_repro/results/table_j_dropmatch.md`): with 4 dropout paths at rate "
                 f"0.01 its acceptance probability per drafted token is {row['accept']:.3f} (SpS {t['references'][0]['accept']:.3f}); "
                 f"Cactus accepts as much at delta = {row['cactus_delta']:.3f} for a mean step KL of "
                 f"{row['cactus_kl']:.3f} nats, while DropMatch's law puts mass on tokens the truncated q excludes "

@@ -561,3 +561,38 @@ def test_first_step_laws_are_the_block_start_laws(feature):
         np.testing.assert_allclose(P[r], ref, atol=1e-5)
     with pytest.raises(ValueError, match="lo"):
         first_step_laws(pr, ids, 5, 3)
+
+
+@pytest.mark.parametrize("top_k,top_p", [(20, 0.95), (5, 1.0), (0, 0.9), (0, 1.0)])
+def test_truncated_law_is_the_sampling_law(top_k, top_p):
+    from cactus_theory.lm.draft_build import truncated_law
+
+    logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(0)) * 3
+    cfg = DraftConfig(temperature=0.6, top_k=top_k, top_p=top_p)
+    vals, rows = truncated_law(logits, cfg)
+    full = torch.zeros(6, 50).scatter(-1, rows, vals)
+    assert torch.allclose(full, sampling_probs(logits, 0.6, top_k, top_p), atol=1e-6)
+
+
+def test_feature_draft_ragged_batch_and_eos_keep_each_rows_law():
+    """Rows of different prompt lengths, finishing at different steps (EOS), share one batch: each
+    row's first tokens follow its own exact law (the head's caches and pending entries per row)."""
+    prompts = [[6], [3, 5, 7, 1, 2], [2, 9]]
+    batch = [prompts[i % 3] for i in range(3 * 2500)]
+    rule = ct.Cactus(0.5)
+    res = speculative_generate(ModelPair(HEAD, HEAD_VER, None, eos_token_id=EOS), batch, rule, k=2,
+                               max_new_tokens=3, batch_size=len(batch), seed=8, track_kl=False, **RAW)
+    assert sum(len(t) < 3 for t in res.tokens) > 100  # EOS ends some rows early
+
+    ver, head = cond(HEAD_VER), head_law()
+
+    def absorbing_verifier(n_prompt):  # after EOS the padded output repeats EOS
+        return lambda c: np.eye(V)[EOS] if EOS in c[n_prompt:] else ver(c)
+
+    def absorbing_draft(n_prompt):
+        return lambda c, d: np.eye(V)[EOS] if EOS in (tuple(c) + tuple(d))[n_prompt:] else head(c, d)
+
+    for j, pr in enumerate(prompts):
+        law = sequence_law(None, absorbing_verifier(len(pr)), rule, 2, 3, prompt=tuple(pr), verifier_first=True,
+                           draft_in_block=absorbing_draft(len(pr)))
+        assert_fits(res.tokens[j::3], law, 3, pad=EOS)

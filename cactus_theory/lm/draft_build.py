@@ -243,6 +243,20 @@ def _pad_batch(corpus: Corpus, idx: list[int], t2d: torch.Tensor):
     return feats, toks, lp, t2d[tid], valid
 
 
+def truncated_law(logits: torch.Tensor, cfg: DraftConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """The draft's law after the sampling transforms, on its support only: probabilities (n, K) and
+    their shortlist rows (n, K), K = ``cfg.top_k`` (all rows when top-k is off). Equal to
+    ``sampling_probs`` (tested) without writing the (n, |S|) row; differentiable in the kept logits."""
+    from .transforms import nucleus
+
+    k = cfg.top_k if 0 < cfg.top_k < logits.shape[-1] else logits.shape[-1]
+    vals, rows = logits.topk(k, dim=-1)
+    vals = vals / cfg.temperature
+    if cfg.top_p < 1:
+        vals = nucleus(vals, cfg.top_p)
+    return vals.softmax(-1), rows
+
+
 def step_loss(logits: torch.Tensor, top_lp: torch.Tensor, qidx: torch.Tensor, cfg: DraftConfig) -> torch.Tensor:
     """Mean loss over entries: ``logits`` (n, S) the draft's shortlist logits; ``top_lp`` (n, K) the
     teacher's top log-probabilities; ``qidx`` (n, K) their shortlist rows (-1: outside the shortlist,
@@ -259,11 +273,13 @@ def step_loss(logits: torch.Tensor, top_lp: torch.Tensor, qidx: torch.Tensor, cf
     q = transformed_teacher(top_lp, cfg)
     q = torch.where(inside, q, torch.zeros_like(q))
     if cfg.loss == "acc+kl1":
-        p = sampling_probs(logits, cfg.temperature, cfg.top_k, cfg.top_p)
-        tv = 1 - torch.minimum(p.gather(-1, at), q).sum(-1)
+        vals, rows = truncated_law(logits, cfg)  # p' on its support only: (n, top_k) values and rows
+        p_at_q = torch.einsum("nj,nkj->nk", vals, (rows[:, None, :] == qidx[:, :, None]).to(vals.dtype))
+        tv = 1 - torch.minimum(p_at_q, q).sum(-1)
         q1 = top_lp.softmax(-1)
         q1 = torch.where(inside, q1, torch.zeros_like(q1))
-        kl1 = (torch.special.xlogy(q1, q1) - q1 * logits.log_softmax(-1).gather(-1, at)).sum(-1)
+        lp1 = logits.gather(-1, at) - logits.logsumexp(-1, keepdim=True)
+        kl1 = (torch.special.xlogy(q1, q1) - q1 * lp1).sum(-1)
         return tv.mean() + 0.1 * kl1.mean()
     lp = (logits / cfg.temperature).log_softmax(-1).gather(-1, at)
     kl = (torch.special.xlogy(q, q) - q * lp).sum(-1)

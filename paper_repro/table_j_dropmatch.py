@@ -1,4 +1,4 @@
-"""Table i (our measurement, not the paper's): DropMatch on the real LM, beside Cactus.
+"""Table j (our measurement, not the paper's): DropMatch on the real LM, beside Cactus.
 
 DropMatch (Lee et al., arXiv 2603.03333; ``rules.DropMatch``) accepts a drafted token that SpS's test
 accepts or that matches one of ``M`` Monte Carlo dropout paths of the verifier's LM head. On rows of
@@ -17,7 +17,7 @@ The pair: the embedded one (SmolLM2-135M-Instruct + the project's draft) when th
 SmolLM2 self-draft (its linear layers fake-quantised to 4 bits, groups of 32; embeddings and head
 kept), which the result names.
 
-``python -m paper_repro.table_i_dropmatch [--fast]`` writes ``paper_repro/results/table_i_dropmatch.md``.
+``python -m paper_repro.table_j_dropmatch [--fast]`` writes ``paper_repro/results/table_j_dropmatch.md``.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from cactus_theory.tradeoff import matched_cactus
 from .common import Claim, Ctx, StepResult, atomic_write_text, cached_step, fmt, standalone
 from .lm_runs import SAMPLING, set_threads
 
-NAME = "table_i_dropmatch"
+NAME = "table_j_dropmatch"
 QUANT = {"bits": 4, "group": 32}
 
 
@@ -131,7 +131,7 @@ def path_laws(X, W, bias, cfg: dict, block: int = 8) -> dict:
     out = {}
     g = torch.Generator().manual_seed(cfg["seed"])
     rates = sorted(set(cfg["rates"]) | set(cfg["match"]))
-    for rate in tqdm(rates, desc="table i: dropout path laws", leave=False):
+    for rate in tqdm(rates, desc="table j: dropout path laws", leave=False):
         sparse = []
         for s in range(0, X.shape[0], block):
             law = path_law(X[s:s + block], W, rate, cfg["masks"], sampling=tuple(SAMPLING.values()), bias=bias,
@@ -182,7 +182,7 @@ def evaluate(Pc, Qc, claws, who, cfg: dict) -> list[dict]:
     from cactus_theory.dropmatch import PathLaw, step_law
 
     out = []
-    for rule in tqdm(_rules(cfg), desc="table i: exact laws", leave=False):
+    for rule in tqdm(_rules(cfg), desc="table j: exact laws", leave=False):
         r, gm = claws[rule.rate]
         law = PathLaw(r=r, group_means=gm, masks=cfg["masks"], rate=rule.rate)
         st = step_law(rule, Pc, Qc, law)
@@ -275,12 +275,12 @@ def compute(ctx: Ctx, cfg: dict) -> dict:
 def section(d: dict) -> str:
     """REPORT.md's section (the table without its title, under a heading of the report's level)."""
     body = render(d).split("\n", 2)[2]
-    return "### i. DropMatch on the real LM, beside Cactus (our measurement)\n\n" + body.rstrip("\n")
+    return "### j. DropMatch on the real LM, beside Cactus (our measurement)\n\n" + body.rstrip("\n")
 
 
 def render(d: dict) -> str:
     c = d["config"]
-    lines = ["# Table i: DropMatch on the real LM, beside Cactus", "",
+    lines = ["# Table j: DropMatch on the real LM, beside Cactus", "",
              f"Pair: {d['pair']}; {d['rows']} teacher-forced rows of the verifier's own continuations of "
              f"{d['prompts']} prompts; sampling temperature 0.6, top-k 20, top-p 0.95 on p, q and every dropout path. "
              f"Path law by Monte Carlo over {c['masks']} dropout masks per row ({c['groups']} groups; '+-': jackknife "

@@ -1,4 +1,4 @@
-"""Figure h (our result, not the paper's): Cactus with several drafts.
+"""Figure i (our result, not the paper's): Cactus with several drafts.
 
 With ``K`` drafts drawn i.i.d. from ``p``, the best acceptance any verification with output law ``h``
 can have is the multi-draft optimal transport (Hu et al., ICLR 2025), ``A_K(p, h)``
@@ -15,7 +15,7 @@ the lossless optimum (multi-draft SpS at its best). On figure c's family of rand
 * cross-checks: the cvxpy LP = the closed form from the dual = brute force over token sets, ``K = 1``
   = ``max_acceptance``; the coupling LP = the cutting-plane dual of ``solve_target_multi``.
 
-``python -m paper_repro.fig_h_multi_draft [--fast]``.
+``python -m paper_repro.fig_i_multi_draft [--fast]``.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from cactus_theory.rules import Cactus, SpS
 from .common import Claim, Ctx, StepResult, cached_step, fmt, save_figure, standalone
 from .fig_c_tradeoff import random_pairs
 
-NAME = "fig_h_multi_draft"
+NAME = "fig_i_multi_draft"
 DELTA_REF = 0.03  # the budget the survival claim is judged at
 DELTA_SHAPE = 0.01  # the budget of the shape panel's example
 SHAPE_TOL = 1e-3  # solver precision allowed in the shape checks: on log(h_i / q_i), and 1e-4 on h itself
@@ -85,7 +85,7 @@ def grid(P: np.ndarray, Q: np.ndarray, cfg: dict) -> dict:
     acc, spent, shapes = {}, {}, {"clip_err": 0.0, "mono": {}, "rows": 0}
     jobs = [(K, d) for K in cfg["K"] for d in cfg["delta"]]
     example = {"p": P[0], "q": Q[0], "h": {}, "value": {}, "delta": DELTA_SHAPE}
-    for K, d in tqdm(jobs, desc="fig h: K x delta", leave=False):
+    for K, d in tqdm(jobs, desc="fig i: K x delta", leave=False):
         vals, kls = [], []
         for i, (p, q) in enumerate(zip(P, Q, strict=True)):
             r = solve_target_multi(p, q, d, K, method="dual")
@@ -113,7 +113,7 @@ def frontier(P: np.ndarray, Q: np.ndarray, cfg: dict) -> list[dict]:
     rules += [s.make() for k, s in registry.RULES.items() if not s.lossless and k != "cactus" and not s.reads_head]
     out = []
     sps = acceptance_rate(SpS(), P, Q)
-    for rule in tqdm(rules, desc="fig h: K = 1 frontier", leave=False):
+    for rule in tqdm(rules, desc="fig i: K = 1 frontier", leave=False):
         a = acceptance_rate(rule, P, Q)
         k = kl(induced_distribution(rule, P, Q), Q)
         best = [solve_target_multi(p, q, float(kk), 1, method="dual").value if np.isfinite(kk) else 1.0
@@ -146,7 +146,7 @@ def section(d: dict) -> str:
     t = table(d)
     Ks, deltas = d["K"], d["delta"]
     head = "| K | " + " | ".join("SpS (delta = 0)" if dl == 0 else f"delta = {dl:g}" for dl in deltas) + " |"
-    lines = ["### h. Cactus with several drafts (our result, not the paper's)", "",
+    lines = ["### i. Cactus with several drafts (our result, not the paper's)", "",
              f"Exact optima (`optimize.solve_target_multi`) on {d['R']} random pairs of figure c's family, V = "
              f"{d['V']}: the best mean acceptance of K drafts drawn i.i.d. from p when the step's output law may sit "
              "within KL(h || q) <= delta of the verifier (delta = 0 is the lossless multi-draft optimum of Hu et al., "
