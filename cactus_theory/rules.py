@@ -12,6 +12,12 @@ and the one-step output law is ``sum_n p_n [phi_n e_n + (1 - phi_n) g_n]`` (see 
 Conventions shared by all rules (tested): a drafted token with ``p_n = 0`` is never accepted
 (the draft could not have sampled it); acceptance only reads ``p_n``, ``q_n`` and, for TAS, TopK
 and EARS, one statistic of the row ``q`` (entropy, k-th largest, max).
+
+The references differ on ``p_n = 0``: the authors' code and vLLM accept such a token whenever their
+test passes (``q_n / 0 = inf`` in a ratio; TAS and top-k do not read ``p`` at all). The output law
+is the same either way: ``n`` is drafted with probability ``p_n = 0``, so its acceptance decision
+carries weight 0 in ``h_alg = sum_n p_n [phi_n e_n + (1 - phi_n) g_n]``. Only a caller that drafts
+a token its own ``p`` gives probability 0 (e.g. ``p`` truncated after sampling) sees a difference.
 """
 
 from __future__ import annotations
@@ -23,8 +29,8 @@ from typing import ClassVar
 import numpy as np
 from array_api_compat import is_torch_array
 
-from ._array import Array, errstate, gather, one_hot_like, scatter, where0, xp_of
-from .divergences import F_DIVERGENCES, entropy
+from ._array import Array, errstate, gather, one_hot_like, scatter, where0, xlogy, xp_of
+from .divergences import F_DIVERGENCES
 from .validate import check_nonneg, check_positive_int
 from .validate import check_pqn as _check_inputs
 
@@ -196,12 +202,23 @@ class SpS(ScalingRule):
         return q_n
 
 
+def _boost(q: Array, c: float) -> Array:
+    """``sqrt(c q (1 - q))`` for ``q`` in [0, 1], evaluated as ``sqrt(c) sqrt(q (1 - q))`` and set to 0
+    where ``q (1 - q) = 0``: a huge ``c`` (``delta = 1e308``, or above float32's range) then gives an
+    infinite boost where ``q`` is inside (0, 1) and 0 at the ends, never ``inf * 0 = NaN``."""
+    xp = xp_of(q)
+    v = q * (1 - q)
+    sc = math.sqrt(float(c)) if np.ndim(c) == 0 and not is_torch_array(c) else xp_of(c).sqrt(c)  # c may be an array
+    return where0(v > 0, sc * xp.sqrt(xp.where(v > 0, v, xp.ones_like(v))))
+
+
 def taylor_gamma(q_n: Array, delta: float) -> Array:
     """Corollary 5: ``gamma* = min{q_n + sqrt(2 delta q_n (1 - q_n)), 1}``, with ``q_n`` first clipped
-    to [0, 1] (low-precision rows can stray outside), so the square root never sees a negative."""
+    to [0, 1] (low-precision rows can stray outside), so the square root never sees a negative;
+    finite in every dtype for every finite ``delta >= 0`` (see ``_boost``)."""
     xp = xp_of(q_n)
     qc = xp.clip(q_n, 0.0, 1.0)
-    return xp.clip(qc + xp.sqrt(xp.clip(2 * delta * qc * (1 - qc), 0.0, None)), qc, xp.ones_like(qc))
+    return xp.clip(qc + _boost(qc, 2.0 * delta), qc, xp.ones_like(qc))
 
 
 def two_block_divergence(gamma: Array, q_n: Array, divergence: str = "kl") -> Array:
@@ -217,7 +234,7 @@ def _closed_form_root(q_n: Array, delta: float, divergence: str) -> Array | None
     """Closed-form roots of Theorem 2's equation where they exist (before clipping to [q_n, 1])."""
     xp = xp_of(q_n)
     if divergence == "chi2":  # (gamma - q)^2 / (q (1 - q)) = delta
-        return q_n + xp.sqrt(delta * q_n * (1 - q_n))
+        return q_n + _boost(q_n, delta)
     if divergence == "tv":  # gamma - q = delta
         return q_n + delta
     if divergence == "hellinger":  # 1 - cos(b - a) = delta, q = sin^2 a, gamma = sin^2 b
@@ -329,28 +346,41 @@ class TAS(Rule):
     """Typical acceptance sampling (Medusa / vLLM): accept ``n`` deterministically iff
     ``q_n > min(epsilon, alpha exp(-H(q)))``; on rejection emit ``argmax q`` (as vLLM does).
 
+    ``entropy_eps``: the entropy is ``H(q) = -sum_i q_i log(q_i + entropy_eps)``. ``0`` (default) is
+    the exact Shannon entropy (Proposition 4's reading); ``1e-5`` is what vLLM's typical acceptance
+    sampler computes, which lowers ``H`` on spread-out rows and so raises the threshold (fewer
+    acceptances at full vocabulary).
+
     Proposition 4: equivalently ``H(e_n, q) = -log q_n < max(-log epsilon, H(q) - log alpha)``
     (see ``cross_entropy_threshold``).
     """
 
     epsilon: float = 0.09
     alpha: float = 0.3
+    entropy_eps: float = 0.0
     name: ClassVar[str] = "tas"
 
     def __post_init__(self):
         for k in ("epsilon", "alpha"):
             v = getattr(self, k)
-            if not (isinstance(v, (int, float)) and v > 0 and math.isfinite(v)):
+            if isinstance(v, bool) or not (isinstance(v, (int, float)) and v > 0 and math.isfinite(v)):
                 raise ValueError(f"{k} must be a positive number, got {v!r}")
+        check_nonneg(self.entropy_eps, "entropy_eps")
+
+    def entropy(self, q: Array) -> Array:
+        """``H(q) = -sum_i q_i log(q_i + entropy_eps)`` per row: (..., V) -> (...)."""
+        xp = xp_of(q)
+        with errstate():
+            return -xp.sum(xlogy(q, q + self.entropy_eps), axis=-1)
 
     def row_stats(self, q):
         xp = xp_of(q)
-        return (xp.exp(-entropy(q))[..., None],)
+        return (xp.exp(-self.entropy(q))[..., None],)
 
     def cross_entropy_threshold(self, q: Array) -> Array:
         """Proposition 4's threshold ``max(-log epsilon, H(q) - log alpha)`` on ``-log q_n``."""
         xp = xp_of(q)
-        return xp.clip(entropy(q) - math.log(self.alpha), -math.log(self.epsilon), None)
+        return xp.clip(self.entropy(q) - math.log(self.alpha), -math.log(self.epsilon), None)
 
     def phi(self, p_n, q_n, exp_neg_h):
         xp = xp_of(q_n)
@@ -365,22 +395,38 @@ class TAS(Rule):
         return xp.astype(one_hot_like(q, xp.argmax(q, axis=-1)), q.dtype)
 
 
+TOPK_RECOVERIES = ("q", "topk")
+
+
 @dataclass(frozen=True)
 class TopK(Rule):
-    """Top-k acceptance: accept ``n`` iff ``q_n >= `` the k-th largest ``q`` (ties accepted);
-    on rejection sample from ``q``."""
+    """Top-k acceptance: accept ``n`` iff ``q_n >= q_(k)``, the k-th largest ``q`` (ties accepted).
+
+    ``recovery`` on rejection:
+      ``"q"``     sample from ``q`` (our default);
+      ``"topk"``  the authors' reference code: ``(1[q >= q_(k)] - p)_+`` normalised, i.e. a token of
+                  the top-k set, favouring those the draft under-weights (with ``k = 1`` it always
+                  emits ``argmax q``). If ``q_(k) = 0`` (fewer than ``k`` tokens with ``q > 0``) the
+                  set ``q >= q_(k)`` is the whole vocabulary, as the formula says.
+    ``k`` must not exceed the vocabulary size (checked where ``q`` is first seen).
+    """
 
     k: int = 1
+    recovery: str = "q"
     name: ClassVar[str] = "topk"
 
     def __post_init__(self):
         check_positive_int(self.k, "k")
+        if self.recovery not in TOPK_RECOVERIES:
+            raise ValueError(f"recovery must be one of {TOPK_RECOVERIES}, got {self.recovery!r}")
 
     def row_stats(self, q):
-        k = min(int(self.k), q.shape[-1])
+        V = q.shape[-1]
+        if self.k > V:
+            raise ValueError(f"k must be <= the vocabulary size V = {V}, got k = {self.k}")
+        k = int(self.k)
         if is_torch_array(q):
             return (q.topk(k, dim=-1).values[..., -1:],)
-        V = q.shape[-1]
         return (np.partition(q, V - k, axis=-1)[..., V - k: V - k + 1],)
 
     def phi(self, p_n, q_n, kth):
@@ -388,10 +434,15 @@ class TopK(Rule):
         return xp.where(q_n >= kth, xp.ones_like(q_n), xp.zeros_like(q_n))
 
     def residual(self, p, q, n, *, check=True):
-        """``g_n = q``."""
+        """``g_n = q`` (``recovery="q"``) or ``(1[q >= q_(k)] - p)_+`` normalised (``"topk"``)."""
         if check:
             _check_inputs(p, q, n)
-        return q + 0 * p
+        if self.recovery == "q":
+            return q + 0 * p
+        xp = xp_of(p, q)
+        (kth,) = self.row_stats(q)
+        top = xp.astype(q >= kth, q.dtype)
+        return _normalise(_pos(top - p), top / xp.sum(top, axis=-1, keepdims=True))
 
 
 @dataclass(frozen=True)
@@ -413,7 +464,8 @@ class EARS(Rule):
         xp = xp_of(p_n, q_n)
         with errstate():
             ratio = q_n / xp.where(p_n > 0, p_n, xp.ones_like(p_n))
-        return ratio + self.beta * (1 - qmax)
+        slack = 1 - qmax
+        return ratio + where0(slack > 0, self.beta * slack)  # beta = 1e308 in float32: no inf * 0
 
     def residual(self, p, q, n, *, check=True):
         """``g_n = (q - p)_+ / sum (q - p)_+``."""
@@ -503,7 +555,7 @@ class RelaxedAcceptance(Rule):
 
     def row_stats(self, q):
         xp = xp_of(q)
-        kth = TopK(self.topk).row_stats(q)[0]
+        kth = TopK(min(self.topk, q.shape[-1])).row_stats(q)[0]  # topk > V: every token is in the top set
         return (xp.maximum(kth, xp.max(q, axis=-1, keepdims=True) - self.delta),)
 
     def phi(self, p_n, q_n, floor):

@@ -44,8 +44,11 @@ def check_common(rule, **tensors: torch.Tensor | None) -> None:
         raise ValueError(f"{names} must be on one device, got {devs}")
 
 
-def _validate(draft_tokens, draft_probs, verifier_probs, rule) -> None:
+def _validate(draft_tokens, draft_probs, verifier_probs, rule, generator) -> None:
     check_common(rule, draft_tokens=draft_tokens, draft_probs=draft_probs, verifier_probs=verifier_probs)
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise ValueError(f"generator must be a torch.Generator or None, got {generator!r} "
+                         "(seed one with torch.Generator().manual_seed(seed))")
     if draft_tokens.ndim != 2:
         raise ValueError(f"draft_tokens must have shape (B, k), got {tuple(draft_tokens.shape)}")
     B, k = draft_tokens.shape
@@ -115,7 +118,7 @@ def verify(
     accepts and ``phi_n = 1`` always does. float16 / bfloat16 inputs are computed in float32.
     """
     if check:
-        _validate(draft_tokens, draft_probs, verifier_probs, rule)
+        _validate(draft_tokens, draft_probs, verifier_probs, rule, generator)
     B, k = draft_tokens.shape
     dt = _compute_dtype(draft_probs, verifier_probs)
     n = draft_tokens.long()

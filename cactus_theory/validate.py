@@ -15,7 +15,7 @@ from array_api_compat import is_torch_array
 from ._array import Array
 
 __all__ = ["prob_atol", "check_probs", "check_same_shape", "check_token", "check_pqn", "check_nonneg",
-           "check_positive_int"]
+           "check_positive_int", "check_array_kind", "check_rule"]
 
 
 def prob_atol(x: Array) -> float:
@@ -125,7 +125,8 @@ def check_token(n: Array, V: int, batch_shape: tuple, name: str = "n") -> None:
 
 def check_pqn(p: Array, q: Array, n: Array | None = None) -> None:
     """The inputs of a rule or an exact law: ``p`` and ``q`` (..., V) probability rows of one shape
-    and, if given, drafted tokens ``n`` (...) in ``[0, V)``."""
+    and, if given, drafted tokens ``n`` (...) in ``[0, V)``; both numpy or both torch (see ``check_array_kind``)."""
+    check_array_kind(p, q, n)
     check_same_shape(p, q, "p", "q")
     check_probs(p, "p")
     check_probs(q, "q")
@@ -142,6 +143,36 @@ def check_nonneg(value: float, name: str) -> None:
 
 
 def check_positive_int(value, name: str) -> None:
-    """Raise ``ValueError`` unless ``value`` is an integer (Python or numpy) >= 1."""
-    if not (isinstance(value, (int, np.integer)) and value >= 1):
+    """Raise ``ValueError`` unless ``value`` is an integer (Python or numpy, not a bool) >= 1."""
+    if isinstance(value, (bool, np.bool_)) or not (isinstance(value, (int, np.integer)) and value >= 1):
         raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+def _kind(x) -> str | None:
+    if is_torch_array(x):
+        return "torch"
+    if isinstance(x, np.ndarray):
+        return "numpy"
+    return None
+
+
+def check_array_kind(p, q, n=None) -> None:
+    """Raise ``ValueError`` unless ``p`` and ``q`` are both numpy arrays or both torch tensors (a
+    Python list is refused, not guessed), and a torch ``n`` goes with torch ``p`` / ``q``."""
+    for name, x in (("p", p), ("q", q)):
+        if _kind(x) is None:
+            raise ValueError(f"{name} must be a numpy array or a torch tensor, got {type(x).__name__}")
+    if _kind(p) != _kind(q):
+        raise ValueError(f"p and q must both be numpy arrays or both torch tensors, got a {_kind(p)} p "
+                         f"and a {_kind(q)} q")
+    if n is not None and _kind(p) == "torch" and _kind(n) != "torch":
+        raise ValueError(f"n must be a torch tensor when p and q are, got {type(n).__name__}")
+
+
+def check_rule(rule, name: str = "rule") -> None:
+    """Raise ``ValueError`` unless ``rule`` is a ``cactus_theory`` rule object (not a rule's name)."""
+    from .rules import Rule
+
+    if not isinstance(rule, Rule):
+        hint = f" (build one with cactus_theory.make_rule({rule!r}, ...))" if isinstance(rule, str) else ""
+        raise ValueError(f"{name} must be a cactus_theory Rule such as SpS() or Cactus(0.5), got {rule!r}{hint}")

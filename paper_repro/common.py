@@ -1,4 +1,6 @@
-"""Shared plumbing of the reproduction steps: paths, fast mode, atomic cached results, figures, claims."""
+"""Shared plumbing of the reproduction steps: paths, fast mode, atomic cached results, figures.
+
+Claims are ``cactus_theory.claims.Claim``, the row type ``cactus-theory verify`` uses too."""
 
 from __future__ import annotations
 
@@ -15,12 +17,12 @@ import numpy as np
 
 from cactus_theory.atomic import atomic_path, atomic_write_text
 from cactus_theory.atomic import atomic_write_json as _atomic_write_json
+from cactus_theory.claims import VERDICTS, Claim  # noqa: F401  (the one claim type, re-exported)
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "paper_repro" / "results"
 FIGURES = ROOT / "figures"
 REPORT = ROOT / "paper_repro" / "REPORT.md"
-VERDICTS = ("holds", "differs", "out of reach")
 
 
 def fast_mode() -> bool:
@@ -46,23 +48,6 @@ class Ctx:
 
 class NotCached(Exception):
     """A step that may only reuse its cache (``Ctx.cache_only``) has none for its configuration."""
-
-
-@dataclass
-class Claim:
-    """One row of REPORT.md: a claim of the paper, how we checked it, both numbers, a verdict."""
-
-    claim: str
-    paper_ref: str
-    how: str
-    ours: str
-    paper: str
-    verdict: str  # one of VERDICTS
-    detail: str = ""
-
-    def __post_init__(self):
-        if self.verdict not in VERDICTS:
-            raise ValueError(f"verdict must be one of {VERDICTS}, got {self.verdict!r}")
 
 
 def to_jsonable(x: Any) -> Any:
@@ -190,7 +175,10 @@ def cached_step(ctx: Ctx, name: str, cfg: dict, compute: Callable[[], dict],
     """A figure step: ``compute()`` cached under ``cfg`` (see ``cached``), then drawn and judged."""
     t0 = time.perf_counter()
     d = cached(ctx, name, cfg, compute)
-    return StepResult(name, d, plot(d, ctx), claims(d), time.perf_counter() - t0)
+    rows = claims(d)
+    for c in rows:
+        c.source = c.source or name
+    return StepResult(name, d, plot(d, ctx), rows, time.perf_counter() - t0)
 
 
 def standalone(run: Callable[[Ctx], StepResult], argv: list[str] | None = None) -> StepResult:
@@ -204,7 +192,7 @@ def standalone(run: Callable[[Ctx], StepResult], argv: list[str] | None = None) 
     args = ap.parse_args(argv)
     res = run(Ctx(fast=args.fast or fast_mode(), force=args.force, seed=args.seed))
     for c in res.claims:
-        print(f"[{c.verdict}] {c.claim}: ours {c.ours} | paper {c.paper}")
+        print(f"[{c.label}] {c.claim}: ours {c.ours}" + (f" | paper {c.paper}" if c.paper else ""))
     for f in res.figures:
         print("wrote", f)
     return res

@@ -2,8 +2,11 @@
 
 Every run is one (method, prompt style): ``lm.speculative_generate`` with the rule (or
 ``lm.autoregressive_generate`` for the verifier alone) on the style's prompts, sampling as in the
-paper (temperature 0.6, top-k 20, top-p 0.95). Each run is cached as its own piece, so an
-interrupted job resumes where it stopped. Defaults: the embedded pair (SmolLM2-135M-Instruct and
+paper (temperature 0.6, top-k 20, top-p 0.95). Each prompt is decoded alone (batch 1), so every
+counter (accepted drafts, steps, tokens, seconds, KL, NLL) is stored per prompt and the report's
+intervals can bootstrap over prompts. The baselines are the references' variants: TAS with vLLM's
+entropy (``entropy_eps=1e-5``), top-k with the authors' recovery (``recovery="topk"``). Each run is
+cached as its own piece, so an interrupted job resumes where it stopped. Defaults: the embedded pair (SmolLM2-135M-Instruct and
 the project's draft, ``cactus-theory build-draft``); ``--verifier`` / ``--draft`` take any pair.
 """
 
@@ -29,10 +32,10 @@ def methods(fast: bool) -> dict[str, dict]:
     """Method name -> {rule, params, k}; ``rule=None`` is the verifier alone."""
     m = {"verifier alone": {"rule": None, "params": {}, "k": 0},
          "SpS": {"rule": "sps", "params": {}, "k": 4},
-         "TAS": {"rule": "tas", "params": {}, "k": 4}}
+         "TAS": {"rule": "tas", "params": {"entropy_eps": 1e-5}, "k": 4}}  # vLLM's entropy, as the paper ran it
     for d in ([1.0, 0.75] if fast else [0.1, 0.25, 0.5, 0.75, 1.0, 2.0]):
         m[f"Cactus delta={d:g}"] = {"rule": "cactus", "params": {"delta": d}, "k": 4}
-    m["top-k k=3"] = {"rule": "topk", "params": {"k": 3}, "k": 4}
+    m["top-k k=3"] = {"rule": "topk", "params": {"k": 3, "recovery": "topk"}, "k": 4}  # the authors' recovery
     m["interpolation alpha=0.5"] = {"rule": "interpolation", "params": {"alpha": 0.5}, "k": 4}
     if not fast:
         m["interpolation alpha=0.9"] = {"rule": "interpolation", "params": {"alpha": 0.9}, "k": 4}
@@ -60,6 +63,12 @@ def lm_config(ctx: Ctx) -> dict:
             "max_new_tokens": o.get("max_new_tokens", 8 if ctx.fast else 32),
             "sampling": SAMPLING, "seed": ctx.seed, "methods": methods(ctx.fast),
             "injected": o.get("pair") is not None}
+
+
+def scope(cfg: dict) -> str:
+    """Where the LM evidence comes from, for "consistent: ..." verdicts (from ``lm_config``)."""
+    pair = "an injected pair" if cfg["injected"] else f"{cfg['verifier']} verifier + {cfg['draft']} draft"
+    return f"{pair}, k = 4, {cfg['per_style']} prompts x {len(STYLES)} styles"
 
 
 _PAIRS: dict = {}
@@ -125,21 +134,41 @@ def prompts_for(pair, style: str, n: int, seed: int) -> list:
     return [rng.integers(0, pair.vocab_size, size=6).tolist() for _ in texts]
 
 
+COUNTERS = ("sequences", "new_tokens", "steps", "accepted", "drafted", "verifier_calls", "seconds",
+            "kl_sum", "kl_count", "kl_skipped", "nll_sum", "nll_count")
+_WARM: set = set()
+
+
 def decode(ctx: Ctx, cfg: dict, name: str, style: str) -> dict:
+    """One method on one style's prompts, each prompt decoded alone (batch 1, seed ``seed + i``), so
+    every counter exists per prompt: the report's intervals are bootstraps over prompts. The first
+    call of each method in a process is preceded by an untimed two-token warm-up."""
     from cactus_theory import make_rule
     from cactus_theory.lm import autoregressive_generate, speculative_generate
 
     pair = get_pair(ctx)
     spec = cfg["methods"][name]
     prompts = prompts_for(pair, style, cfg["per_style"], cfg["seed"])
-    kw = dict(max_new_tokens=cfg["max_new_tokens"], batch_size=len(prompts), seed=cfg["seed"], **SAMPLING)
-    if spec["rule"] is None:
-        res = autoregressive_generate(pair, prompts, **kw)
-    else:
-        res = speculative_generate(pair, prompts, make_rule(spec["rule"], **spec["params"]), k=spec["k"], **kw)
-    out = {"stats": res.stats.as_dict(), "texts": res.texts}
+
+    def gen(batch, seed, max_new):
+        kw = dict(max_new_tokens=max_new, batch_size=len(batch), seed=seed, **SAMPLING)
+        if spec["rule"] is None:
+            return autoregressive_generate(pair, batch, **kw)
+        return speculative_generate(pair, batch, make_rule(spec["rule"], **spec["params"]), k=spec["k"], **kw)
+
+    if name not in _WARM:
+        gen(prompts[:1], cfg["seed"], 2)
+        _WARM.add(name)
+    per, texts, tokens, ids = [], [], [], []
+    for i, prompt in enumerate(prompts):
+        res = gen([prompt], cfg["seed"] + i, cfg["max_new_tokens"])
+        per.append({k: v for k, v in res.stats.as_dict().items() if k in COUNTERS})
+        texts += res.texts or []
+        tokens += res.tokens
+        ids += res.prompts
+    out = {"stats": {k: sum(p[k] for p in per) for k in COUNTERS}, "per_prompt": per, "texts": texts}
     if name == "SpS":
-        out["prompts"], out["tokens"] = res.prompts, res.tokens
+        out["prompts"], out["tokens"] = ids, tokens
     return out
 
 
@@ -155,16 +184,30 @@ def run_all(ctx: Ctx) -> dict:
     return out
 
 
-def pooled(runs: dict, method: str, styles=STYLES) -> dict:
-    """Counters summed over styles, with the derived figures recomputed (see ``lm.DecodeStats``)."""
-    keys = ("sequences", "new_tokens", "steps", "accepted", "drafted", "verifier_calls", "seconds",
-            "kl_sum", "kl_count", "kl_skipped", "nll_sum", "nll_count")
-    t = {k: sum(runs[method][s]["stats"][k] for s in styles) for k in keys}
+def derived(t: dict) -> dict:
+    """Counters (``COUNTERS``) plus the figures derived from them. Units (DESIGN.md): ``al`` is the
+    paper's AL, tokens per verifier call with the bonus included, ``(accepted + steps) / steps``;
+    ``acceptance_rate`` is per-token acceptance, accepted drafts / drafted tokens."""
+    t = dict(t)
     div = lambda a, b: a / b if b else math.nan  # noqa: E731
     t.update(al=div(t["accepted"] + t["steps"], t["steps"]), acceptance_rate=div(t["accepted"], t["drafted"]),
              tokens_per_s=div(t["new_tokens"], t["seconds"]), mean_step_kl=div(t["kl_sum"], t["kl_count"]),
              nll=div(t["nll_sum"], t["nll_count"]), rejected_per_token=div(t["drafted"] - t["accepted"], t["new_tokens"]))
     return t
+
+
+def pooled(runs: dict, method: str, styles=STYLES) -> dict:
+    """Counters summed over styles, with the derived figures recomputed (see ``derived``)."""
+    return derived({k: sum(runs[method][s]["stats"][k] for s in styles) for k in COUNTERS})
+
+
+def per_prompt(runs: dict, method: str, styles=STYLES) -> list[dict]:
+    """Each prompt's counters, styles in order, prompts in order (the same order for every method, so
+    two methods pair up prompt by prompt). Empty when the cached runs predate per-prompt counters."""
+    out = []
+    for s in styles:
+        out += runs[method][s].get("per_prompt", [])
+    return out
 
 
 def save_lm_pairs(ctx: Ctx, runs: dict, max_rows: int = 256) -> int:

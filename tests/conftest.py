@@ -2,7 +2,8 @@
 
 Cases are drawn as (kind, V, seed) by hypothesis and built by ``cactus_theory.report.make_pair``,
 so every random and adversarial kind (p = q, one-hot q, disjoint supports, zeros on either side,
-q_n = 1, tiny q_n) is covered and any failure replays exactly.
+q_n = 1, tiny q_n, q_n on TAS's threshold or within 1e-12..1e-6 of it, q_n tied with the k-th
+largest q) is covered and any failure replays exactly.
 """
 
 from __future__ import annotations
@@ -31,3 +32,12 @@ def cases(draw, min_V: int = 2, max_V: int = 12, kinds=CASE_KINDS):
 
 
 deltas = st.sampled_from([1e-4, 1e-3, 0.01, 0.05, 0.2, 0.5, 1.0, 3.0])
+
+
+def fitted(rule, V: int):
+    """``rule`` usable on a vocabulary of ``V`` tokens: a TopK with ``k > V`` (refused) becomes ``k = V``."""
+    from cactus_theory.rules import TopK
+
+    if isinstance(rule, TopK) and rule.k > V:
+        return TopK(V, recovery=rule.recovery)
+    return rule

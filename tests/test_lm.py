@@ -4,8 +4,11 @@ first generated tokens, batching with ragged prompts, EOS, determinism, statisti
 Statistical tests: chi-square goodness of fit (``stats.goodness_of_fit``, cells pooled to expected
 count >= 5) at level ALPHA = 1e-3 each, with fixed seeds, so the suite is deterministic; were the
 seeds redrawn, each of the 11 true-null checks here would fail with probability 1e-3 (~1.1% for
-the file). N = 20000 sequences per law: a law at TV distance 0.04 from the exact one over <= 100
-pooled cells is rejected with probability > 0.99 (``stats.power``).
+the file). Power (``stats.power``, checked in ``assert_fits`` from each test's own pooled cell count):
+N = 20000 sequences reject a law at TV distance EPS = 0.06 from the exact one with probability
+>= 0.99 up to 1159 pooled cells; the most any test here has is 883 (3 tokens of V = 10), where TV
+0.04 would be detected with probability 0.43 only. The ragged-batch test's 2500 rows per prompt (up
+to 123 cells) detect TV >= EPS_RAGGED = 0.12 with probability >= 0.99.
 
 The loop runs Llama models as the compact Llama (``lm/llama.py``) by default; the exact-law tests
 run both that path and the Hugging Face forward (``compact=False``).
@@ -33,11 +36,12 @@ from cactus_theory.lm.llama import Llama
 from cactus_theory.lm.metrics import step_kl
 from cactus_theory.lm.pair import check_same_tokenizer
 from cactus_theory.lm.transforms import check_sampling
-from cactus_theory.stats import goodness_of_fit
+from cactus_theory.stats import goodness_of_fit, power
 from cactus_theory.toy import autoregressive_law, sequence_law
 
 ALPHA = 1e-3
 N = 20000
+EPS, EPS_RAGGED, POWER = 0.06, 0.12, 0.99
 RAW = dict(temperature=1.0, top_k=0, top_p=1.0)  # plain sampling (the loop's default is the paper's)
 V = 10
 EOS = 4
@@ -91,6 +95,9 @@ def counts_of(tokens: list[list[int]], T: int, pad: int | None = None) -> np.nda
 def assert_fits(tokens, law, T, pad=None):
     res = goodness_of_fit(counts_of(tokens, T, pad), law, alpha=ALPHA, kind="counts")
     assert res.n == len(tokens)
+    # the power the module docstring states, for this test's own sample size and pooled cells
+    eps = EPS if res.n >= N else EPS_RAGGED
+    assert power(res.n, eps, categories=res.bins, alpha=ALPHA) >= POWER, (res.n, res.bins)
     assert not res.reject, res
 
 
@@ -535,3 +542,56 @@ def test_eagle3_export_computes_the_same_head(tmp_path):
     assert torch.equal(fin, torch.isfinite(theirs)) and int(fin[0].sum()) == 8
     assert torch.allclose(ours[fin], theirs[fin], atol=1e-4)
     assert w["t2d"].sum() == 8 and w["t2d"].dtype == torch.bool
+
+
+@pytest.mark.parametrize("feature", [True, False])
+def test_first_step_laws_are_the_block_start_laws(feature):
+    """Teacher-forced (p, q) rows equal the draft's first-step law and the verifier's law at each
+    position (independent references: ``head_law`` / a full draft forward, and ``cond``)."""
+    from cactus_theory.lm.loop import first_step_laws
+
+    ids = [3, 1, 4, 1, 5, 9, 2, 6]
+    pr = ModelPair(HEAD, HEAD_VER, None) if feature else pair()
+    ver = HEAD_VER if feature else VERIFIER
+    P, Q = first_step_laws(pr, ids, 2, 7, **RAW)
+    assert P.shape == Q.shape == (5, V)
+    for r, i in enumerate(range(2, 7)):
+        np.testing.assert_allclose(Q[r], cond(ver)(tuple(ids[:i + 1])), atol=1e-5)
+        ref = head_law()(tuple(ids[:i + 1]), ()) if feature else cond(DRAFT)(tuple(ids[:i + 1]))
+        np.testing.assert_allclose(P[r], ref, atol=1e-5)
+    with pytest.raises(ValueError, match="lo"):
+        first_step_laws(pr, ids, 5, 3)
+
+
+@pytest.mark.parametrize("top_k,top_p", [(20, 0.95), (5, 1.0), (0, 0.9), (0, 1.0)])
+def test_truncated_law_is_the_sampling_law(top_k, top_p):
+    from cactus_theory.lm.draft_build import truncated_law
+
+    logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(0)) * 3
+    cfg = DraftConfig(temperature=0.6, top_k=top_k, top_p=top_p)
+    vals, rows = truncated_law(logits, cfg)
+    full = torch.zeros(6, 50).scatter(-1, rows, vals)
+    assert torch.allclose(full, sampling_probs(logits, 0.6, top_k, top_p), atol=1e-6)
+
+
+def test_feature_draft_ragged_batch_and_eos_keep_each_rows_law():
+    """Rows of different prompt lengths, finishing at different steps (EOS), share one batch: each
+    row's first tokens follow its own exact law (the head's caches and pending entries per row)."""
+    prompts = [[6], [3, 5, 7, 1, 2], [2, 9]]
+    batch = [prompts[i % 3] for i in range(3 * 2500)]
+    rule = ct.Cactus(0.5)
+    res = speculative_generate(ModelPair(HEAD, HEAD_VER, None, eos_token_id=EOS), batch, rule, k=2,
+                               max_new_tokens=3, batch_size=len(batch), seed=8, track_kl=False, **RAW)
+    assert sum(len(t) < 3 for t in res.tokens) > 100  # EOS ends some rows early
+
+    def absorbing(law_fn):  # after EOS the padded output repeats EOS
+        def f(context, drafts):
+            return np.eye(V)[EOS] if EOS in (tuple(context) + tuple(drafts))[n_prompt:] else law_fn(context, drafts)
+        return f
+
+    for j, pr in enumerate(prompts):
+        n_prompt = len(pr)
+        ver = cond(HEAD_VER)
+        law = sequence_law(None, lambda c, n=n_prompt: np.eye(V)[EOS] if EOS in c[n:] else ver(c), rule, 2, 3,
+                           prompt=tuple(pr), verifier_first=True, draft_in_block=absorbing(head_law()))
+        assert_fits(res.tokens[j::3], law, 3, pad=EOS)

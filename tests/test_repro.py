@@ -67,9 +67,12 @@ def test_parts_resume_and_reset_on_new_config(tmp_path):
     assert calls[-1] == "a3"
 
 
-def test_claim_rejects_unknown_verdict():
+def test_claim_is_the_librarys_and_rejects_unknown_verdict():
+    from cactus_theory.claims import Claim as LibraryClaim
+
+    assert Claim is LibraryClaim  # one claim type for verify and the report
     with pytest.raises(ValueError, match="verdict"):
-        Claim("c", "ref", "how", "ours", "paper", "maybe")
+        Claim("k", "c", "ref", "paper", "how", "ours", "maybe")
 
 
 # -- figure steps -------------------------------------------------------------------------------
@@ -80,7 +83,8 @@ def test_fig_a_matches_paper_and_writes_png_and_svg(tmp_path):
     assert d["sps"]["accept_n"] == pytest.approx(0.4375, abs=1e-12)
     assert np.allclose(d["cactus"]["h"], [0.16, 0.66, 0.18], atol=5e-3)
     assert d["cactus_exact"]["kl_h"] == pytest.approx(fig_a_worked_example.DELTA, abs=1e-9)  # exact root spends delta
-    assert [c.verdict for c in res.claims] == ["holds"]
+    assert d["cactus_star"]["accept_n"] == pytest.approx(0.825, abs=1e-12)  # the budget giving the paper's .825
+    assert res.claims == []  # the worked example is one claim, verify's; this step draws it
     assert sorted(p.suffix for p in res.figures) == [".png", ".svg"]
     assert all(p.stat().st_size > 1000 for p in res.figures)
 
@@ -100,6 +104,12 @@ def test_fig_c_sweep_end_points():
     s = fig_c_tradeoff.sweep(P, Q)
     sps = float(np.mean(ct.acceptance_rate(ct.SpS(), P, Q)))
     cac = {pt["param"]: pt for pt in s["Cactus (delta)"]}
+    # the baselines are the references' variants (vLLM's TAS entropy, the authors' top-k recovery)
+    assert all("entropy_eps=1e-05" in pt["rule"] for pt in s["TAS (epsilon)"])
+    assert all("recovery='topk'" in pt["rule"] for pt in s["top-k (k)"])
+    assert all("recovery='q'" in pt["rule"] for pt in s[fig_c_tradeoff.OURS_TOPK])
+    # per-row values are kept for the intervals, and their means are the points
+    assert np.mean(cac[0.1]["rows"]["accept"]) == pytest.approx(cac[0.1]["accept"], rel=1e-5)
     # delta = 0 is SpS: its law is q exactly
     assert cac[0.0]["accept"] == pytest.approx(sps, abs=1e-12) and cac[0.0]["kl"] == pytest.approx(0, abs=1e-12)
     # a huge budget accepts everything, so the law is p and KL(h_alg || q) = KL(p || q)
@@ -136,6 +146,16 @@ def test_repro_end_to_end_then_resumes_from_cache(tmp_path, tiny_pair):
                 "overview figure", "main table"):
         assert ref in text
     assert "out of reach" in text and "## f. Main-table analogue" in text
+    # three sections; the headline counts each statement of the paper once; the worked example is one row
+    paper = text.split("## Claims of the paper")[1].split("## Results we derived")[0]
+    assert "## Checks of our own code" in text and paper.count("overview figure") == 1
+    n_rows = sum(1 for line in paper.splitlines() if line.startswith("| ") and not line.startswith("| #"))
+    assert f"Of the paper's {n_rows} distinct claims" in text and n_rows == 11
+    assert "exact (a theorem)" not in text
+    # fast mode has 3 prompts: the LM rows are out of reach, never a bare "holds"
+    for key in ("main table (AL, Rej)", "wall-clock experiment"):
+        row = next(line for line in paper.splitlines() if key in line)
+        assert "out of reach" in row, row
     figs = sorted(p.name for p in c.figures.iterdir())
     assert figs == sorted(f"{s}.{e}" for s in ("fig_a_worked_example", "fig_b_gamma", "fig_c_tradeoff",
                                                "fig_d_gamma_delta", "fig_e_lm") for e in ("png", "svg"))
@@ -146,7 +166,13 @@ def test_repro_end_to_end_then_resumes_from_cache(tmp_path, tiny_pair):
     runs = lm_runs.run_all(c)
     t = lm_runs.pooled(runs, "SpS")
     assert t["steps"] == sum(runs["SpS"][s]["stats"]["steps"] for s in lm_runs.STYLES) > 0
-    assert 0 <= t["al"] <= 4
+    assert 1 <= t["al"] <= 5  # tokens per verifier call with k = 4 drafts, bonus included
+    # per-prompt counters (the intervals' units) sum to the pooled ones, and pair up across methods
+    per = lm_runs.per_prompt(runs, "SpS")
+    assert len(per) == len(lm_runs.per_prompt(runs, "TAS")) == 3
+    assert sum(p["accepted"] for p in per) == t["accepted"] and sum(p["steps"] for p in per) == t["steps"]
+    tm = json.loads((c.results / "timings.json").read_text())
+    assert tm["mode"] == "fast mode" and tm["total_compute_seconds"] == pytest.approx(sum(tm["compute_seconds"].values()), abs=0.2)
     # a rerun computes nothing: every cached file keeps its modification time
     stamps = {p: p.stat().st_mtime_ns for p in c.results.rglob("*.json")}
     out2 = repro(c, [*STEPS, "verify"], cases=4, report=tmp_path / "REPORT2.md")
@@ -172,3 +198,23 @@ def test_bad_arguments_name_the_option(argv, match, tmp_path):
     args = p.parse_args([*argv, "--results", str(tmp_path)])
     with pytest.raises(ValueError, match=match):
         main_run(args)
+
+
+# -- every number traces to a committed file -------------------------------------------------------
+
+def test_readme_findings_are_generated_from_the_committed_results():
+    """README.md's findings block is exactly what paper_repro.findings builds from paper_repro/results/*.json
+    (python -m paper_repro.findings regenerates it), so each number it quotes is in a committed file."""
+    from paper_repro.findings import block, findings
+
+    assert block() == findings()
+
+
+def test_committed_report_matches_the_committed_claims():
+    from paper_repro.common import REPORT, RESULTS
+    from paper_repro.findings import load_claims
+    from paper_repro.report import headline
+
+    claims = load_claims(RESULTS)
+    assert claims, "paper_repro/results/claims.json is missing"
+    assert headline(claims) in REPORT.read_text()

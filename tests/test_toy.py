@@ -51,14 +51,21 @@ def test_ngram_validation():
         random_ngram(1)
 
 
-@pytest.mark.parametrize("rule", [ct.SpS(), *LOSSY], ids=repr)
+@pytest.mark.parametrize("rule", [ct.SpS(), *LOSSY, ct.TopK(2, recovery="topk"), ct.TAS(entropy_eps=1e-5)], ids=repr)
 def test_step_parts_are_the_one_step_law(rule):
+    """Against reference.py (the formulas re-implemented with scipy / plain numpy, no shared code):
+    the accept part is p_n phi_n, the reject part sum_n p_n (1 - phi_n) g_n, per candidate n."""
+    from cactus_theory.reference import reference_law, reference_step
+
     rng = np.random.default_rng(4)
-    p, q = rng.dirichlet(np.ones(6)), rng.dirichlet(np.ones(6))
-    acc, rej = step_parts(rule, p, q)
-    assert acc.sum() + rej.sum() == pytest.approx(1, abs=1e-12)
-    np.testing.assert_allclose(acc + rej, ct.induced_distribution(rule, p, q), atol=1e-12)
-    np.testing.assert_allclose(acc.sum(), ct.acceptance_rate(rule, p, q), atol=1e-12)
+    for _ in range(3):
+        p, q = rng.dirichlet(np.ones(6)), rng.dirichlet(np.full(6, 0.5))
+        acc, rej = step_parts(rule, p, q)
+        steps = [reference_step(rule, p, q, n) for n in range(6)]
+        np.testing.assert_allclose(acc, [p[n] * phi for n, (phi, _) in enumerate(steps)], rtol=0, atol=1e-12)
+        np.testing.assert_allclose(rej, sum(p[n] * (1 - phi) * g for n, (phi, g) in enumerate(steps)), rtol=0,
+                                   atol=1e-12)
+        np.testing.assert_allclose(acc + rej, reference_law(rule, p, q), rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize("k", [1, 2, 3])

@@ -140,3 +140,40 @@ def test_bad_arguments_of_helpers():
         verify_claims(0, 0)
     with pytest.raises(ValueError, match="^q contains NaN"):
         solve_target(np.array([np.nan, 0.5, 0.5]), 0, 0.1)
+
+
+def test_crashes_became_clear_errors():
+    """Each of these used to crash with an AttributeError / TypeError deep inside, or silently clamp."""
+    from cactus_theory.sampler import verify
+
+    with pytest.raises(ValueError, match="^p must be a numpy array or a torch tensor, got list"):
+        SpS().accept_prob([0.2, 0.3, 0.5], Q, N)
+    with pytest.raises(ValueError, match="^q must be a numpy array or a torch tensor, got tuple"):
+        Cactus(0.5).target(P, (0.4, 0.4, 0.2), N)
+    with pytest.raises(ValueError, match="^p and q must both be numpy arrays or both torch tensors"):
+        SpS().accept_prob(P, torch.tensor(Q), N)
+    with pytest.raises(ValueError, match="^n must be a torch tensor when p and q are"):
+        SpS().accept_prob(torch.tensor(P), torch.tensor(Q), N)
+    with pytest.raises(ValueError, match=r"^rule must be a cactus_theory Rule.*'cactus'.*make_rule"):
+        ct.induced_distribution("cactus", P, Q)
+    with pytest.raises(ValueError, match="^rule must be a cactus_theory Rule.*None"):
+        ct.acceptance_rate(None, P, Q)
+    with pytest.raises(ValueError, match="^rule must be a cactus_theory Rule"):
+        ct.step_divergence("sps", P, Q)
+    with pytest.raises(ValueError, match="^generator must be a torch.Generator or None, got 123"):
+        verify(torch.tensor([[1]]), torch.tensor(P).view(1, 1, 3), torch.tensor(np.stack([Q, Q])).view(1, 2, 3),
+               SpS(), generator=123)
+    with pytest.raises(ValueError, match="^k must be an integer >= 1, got True"):
+        TopK(True)
+    with pytest.raises(ValueError, match="^k must be <= the vocabulary size V = 3"):
+        TopK(10**6).accept_prob(P, Q, N)
+    with pytest.raises(ValueError, match="^k must be <= the vocabulary size V = 3"):
+        ct.induced_distribution(TopK(4), P, Q)
+    with pytest.raises(ValueError, match="^entropy_eps must be finite and >= 0"):
+        TAS(entropy_eps=-1e-5)
+    with pytest.raises(ValueError, match="^epsilon must be a positive number, got True"):
+        TAS(epsilon=True)
+    with pytest.raises(ValueError, match="^cases must be an integer >= 1, got True"):
+        verify_claims(0, True)
+    with pytest.raises(ValueError, match="^seed must be a non-negative integer or None"):
+        verify_claims(-1, 3)

@@ -56,6 +56,8 @@ class DraftConfig:
     epochs: int = 2
     batch_tokens: int = 4096
     lr: float = 1.5e-3
+    weight_decay: float = 0.0
+    feature_noise: float = 0.0  # std of Gaussian noise on the fused features, relative to their RMS
     loss: str = "kl+tv"  # see draft_build.step_loss: "kl", "tv", "kl+tv", "acc+kl1"
     temperature: float = 0.6  # the sampling the draft is trained for (the CLI default)
     top_k: int = 20
@@ -79,6 +81,8 @@ class DraftConfig:
             raise ValueError(f"aux_layers must be three layer indices >= 0, got {self.aux_layers!r}")
         if self.loss not in ("kl", "tv", "kl+tv", "acc+kl1"):
             raise ValueError(f"loss must be 'kl', 'tv', 'kl+tv' or 'acc+kl1', got {self.loss!r}")
+        if not (isinstance(self.temperature, (int, float)) and 0 < self.temperature < math.inf):
+            raise ValueError(f"temperature must be > 0 (the draft is trained for sampling), got {self.temperature!r}")
         if not (self.lr > 0 and math.isfinite(self.lr)):
             raise ValueError(f"lr must be a finite number > 0, got {self.lr!r}")
         if self.dtype not in ("auto", "float32", "bfloat16"):

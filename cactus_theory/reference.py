@@ -1,0 +1,122 @@
+"""Independent re-implementations of each rule's one-step law, for checking ``rules`` and ``sampler``.
+
+Written from the formulas (PAPER.md, the authors' reference code, vLLM's samplers) with plain numpy
+and scipy loops over the drafted token ``n``, sharing no code with ``rules.py``, ``exact.py`` or
+``divergences.py``: a wrong port in those modules (a recovery from ``q`` instead of ``h``, a ``>=``
+where the reference has ``>``, a missing factor 2) makes the two disagree.
+
+``reference_law(rule, p, q)`` is ``h_alg(y) = sum_n p_n [phi_n 1(y = n) + (1 - phi_n) g_n(y)]`` for one
+row ``p``, ``q`` (float64, shape (V,)). ``reference_gamma(q_n, delta, divergence)`` is Theorem 2's
+root by Brent's method on the two-point divergence. Slow (O(V^2)); for small vocabularies.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy.optimize import brentq
+from scipy.special import rel_entr
+from scipy.stats import entropy as scipy_entropy
+
+__all__ = ["reference_law", "reference_step", "reference_gamma", "bernoulli_divergence", "COVERED"]
+
+COVERED = ("SpS", "Cactus", "TAS", "TopK", "Interpolation", "EARS")
+
+
+def bernoulli_divergence(g: float, q: float, divergence: str) -> float:
+    """``D((g, 1 - g) || (q, 1 - q))`` from each f-divergence's textbook formula (scipy ``rel_entr``)."""
+    a, b = np.array([g, 1 - g]), np.array([q, 1 - q])
+    if divergence == "kl":
+        return float(np.sum(rel_entr(a, b)))
+    if divergence == "reverse_kl":
+        return float(np.sum(rel_entr(b, a)))
+    if divergence == "chi2":
+        if np.any((b == 0) & (a > 0)):
+            return math.inf
+        return float(sum((x - y) ** 2 / y for x, y in zip(a, b, strict=True) if y > 0))
+    if divergence == "tv":
+        return float(np.abs(a - b).sum() / 2)
+    if divergence == "hellinger":
+        return float(1 - np.sum(np.sqrt(a * b)))
+    if divergence == "js":
+        m = (a + b) / 2
+        return float(np.sum(rel_entr(a, m)) / 2 + np.sum(rel_entr(b, m)) / 2)
+    raise ValueError(f"divergence must be one of kl, reverse_kl, chi2, tv, hellinger, js, got {divergence!r}")
+
+
+def reference_gamma(q_n: float, delta: float, divergence: str = "kl") -> float:
+    """Theorem 2: the largest ``gamma`` in ``[q_n, 1]`` with ``D((gamma, 1 - gamma) || (q_n, 1 - q_n)) <= delta``,
+    by ``scipy.optimize.brentq`` (``xtol`` 1e-15); 1 when the budget allows 1, ``q_n`` when ``delta = 0``."""
+    q_n = float(q_n)
+    if delta == 0 or q_n >= 1:
+        return q_n
+    d = lambda g: bernoulli_divergence(g, q_n, divergence) - delta  # noqa: E731
+    if d(1.0) <= 0:
+        return 1.0
+    if q_n == 0 and not math.isfinite(d(1e-300)):
+        return 0.0  # KL / chi-square: any mass where q_n = 0 costs infinity
+    return brentq(d, q_n, 1.0, xtol=1e-15, rtol=4 * np.finfo(float).eps, maxiter=500)
+
+
+def _normalised_pos(r: np.ndarray, fallback: np.ndarray) -> np.ndarray:
+    r = np.maximum(r, 0.0)
+    z = r.sum()
+    return r / z if z > 0 else fallback
+
+
+def _target_step(h: np.ndarray, p: np.ndarray, n: int) -> tuple[float, np.ndarray]:
+    """Theorem 1 towards target ``h``: accept w.p. ``min(1, h_n / p_n)``, recover from ``(h - p)_+``."""
+    return min(1.0, h[n] / p[n]), _normalised_pos(h - p, h)
+
+
+def _two_block(q: np.ndarray, n: int, gamma: float) -> np.ndarray:
+    """``h_n = gamma``, ``h_i = q_i (1 - gamma) / (1 - q_n)`` (``h = q`` when ``q_n = 1``)."""
+    if q[n] >= 1:
+        return q.copy()
+    h = q * (1 - gamma) / (1 - q[n])
+    h[n] = gamma
+    return h
+
+
+def reference_step(rule, p: np.ndarray, q: np.ndarray, n: int) -> tuple[float, np.ndarray]:
+    """``(phi_n, g_n)`` of ``rule`` for drafted token ``n`` (needs ``p_n > 0``), from the formulas.
+
+    The rule's parameters are read from its attributes; its methods are never called."""
+    kind = next((c.__name__ for c in type(rule).__mro__ if c.__name__ in COVERED), None)
+    if kind == "SpS":
+        return _target_step(q, p, n)
+    if kind == "Cactus":
+        if rule.solver == "taylor":  # Corollary 5
+            gamma = min(q[n] + math.sqrt(2 * q[n] * (1 - q[n]) * rule.delta), 1.0)  # q(1 - q) first: no inf * 0
+        else:
+            gamma = reference_gamma(q[n], rule.delta, rule.divergence)
+        return _target_step(_two_block(q, n, gamma), p, n)
+    if kind == "Interpolation":
+        return _target_step(rule.alpha * p + (1 - rule.alpha) * q, p, n)
+    if kind == "TAS":  # vLLM: accept iff q_n > min(eps, alpha exp(-H)), H = -sum q log(q + entropy_eps)
+        eps = getattr(rule, "entropy_eps", 0.0)
+        H = float(scipy_entropy(q)) if eps == 0 else float(-np.sum(np.where(q > 0, q * np.log(q + eps), 0.0)))
+        accept = q[n] > min(rule.epsilon, rule.alpha * math.exp(-H))
+        return float(accept), np.eye(q.size)[int(np.argmax(q))]
+    if kind == "TopK":
+        kth = np.sort(q)[::-1][rule.k - 1]
+        accept = float(q[n] >= kth)
+        if getattr(rule, "recovery", "q") == "q":
+            return accept, q.copy()
+        top = (q >= kth).astype(float)  # the authors': (1[q >= q_(k)] - p)_+, normalised
+        return accept, _normalised_pos(top - p, top / top.sum())
+    if kind == "EARS":  # accept iff u < min(1, q_n / p_n + beta (1 - max q)); recover from (q - p)_+
+        return min(1.0, q[n] / p[n] + rule.beta * (1 - q.max())), _normalised_pos(q - p, q)
+    raise NotImplementedError(f"no reference implementation for {rule!r} (covered: {', '.join(COVERED)})")
+
+
+def reference_law(rule, p, q) -> np.ndarray:
+    """``h_alg = sum_n p_n [phi_n e_n + (1 - phi_n) g_n]`` for one row, from ``reference_step``."""
+    p, q = np.asarray(p, dtype=np.float64), np.asarray(q, dtype=np.float64)
+    out = np.zeros(q.size)
+    for n in np.flatnonzero(p > 0):
+        phi, g = reference_step(rule, p, q, int(n))
+        out[n] += p[n] * phi
+        out += p[n] * (1 - phi) * g
+    return out
