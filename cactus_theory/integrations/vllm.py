@@ -28,6 +28,11 @@ argmax matching (done here as SpS against the one-hot target), and vLLM's synthe
 vLLM's own function. ``RejectionSampler.forward`` is wrapped only to make the engine's rule visible
 to that function. Logprobs, penalties, bad words and the bonus token stay vLLM's.
 
+A running engine changes rule without a restart: ``register`` adds the worker method
+``cactus_theory_set_rule`` (``set_rule``), so ``llm.collective_rpc("cactus_theory_set_rule", args=("tas",))``
+switches every worker (``None``: vLLM's own rejection sampling again). ``VllmSynthetic`` is vLLM's own
+lossy ``rejection_sample_method="synthetic"`` as a rule, for its exact law.
+
 Scope: ModelRunner V1 (``vllm.v1.worker.gpu_model_runner``, also the CPU runner's base); ModelRunner
 V2 has its own rejection kernel and is not patched. Tested against vLLM 0.32 (the CPU build, see
 tests/vllm_cpu_checks.py and ``make test-vllm``).
