@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup test repro verify lint bench notebooks vllm-env test-vllm vllm vllm-bench
+.PHONY: setup test repro verify lint bench notebooks vllm-env test-vllm vllm vllm-bench eval
 
 setup: $(VENV)/.installed
 
@@ -27,6 +27,12 @@ repro: setup
 # executed notebooks from their percent-script sources (byte-stable); one: make notebooks NB=04
 notebooks: setup
 	$(BIN)/python notebooks/build.py $(NB)
+
+# task accuracy of every rule with intervals, the interpolation ablation and the distribution tests
+# (<= 45 min on 2 quiet cores; resumable: rerun after an interruption). Busy machine: EVAL_ARGS='--threads 1'
+EVAL_ARGS ?= --threads 2
+eval: setup
+	$(BIN)/cactus-theory eval $(EVAL_ARGS)
 
 verify: setup
 	$(BIN)/cactus-theory verify

@@ -23,6 +23,7 @@ from .rules import (
     EARS,
     TAS,
     Cactus,
+    DropMatch,
     FLy,
     Interpolation,
     MedusaTypical,
@@ -42,5 +43,5 @@ __all__ = [
     "DIVERGENCES", "F_DIVERGENCES", "chi2", "cross_entropy", "divergence", "entropy", "hellinger",
     "js", "kl", "reverse_kl", "tv", "acceptance_rate", "induced_distribution", "step_divergence",
     "EARS", "RULES", "TAS", "Cactus", "Interpolation", "Rule", "SpS", "TopK", "make_rule",
-    "two_block_root", "SGLangThreshold", "RelaxedAcceptance", "MedusaTypical", "FLy",
+    "two_block_root", "SGLangThreshold", "RelaxedAcceptance", "MedusaTypical", "FLy", "DropMatch",
 ]

@@ -27,6 +27,7 @@ COMMANDS = {
     "build-draft": ("cactus_theory.lm.draft_build", "build (or reuse from cache) the embedded draft model"),
     "decode": ("cactus_theory.lm.cli", "speculative decoding with a (draft, verifier) pair, timed against "
                                       "the verifier alone"),
+    "eval": ("cactus_theory.lm.eval", "task accuracy, acceptance and distribution tests of every rule on a real LM"),
 }
 MOVED = {"repro": "the paper's reproduction has its own entry point: run `make repro` or "
                   "`python -m paper_repro` in a clone of the repository"}

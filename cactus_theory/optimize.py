@@ -22,6 +22,8 @@ from .rules import Cactus, Rule
 from .validate import check_nonneg, check_positive_int, check_probs, check_same_shape, check_token
 
 __all__ = ["TargetResult", "CouplingResult", "GammaSearchResult", "solve_target", "max_acceptance",
+           "MultiCouplingResult", "MultiBoundResult", "MultiTargetResult", "multi_draft_acceptance",
+           "max_acceptance_multi", "solve_target_multi", "MULTI_CELLS",
            "gamma_search", "SOLVER_OPTS", "CVX_DIVERGENCES"]
 
 # Clarabel, tight: the exponential cone stalls near 1e-10, so ask for 1e-11. An "optimal_inaccurate"
@@ -256,3 +258,190 @@ def gamma_search(delta: float, V: int, divergence: str = "kl", rule: Rule | None
     best_x, best = found[int(np.argmax(values))]
     return GammaSearchResult(value=best, p=softmax(best_x[:V]), q=softmax(best_x[V:]), delta=float(delta),
                              divergence=divergence, rule=rule, values=values)
+
+
+# -- several drafts: the multi-draft optimal transport (Hu et al., "Towards Optimal Multi-draft
+#    Speculative Decoding", ICLR 2025) and its constrained-target extension (ours) -----------------------
+
+MULTI_CELLS = 200_000  # largest V^K * V coupling LP built by default (cvxpy variables)
+
+
+@dataclass
+class MultiCouplingResult:
+    """Optimum of the K-draft coupling LP: ``value = max P(y in {x_1..x_K})`` over couplings of
+    ``(x_1..x_K) ~ p^K`` (i.i.d. drafts) and ``y ~ h``. ``plan[x_1, ..., x_K, y]`` (shape ``(V,) * (K + 1)``)."""
+
+    value: float
+    plan: np.ndarray
+    status: str
+
+
+@dataclass
+class MultiBoundResult:
+    """The LP's value from its dual (see ``multi_draft_acceptance``): ``value = h(S) + 1 - p(S)^K`` at
+    the minimising token set ``S`` (a boolean mask over the vocabulary)."""
+
+    value: float
+    subset: np.ndarray
+
+
+@dataclass
+class MultiTargetResult:
+    """Optimum of ``max_h A_K(p, h)`` s.t. ``D(h || q) <= delta`` (``solve_target_multi``)."""
+
+    value: float  # A_K(p, h*): the best K-draft acceptance with an output law within budget
+    h: np.ndarray  # the optimal target h*
+    plan: np.ndarray | None  # the coupling (method "coupling"), None for method "dual"
+    status: str
+    method: str
+    cuts: int = 0  # subsets used by the "dual" method's cutting planes
+
+
+def _check_multi(p, h, num_drafts, name_h="h"):
+    p = np.asarray(p, dtype=np.float64)
+    h = np.asarray(h, dtype=np.float64)
+    check_probs(p, "p")
+    check_probs(h, name_h)
+    check_same_shape(p, h, "p", name_h)
+    if p.ndim != 1:
+        raise ValueError(f"p must be one distribution (shape (V,)), got shape {p.shape}")
+    check_positive_int(num_drafts, "num_drafts")
+    return p, h, int(num_drafts)
+
+
+def multi_draft_acceptance(p, h, num_drafts: int) -> MultiBoundResult:
+    """The best acceptance of ``K = num_drafts`` i.i.d. drafts ``x_1..x_K ~ p`` for output law ``h``,
+    in closed form from the coupling LP's dual (float64 numpy, no solver):
+
+        A_K(p, h) = min over token sets S of  h(S) + 1 - p(S)^K .
+
+    Why: the LP is a flow from draft tuples (supply ``p^K(x)``) to tokens (demand ``h(y)``) along the
+    edges ``y in x``; by max-flow min-cut its value is the smallest cut, and the cut that keeps the
+    tokens ``S`` on the sink side costs ``h(S)`` plus the mass of the tuples that meet ``V \\ S``,
+    ``1 - p(S)^K`` (the multi-draft paper reduces the LP to this subset selection). ``K = 1`` gives
+    ``1 - max_S (p(S) - h(S)) = 1 - TV(p, h)`` (Theorem 1). The minimum is attained at a prefix of the
+    tokens sorted by ``h_i / p_i`` (ascending; ``p_i = 0`` last): for a fixed mass ``t = p(S)`` the
+    cheapest ``h(S)`` is the fractional-knapsack prefix, piecewise linear in ``t``, and
+    ``h(S(t)) - t^K`` is concave on each piece, so its minimum sits at a piece's end, a whole prefix.
+    Hence O(V log V).
+    """
+    p, h, K = _check_multi(p, h, num_drafts)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(p > 0, h / np.where(p > 0, p, 1.0), np.inf)
+    order = np.argsort(ratio, kind="stable")
+    hs = np.concatenate([[0.0], np.cumsum(h[order])])
+    ps = np.clip(np.concatenate([[0.0], np.cumsum(p[order])]), 0.0, 1.0)
+    vals = hs + 1.0 - ps ** K
+    j = int(np.argmin(vals))
+    subset = np.zeros(p.size, dtype=bool)
+    subset[order[:j]] = True
+    return MultiBoundResult(value=float(np.clip(vals[j], 0.0, 1.0)), subset=subset)
+
+
+def _tuple_law(p: np.ndarray, K: int) -> np.ndarray:
+    """``p^K`` flattened over ``V^K`` cells, C order (``x_1`` slowest)."""
+    law = np.ones(1)
+    for _ in range(K):
+        law = np.outer(law, p).ravel()
+    return law
+
+
+def _hits(V: int, K: int) -> np.ndarray:
+    """``A[c, y] = 1[y in tuple c]`` over ``V^K`` cells (C order) and ``V`` tokens."""
+    cells = np.stack(np.unravel_index(np.arange(V ** K), (V,) * K), axis=1)  # (V^K, K)
+    return (cells[:, :, None] == np.arange(V)[None, None, :]).any(1).astype(np.float64)
+
+
+def _check_cells(V: int, K: int, max_cells: int) -> None:
+    if V ** (K + 1) > max_cells:
+        raise ValueError(f"the coupling of K = {K} drafts over V = {V} tokens has V^(K + 1) = {V ** (K + 1)} cells, "
+                         f"above max_cells = {max_cells}; use a smaller vocabulary or num_drafts, raise max_cells, "
+                         f"or use multi_draft_acceptance / method='dual'")
+
+
+def max_acceptance_multi(p, h, num_drafts: int, *, max_cells: int = MULTI_CELLS) -> MultiCouplingResult:
+    """The multi-draft optimal transport LP (Hu et al. 2025) with cvxpy: over couplings ``pi >= 0`` of
+    ``K = num_drafts`` i.i.d. drafts ``(x_1..x_K) ~ p^K`` and the output ``y ~ h``,
+
+        maximise  sum pi(x, y) 1[y in {x_1..x_K}]   s.t.  sum_y pi(x, y) = p^K(x),  sum_x pi(x, y) = h(y).
+
+    Its value is the best acceptance any K-draft verification with output law ``h`` can have;
+    ``K = 1`` is ``max_acceptance`` (``1 - TV(p, h)``). Exact on toy vocabularies: ``V^K * V`` variables
+    (refused above ``max_cells``); ``multi_draft_acceptance`` gives the value from the dual in O(V log V).
+    """
+    p, h, K = _check_multi(p, h, num_drafts)
+    V = p.size
+    _check_cells(V, K, max_cells)
+    law, A = _tuple_law(p, K), _hits(V, K)
+    pi = cp.Variable((V ** K, V), nonneg=True)
+    prob = cp.Problem(cp.Maximize(cp.sum(cp.multiply(A, pi))), [cp.sum(pi, axis=1) == law, cp.sum(pi, axis=0) == h])
+    status = _solve(prob, lambda: float(np.abs(pi.value.sum(1) - law).max() + np.abs(pi.value.sum(0) - h).max()))
+    plan = np.clip(np.asarray(pi.value), 0.0, None)
+    return MultiCouplingResult(value=float(np.sum(A * plan)), plan=plan.reshape((V,) * (K + 1)), status=status)
+
+
+def solve_target_multi(p, q, delta: float, num_drafts: int, divergence: str = "kl", *, method: str = "auto",
+                       max_cells: int = MULTI_CELLS, tol: float = 1e-9, max_cuts: int = 500) -> MultiTargetResult:
+    """Cactus with several drafts (our extension, no published system): the best acceptance of
+    ``K = num_drafts`` i.i.d. drafts from ``p`` when the step's output law ``h`` may move within
+    ``D(h || q) <= delta`` of the verifier,
+
+        maximise over h and pi   sum pi(x, y) 1[y in x]   s.t.  pi couples p^K and h,  D(h || q) <= delta,
+
+    a linear objective under linear and one convex constraint: exact with cvxpy. ``delta = 0`` is the
+    lossless optimum ``A_K(p, q)`` (Hu et al.); ``K = 1`` is ``max_h 1 - TV(p, h)`` within the budget, an upper
+    bound on the acceptance of every single-draft rule whose step law is that close to ``q``. Unlike
+    Cactus's per-token budget, ``delta`` here bounds the divergence of the whole step's law.
+
+    ``method``: ``"coupling"`` solves the LP above (``V^(K+1)`` variables, returns the plan);
+    ``"dual"`` maximises ``t`` s.t. ``t <= h(S) + 1 - p(S)^K`` for every token set ``S``
+    (``multi_draft_acceptance``), adding the most violated set, found exactly by its prefix rule, until
+    none is violated by more than ``tol`` (cutting planes; exact at convergence, any ``V``);
+    ``"auto"``: coupling when the plan has at most ``max_cells`` cells, else dual.
+    """
+    p, q, K = _check_multi(p, q, num_drafts, "q")
+    check_nonneg(delta, "delta")
+    if divergence not in CVX_DIVERGENCES:
+        raise ValueError(f"divergence must be one of {sorted(CVX_DIVERGENCES)}, got {divergence!r}")
+    if method not in ("auto", "coupling", "dual"):
+        raise ValueError(f"method must be 'auto', 'coupling' or 'dual', got {method!r}")
+    V = p.size
+    if method == "auto":
+        method = "coupling" if V ** (K + 1) <= max_cells else "dual"
+    if delta == 0 and method == "dual":  # only h = q is feasible
+        return MultiTargetResult(value=multi_draft_acceptance(p, q, K).value, h=q.copy(), plan=None,
+                                 status="trivial (delta = 0: h = q)", method="dual")
+    D = F_DIVERGENCES[divergence]
+    h = cp.Variable(V, nonneg=True)
+    budget = [cp.sum(h) == 1, *_constraint(h, q, float(delta), divergence)] if delta > 0 else [h == q]
+
+    def over_budget() -> float:
+        return max(float(D(_simplex(h.value), q)) - delta, 0.0) if delta > 0 else float(np.abs(h.value - q).max())
+
+    if method == "coupling":
+        _check_cells(V, K, max_cells)
+        law, A = _tuple_law(p, K), _hits(V, K)
+        pi = cp.Variable((V ** K, V), nonneg=True)
+        prob = cp.Problem(cp.Maximize(cp.sum(cp.multiply(A, pi))),
+                          [cp.sum(pi, axis=1) == law, cp.sum(pi, axis=0) == h, *budget])
+        status = _solve(prob, lambda: over_budget() + float(np.abs(pi.value.sum(1) - law).max()))
+        hv = _simplex(h.value)
+        plan = np.clip(np.asarray(pi.value), 0.0, None).reshape((V,) * (K + 1))
+        return MultiTargetResult(value=multi_draft_acceptance(p, hv, K).value, h=hv, plan=plan, status=status,
+                                 method="coupling")
+    # dual: cutting planes over token sets, each found by the exact prefix rule
+    t = cp.Variable()
+    sets = [np.zeros(V, dtype=bool)]  # S = {} gives t <= 1
+    status = "max_cuts reached"
+    for _ in range(max_cuts):
+        S = np.array(sets, dtype=np.float64)  # (m, V)
+        pk = np.array([min(p[s].sum(), 1.0) ** K for s in sets])  # p(S)^K of each set
+        cons = [t <= S @ h + 1 - pk, *budget]
+        prob = cp.Problem(cp.Maximize(t), cons)
+        status = _solve(prob, over_budget)
+        hv = _simplex(h.value)
+        worst = multi_draft_acceptance(p, hv, K)
+        if float(t.value) - worst.value <= tol or any(np.array_equal(worst.subset, s) for s in sets):
+            break
+        sets.append(worst.subset)
+    return MultiTargetResult(value=worst.value, h=hv, plan=None, status=status, method="dual", cuts=len(sets))

@@ -21,7 +21,7 @@ from scipy.stats import entropy as scipy_entropy
 
 __all__ = ["reference_law", "reference_step", "reference_gamma", "bernoulli_divergence", "COVERED"]
 
-COVERED = ("SpS", "Cactus", "TAS", "TopK", "Interpolation", "EARS")
+COVERED = ("SpS", "Cactus", "TAS", "TopK", "Interpolation", "EARS", "DropMatch")
 
 
 def bernoulli_divergence(g: float, q: float, divergence: str) -> float:
@@ -108,6 +108,17 @@ def reference_step(rule, p: np.ndarray, q: np.ndarray, n: int) -> tuple[float, n
         return accept, _normalised_pos(top - p, top / top.sum())
     if kind == "EARS":  # accept iff u < min(1, q_n / p_n + beta (1 - max q)); recover from (q - p)_+
         return min(1.0, q[n] / p[n] + rule.beta * (1 - q.max())), _normalised_pos(q - p, q)
+    if kind == "DropMatch":  # bound to one row's hit (V,): accept if the base test passes or n is on a dropout path
+        hit = float(np.asarray(rule.hit)[n])
+        if rule.base == "match":  # the verifier's own sample y0 ~ q is one more path; recover y0 given y0 != n
+            base = q[n]
+            rest = q.copy()
+            rest[n] = 0.0
+            g = rest / rest.sum() if rest.sum() > 0 else q.copy()
+        else:  # SpS's test, recovery from (q - p)_+
+            base = min(1.0, q[n] / p[n])
+            g = _normalised_pos(q - p, q)
+        return base + (1 - base) * hit, g
     raise NotImplementedError(f"no reference implementation for {rule!r} (covered: {', '.join(COVERED)})")
 
 

@@ -22,8 +22,8 @@ from typing import Any
 from . import divergences as D
 from . import rules as R
 
-__all__ = ["Param", "RuleSpec", "DivergenceSpec", "RULES", "DIVERGENCES", "spec", "make", "make_rule", "label",
-           "colour", "marker", "sweep", "add_rule_arguments", "rule_from_args", "rule_classes", "SAMPLING",
+__all__ = ["Param", "RuleSpec", "DivergenceSpec", "RULES", "DIVERGENCES", "VERIFICATION", "spec", "make", "make_rule",
+           "label", "colour", "marker", "sweep", "verification", "add_rule_arguments", "rule_from_args", "rule_classes", "SAMPLING",
            "add_sampling_arguments"]
 
 
@@ -58,6 +58,8 @@ class RuleSpec:
     marker: str
     params: tuple[Param, ...]
     sweep: tuple[str, tuple]  # (parameter, values) for trade-off figures
+    verification: str = ""  # "truncation" or "collaborative" (VERIFICATION, the lossy-verification taxonomy)
+    why: str = ""  # one line: why the rule is in its class
     lossless: bool = False  # True when the step's output law equals q (SpS)
     summary: str = ""
     sweep_params: Callable[[Any], dict] | None = None  # value -> constructor keywords (default {name: value})
@@ -89,6 +91,11 @@ class RuleSpec:
         return [(v, self.make(**kw(v))) for v in values]
 
     @property
+    def reads_head(self) -> bool:
+        """The rule needs the verifier's final hidden state and LM head, not only ``q`` (DropMatch)."""
+        return bool(getattr(self.cls, "reads_head", False))
+
+    @property
     def sweep_label(self) -> str:
         """``Cactus (delta)``: the family and its swept parameter."""
         return f"{self.label} ({self.sweep[0]})" if self.sweep[0] else self.label
@@ -98,6 +105,17 @@ def _fmt(v) -> str:
     return f"{v:g}" if isinstance(v, float) else str(v)
 
 
+VERIFICATION = {
+    "truncation": "accepts the drafted token iff it lies in a set cut from the verifier's distribution q (top-k, "
+                  "typical set, threshold); the draft's probabilities are never read",
+    "collaborative": "weighs the draft's probability p_n against the verifier's q_n (a ratio test, possibly relaxed "
+                     "or towards a moved target), so the draft's law shapes the decision",
+}
+"""The taxonomy of lossy verification ("Revisiting Lossy Verification in Speculative Decoding", 2026, as the
+issue names its two classes; our one-line reading of each). Every registry entry declares its class and why;
+``tests/test_registry.py`` checks the declaration against the rule's behaviour (a truncation rule's
+acceptance does not change with ``p``)."""
+
 _DELTA = Param("delta", "--delta", float, "Cactus budget delta (nats for KL)")
 _DIVERGENCE = Param("divergence", "--divergence", str, "Cactus divergence",
                     choices=tuple(D.F_DIVERGENCES))
@@ -105,11 +123,13 @@ _SOLVER = Param("solver", "--solver", str,
                 "Cactus solver: taylor (Corollary 5, KL only) or exact (Theorem 2's root)", choices=("taylor", "exact"))
 
 RULES: dict[str, RuleSpec] = {s.key: s for s in (
-    RuleSpec("sps", R.SpS, "SpS", "black", "s", (), ("", ()), lossless=True,
+    RuleSpec("sps", R.SpS, "SpS", "black", "s", (), ("", ()), lossless=True, verification="collaborative",
+             why="min(1, q_n / p_n): the draft's probability is half of the test (the lossless member of the class)",
              summary="standard speculative sampling: output law exactly q"),
     RuleSpec("cactus", R.Cactus, "Cactus", "tab:blue", "o", (_DELTA, _DIVERGENCE, _SOLVER),
              ("delta", (0.0, 0.0003, 0.001, 0.002, 0.003, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.0,
                         4.0)),
+             verification="collaborative", why="min(1, gamma*(q_n) / p_n): SpS's ratio test towards a target moved within the budget",
              summary="maximise acceptance s.t. D_f(h || q) <= delta (Theorem 2; Corollary 5's closed form)"),
     RuleSpec("tas", R.TAS, "TAS", "tab:red", "s",
              (Param("epsilon", "--tas-epsilon", float, "TAS epsilon (vLLM's posterior_threshold)"),
@@ -117,6 +137,7 @@ RULES: dict[str, RuleSpec] = {s.key: s for s in (
               Param("entropy_eps", "--tas-entropy-eps", float,
                     "TAS entropy -sum q log(q + eps): 0 exact, 1e-5 as vLLM computes it")),
              ("epsilon", (0.01, 0.03, 0.09, 0.2, 0.4)),
+             verification="truncation", why="q_n must clear an entropy-dependent threshold of q (the typical set); p is never read",
              summary="typical acceptance (Medusa / vLLM): accept iff q_n > min(epsilon, alpha exp(-H(q)))",
              sweep_params=lambda v: {"epsilon": v, "alpha": math.sqrt(v)}),  # vLLM ties alpha = sqrt(epsilon)
     RuleSpec("topk", R.TopK, "top-k", "tab:purple", "D",
@@ -124,32 +145,40 @@ RULES: dict[str, RuleSpec] = {s.key: s for s in (
               Param("recovery", "--topk-recovery", str,
                     "TopK recovery on rejection: q, or topk (the authors': (1[q >= q_(k)] - p)_+)",
                     choices=("q", "topk"))),
-             ("k", (1, 2, 3, 5, 10, 20)), summary="accept iff q_n >= the k-th largest q"),
+             ("k", (1, 2, 3, 5, 10, 20)), verification="truncation", why="n must be in q's top-k set; p is never read",
+             summary="accept iff q_n >= the k-th largest q"),
     RuleSpec("interpolation", R.Interpolation, "interpolation", "tab:green", "^",
              (Param("alpha", "--interp-alpha", float, "interpolation weight of p: h = alpha p + (1 - alpha) q"),),
-             ("alpha", (0.0, 0.2, 0.4, 0.6, 0.8, 0.9, 0.95)), summary="target h = alpha p + (1 - alpha) q"),
+             ("alpha", (0.0, 0.2, 0.4, 0.6, 0.8, 0.9, 0.95)), verification="collaborative",
+             why="SpS's ratio test towards h = alpha p + (1 - alpha) q, a target that mixes in the draft's law",
+             summary="target h = alpha p + (1 - alpha) q"),
     RuleSpec("ears", R.EARS, "EARS", "tab:orange", "v",
              (Param("beta", "--ears-beta", float, "EARS beta: accept iff u < q_n / p_n + beta (1 - max q)"),),
-             ("beta", (0.0, 0.25, 0.5, 1.0, 2.0, 4.0)), summary="accept iff u < q_n/p_n + beta (1 - max q)"),
+             ("beta", (0.0, 0.25, 0.5, 1.0, 2.0, 4.0)), verification="collaborative",
+             why="q_n / p_n plus an uncertainty slack beta (1 - max q): a relaxed ratio test",
+             summary="accept iff u < q_n/p_n + beta (1 - max q)"),
     # lossy rules that production servers ship (issue 11)
     RuleSpec("sglang", R.SGLangThreshold, "SGLang threshold", "tab:brown", "P",
              (Param("threshold_single", "--sglang-threshold-single", float,
                     "SGLang speculative_accept_threshold_single: accept iff q_n >= it"),
               Param("threshold_acc", "--sglang-threshold-acc", float,
                     "SGLang speculative_accept_threshold_acc: accept with min(1, q_n / it)")),
-             ("threshold_acc", (1.0, 0.8, 0.6, 0.4, 0.2, 0.1, 0.05)),
+             ("threshold_acc", (1.0, 0.8, 0.6, 0.4, 0.2, 0.1, 0.05)), verification="truncation",
+             why="target-only: min(1, q_n / t_acc), or 1 above t_single; the draft's law is never read",
              summary="SGLang target-only verification: accept w.p. min(1, q_n / t_acc) (1 if q_n >= t_single), "
                      "recover from q without n"),
     RuleSpec("relaxed", R.RelaxedAcceptance, "relaxed (MAX / TRT-LLM)", "tab:pink", "X",
              (Param("topk", "--relaxed-topk", int, "relaxed acceptance: q_n among the relaxed_topk largest"),
               Param("delta", "--relaxed-delta", float, "relaxed acceptance: and q_n >= max q - relaxed_delta")),
-             ("delta", (0.0, 0.05, 0.1, 0.2, 0.4, 0.6, 1.0)),
+             ("delta", (0.0, 0.05, 0.1, 0.2, 0.4, 0.6, 1.0)), verification="truncation",
+             why="n must be in q's top-k and within delta of max q; p is never read",
              summary="accept iff q_n is in q's top-k and q_n >= max q - delta; recover argmax q"),
     RuleSpec("medusa", R.MedusaTypical, "Medusa typical", "tab:gray", "*",
              (Param("epsilon", "--medusa-epsilon", float, "Medusa posterior_threshold"),
               Param("alpha", "--medusa-alpha", float, "Medusa posterior_alpha"),
               Param("entropy_eps", "--medusa-entropy-eps", float, "Medusa's eps in -sum q log(q + eps)")),
              ("epsilon", (0.01, 0.03, 0.09, 0.2, 0.4)),
+             verification="truncation", why="TAS's typical-set test on q, recovering from the truncated q; p is never read",
              summary="Medusa: accept iff q_n > min(epsilon, alpha exp(-H(q))); recover from the truncated q",
              sweep_params=lambda v: {"epsilon": v, "alpha": math.sqrt(v)}),
     RuleSpec("fly", R.FLy, "FLy (vLLM)", "tab:olive", "h",
@@ -158,8 +187,20 @@ RULES: dict[str, RuleSpec] = {s.key: s for s in (
               Param("entropy_top_k", "--fly-entropy-top-k", int, "FLy fly_entropy_top_k"),
               Param("window_accept", "--fly-window-accept", float,
                     "FLy: probability that the next fly_window_size drafts are natively accepted")),
-             ("entropy_threshold", (1.2, 0.8, 0.6, 0.3, 0.1, 0.0)),
+             ("entropy_threshold", (1.2, 0.8, 0.6, 0.3, 0.1, 0.0)), verification="collaborative",
+             why="SpS's ratio test; a rejection is deferred where q's top-k entropy is high",
              summary="vLLM FLy: SpS, plus deferral of a rejection where the top-k entropy of q is high"),
+    # the seed's other systems (issue 14)
+    RuleSpec("dropmatch", R.DropMatch, "DropMatch", "tab:cyan", "p",
+             (Param("rate", "--dropmatch-rate", float, "DropMatch dropout probability on the LM head's input"),
+              Param("num_paths", "--dropmatch-paths", int, "DropMatch: dropout decoding paths per position"),
+              Param("base", "--dropmatch-base", str,
+                    "DropMatch base test: sps (ratio test, recover (q - p)_+) or match (the verifier's own sample)",
+                    choices=R.DROPMATCH_BASES)),
+             ("num_paths", (0, 1, 2, 4, 8, 16)), verification="collaborative",
+             why="SpS's ratio test (base 'sps'), plus a match against dropout paths of the verifier's head; with "
+                 "base 'match' it reads q only",
+             summary="accept if SpS accepts or n matches one of M Monte Carlo dropout paths of the verifier's LM head"),
 )}
 
 
@@ -229,6 +270,11 @@ def marker(rule_or_key) -> str:
 
 def sweep(key: str) -> list[tuple[Any, R.Rule]]:
     return spec(key).sweep_rules()
+
+
+def verification(rule_or_key) -> str:
+    """The rule's class in the lossy-verification taxonomy: ``"truncation"`` or ``"collaborative"`` (``VERIFICATION``)."""
+    return spec(rule_or_key).verification
 
 
 def add_rule_arguments(parser: argparse.ArgumentParser, default: str = "cactus") -> None:
@@ -303,6 +349,9 @@ def _check_registry() -> None:
         for p in s.params:
             if flags.setdefault(p.flag, p) != p:
                 raise RuntimeError(f"flag {p.flag} means two different parameters")
+        if s.verification not in VERIFICATION or not s.why:
+            raise RuntimeError(f"registry entry {key!r}: verification must be one of {sorted(VERIFICATION)} with a "
+                               f"one-line reason, got {s.verification!r}")
     if set(DIVERGENCES) != set(D.DIVERGENCES) or {k for k, v in DIVERGENCES.items() if v.f_divergence} != set(
             D.F_DIVERGENCES):
         raise RuntimeError("registry.DIVERGENCES and divergences.DIVERGENCES list different divergences")

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 from array_api_compat import is_torch_array
@@ -37,7 +37,7 @@ from .validate import check_pqn as _check_inputs
 __all__ = [
     "Rule", "TargetRule", "ScalingRule", "SpS", "Cactus", "TAS", "TopK", "Interpolation", "EARS",
     "two_block_divergence", "two_block_root", "taylor_gamma",
-    "SGLangThreshold", "RelaxedAcceptance", "MedusaTypical", "FLy",
+    "SGLangThreshold", "RelaxedAcceptance", "MedusaTypical", "FLy", "DropMatch", "DropMatchAt",
 ]
 
 
@@ -61,7 +61,7 @@ def _pos(x: Array) -> Array:
 # (see ``Rule.__init_subclass__``), so a deliberately wrong port is always run from its own code.
 _VOUCHED = {
     # acceptance reads p_n, q_n only: no statistic of the row q (safe value: True, stats are computed)
-    "needs_row_stats": ("row_stats", "phi", "accept_from", "accept_prob", "accept_prob_all"),
+    "needs_row_stats": ("row_stats", "stats_at", "stats_all", "phi", "accept_from", "accept_prob", "accept_prob_all"),
     # phi_n = min(1, gamma(q_n) / p_n), g_n = (h - p)_+ with the two-block h (safe value: False)
     "two_block": ("phi", "accept_from", "accept_prob", "accept_prob_all", "residual", "h_n", "target_rows",
                   "scale"),
@@ -98,6 +98,17 @@ class Rule:
         """Per-row statistics of ``q`` the acceptance test needs, each of shape (..., 1)."""
         return ()
 
+    def stats_all(self, q: Array) -> tuple:
+        """The statistics ``phi`` reads, for every candidate token at once: each broadcasts against
+        ``q`` (..., V). Default: ``row_stats(q)``, (..., 1). A rule whose statistic differs per token
+        (DropMatch's dropout paths) returns (..., V) arrays."""
+        return self.row_stats(q)
+
+    def stats_at(self, q: Array, n: Array) -> tuple:
+        """The statistics ``phi`` reads at the drafted tokens ``n`` (...): each of shape (...).
+        Default: ``row_stats(q)`` without its last axis (a row statistic is the same for every token)."""
+        return tuple(s[..., 0] for s in self.row_stats(q))
+
     def phi(self, p_n: Array, q_n: Array, *stats: Array) -> Array:
         """Acceptance probability before the ``p_n = 0`` convention (elementwise)."""
         raise NotImplementedError
@@ -117,12 +128,11 @@ class Rule:
         """``phi_n``: probability of accepting drafted token ``n``; (..., V) x2, (...) -> (...)."""
         if check:
             _check_inputs(p, q, n)
-        stats = [s[..., 0] for s in self.row_stats(q)]
-        return self.accept_from(gather(p, n), gather(q, n), *stats)
+        return self.accept_from(gather(p, n), gather(q, n), *self.stats_at(q, n))
 
     def accept_prob_all(self, p: Array, q: Array) -> Array:
         """``phi_n`` for every candidate ``n`` at once: (..., V) -> (..., V)."""
-        return self.accept_from(p, q, *self.row_stats(q))
+        return self.accept_from(p, q, *self.stats_all(q))
 
     def target(self, p: Array, q: Array, n: Array, *, check: bool = True) -> Array:
         raise TypeError(f"{type(self).__name__} is not defined by a target distribution h")
@@ -682,3 +692,152 @@ class FLy(Rule):
         if check:
             _check_inputs(p, q, n)
         return _normalise(_pos(q - p), q + 0 * p)
+
+
+# -- rules that read more than q: the verifier's final hidden state and LM head ------------------------
+
+DROPMATCH_BASES = ("sps", "match")
+
+
+@dataclass(frozen=True)
+class DropMatch(Rule):
+    """DropMatch (Lee et al., "Training-free Dropout Sampling for Semantic Token Acceptance in
+    Speculative Decoding", arXiv 2603.03333): Monte Carlo dropout on the verifier's LM head only.
+
+    What the paper states (its abstract; the method section was not reachable from this project's
+    tools, so the formulas below are our reading, marked as such): dropout applied exclusively to the
+    LM head produces several decoding paths; their tokens form an empirical distribution against which
+    a draft token is accepted ("matched"); the dropout probability controls how many paths disagree,
+    so the accepted set grows where the head is uncertain and stays small where it is confident.
+
+    Our reading, exactly what this class computes. At a drafted position with final hidden state
+    ``x`` (d,) and head ``W`` (V, d): path ``j = 1..M`` (``M = num_paths``) draws a dropout mask
+    ``m_j ~ Bernoulli(1 - rate)^d``, reads the logits ``W (m_j * x) / (1 - rate)`` (inverted dropout on
+    the head's input), applies the same sampling transforms as ``q`` and samples its token ``y_j``. The
+    drafted token ``n`` is accepted if the base test accepts it or it matches a path, ``n in {y_1..y_M}``:
+
+        ``phi_n = b_n + (1 - b_n) hit_n``,   ``hit_n = P(n in {y_1..y_M}) = 1 - (1 - r_n)^M``,
+
+    where ``r = E_m[transforms(W (m * x) / (1 - rate))]`` is the path law (paths are i.i.d. given the
+    context, and independent of the draft) and the base test ``b_n`` is
+      ``"sps"``    ``min(1, q_n / p_n)``; recovery on rejection from ``(q - p)_+`` (DropMatch on top of
+                   speculative sampling; ``num_paths = 0`` is SpS);
+      ``"match"``  ``q_n``: the verifier's own sample ``y_0 ~ q`` is one more path; on rejection the
+                   emitted token is ``y_0``, i.e. ``q`` without ``n`` (lossless for ``M = 0``, as
+                   exact-match verification: SGLang's target-only test with thresholds 1).
+    The one-step law is then exact given ``r`` (``exact.induced_distribution`` of ``rule.at(hit)``);
+    ``r`` itself has no closed form and comes from Monte Carlo over masks (``dropmatch.path_law``, with
+    its jackknife error). In decoding, ``hit`` is the realised indicator of the ``M`` sampled paths
+    (``dropmatch.sample_hits``), whose mean over masks and path draws is ``1 - (1 - r)^M``: the decoded
+    law is the exact law above.
+
+    How the rule reaches its extra inputs: ``DropMatch(...)`` is the configuration (registry, CLI); it
+    cannot judge a token from ``(p, q)`` alone and says so (``ValueError``). ``rule.at(hit)`` binds
+    one step's ``hit`` (..., V), aligned with ``q``, and the bound rule works everywhere a rule does
+    (``sampler.verify``, ``exact``, ``tradeoff``). ``speculative_generate`` binds it at every step from
+    the verifier's head input (``dropmatch.HeadTap``), so ``verify``'s contract is unchanged.
+    """
+
+    rate: float = 0.1
+    num_paths: int = 4
+    base: str = "sps"
+    name: ClassVar[str] = "dropmatch"
+    needs_row_stats: ClassVar[bool] = True  # hit_n: a per-token statistic from the dropout paths
+    reads_head: ClassVar[bool] = True  # needs the verifier's final hidden state and LM head
+
+    def __post_init__(self):
+        v = self.rate
+        if isinstance(v, bool) or not (isinstance(v, (int, float)) and 0 <= v < 1):
+            raise ValueError(f"rate must be a dropout probability in [0, 1), got {v!r}")
+        if isinstance(self.num_paths, bool) or not (isinstance(self.num_paths, int) and self.num_paths >= 0):
+            raise ValueError(f"num_paths must be an integer >= 0, got {self.num_paths!r}")
+        if self.base not in DROPMATCH_BASES:
+            raise ValueError(f"base must be one of {DROPMATCH_BASES}, got {self.base!r}")
+
+    def at(self, hit: Array) -> DropMatchAt:
+        """This rule bound to one step's ``hit`` (..., V): the probability (or the realised 0/1
+        indicator) that each token is among the ``num_paths`` dropout paths."""
+        fields = {k: getattr(self, k) for k in ("rate", "num_paths", "base")}
+        return DropMatchAt(**fields, hit=hit)
+
+    def hit_from_law(self, r: Array) -> Array:
+        """``1 - (1 - r)^M``: the probability that a token is among ``M`` i.i.d. paths of law ``r``."""
+        xp = xp_of(r)
+        return 1 - xp.clip(1 - r, 0.0, 1.0) ** self.num_paths
+
+    def _unbound(self):
+        raise ValueError(
+            f"{self!r} reads the verifier's dropout paths, not only q: bind one step's paths with "
+            "rule.at(hit) (hit from cactus_theory.dropmatch.path_law / sample_hits), or decode with "
+            "speculative_generate, which binds them at every step")
+
+    def stats_all(self, q):
+        self._unbound()
+
+    def stats_at(self, q, n):
+        self._unbound()
+
+    def row_stats(self, q):
+        self._unbound()
+
+    def base_phi(self, p_n: Array, q_n: Array) -> Array:
+        """``b_n``: ``min(1, q_n / p_n)`` (base "sps") or ``q_n`` (base "match")."""
+        xp = xp_of(p_n, q_n)
+        if self.base == "match":
+            return xp.clip(q_n, 0.0, 1.0)
+        return xp.clip(SpS().phi(p_n, q_n), 0.0, 1.0)
+
+    def phi(self, p_n, q_n, hit_n):
+        b = self.base_phi(p_n, q_n)
+        return b + (1 - b) * hit_n
+
+    def residual(self, p, q, n, *, check=True):
+        """``(q - p)_+`` normalised (base "sps"; ``q`` if that is zero) or ``q`` without ``n`` (base "match")."""
+        if check:
+            _check_inputs(p, q, n)
+        if self.base == "match":
+            return _without_n(q + 0 * p, n)
+        return _normalise(_pos(q - p), q + 0 * p)
+
+
+@dataclass(frozen=True, eq=False)
+class DropMatchAt(DropMatch):
+    """``DropMatch`` bound to one step's ``hit`` (..., V) (see ``DropMatch.at``); ``hit`` has ``q``'s
+    shape, or a trailing part of it (broadcast over the leading axes), or its size (the flattened rows of
+    ``exact``)."""
+
+    hit: Any = None
+
+    def _hit_like(self, q):
+        hit = self.hit
+        if hit is None:
+            self._unbound()
+        if is_torch_array(q):  # one bound rule serves verify (torch) and the exact laws (numpy)
+            import torch
+
+            hit = torch.as_tensor(hit).to(device=q.device, dtype=q.dtype)
+        elif is_torch_array(hit):
+            hit = hit.detach().cpu().double().numpy()
+        else:
+            hit = np.asarray(hit, dtype=np.float64)
+        if tuple(hit.shape) != tuple(q.shape):
+            k = len(hit.shape)
+            if k <= len(q.shape) and tuple(q.shape[len(q.shape) - k:]) == tuple(hit.shape):
+                hit = hit + 0 * q  # one row's hit, broadcast over leading axes (e.g. repeated samples)
+            elif math.prod(hit.shape) == math.prod(q.shape):
+                hit = hit.reshape(q.shape)  # the flattened rows of exact.induced_generic
+            else:
+                raise ValueError(f"hit must have q's shape {tuple(q.shape)}, got {tuple(hit.shape)}")
+        return hit
+
+    def stats_all(self, q):
+        return (self._hit_like(q),)
+
+    def stats_at(self, q, n):
+        return (gather(self._hit_like(q), n),)
+
+    def row_stats(self, q):
+        raise ValueError("DropMatch's hit is a per-token statistic: use stats_all / stats_at")
+
+    def __repr__(self) -> str:
+        return f"DropMatch(rate={self.rate!r}, num_paths={self.num_paths!r}, base={self.base!r}).at(hit)"

@@ -127,8 +127,8 @@ def verify(
     # acceptance: one probability per position (+ the rule's row stats of q, if any)
     p_n = p_all.gather(-1, n.unsqueeze(-1)).squeeze(-1).to(dt)  # [B, k]
     q_n = q_all[:, :k].gather(-1, n.unsqueeze(-1)).squeeze(-1).to(dt)  # [B, k]
-    stats = rule.row_stats(q_all[:, :k].to(dt)) if rule.needs_row_stats else ()  # SpS / Cactus: none
-    phi = rule.accept_from(p_n, q_n, *[s[..., 0] for s in stats])  # [B, k]
+    stats = rule.stats_at(q_all[:, :k].to(dt), n) if rule.needs_row_stats else ()  # SpS / Cactus: none
+    phi = rule.accept_from(p_n, q_n, *stats)  # [B, k]
 
     dev = generator.device if generator is not None else draft_probs.device
     u = torch.rand((B, k + 1), generator=generator, device=dev, dtype=torch.float64).to(draft_probs.device)
@@ -276,8 +276,8 @@ def verify_flat(
     # acceptance of every drafted position: one probability each (+ the rule's row stats of q)
     q_n = target_probs.gather(-1, n.unsqueeze(-1)).squeeze(-1).to(dt)  # [T]
     p_n = torch.ones_like(q_n) if draft_probs is None else draft_probs.gather(-1, n.unsqueeze(-1)).squeeze(-1).to(dt)
-    stats = rule.row_stats(target_probs.to(dt)) if rule.needs_row_stats else ()
-    phi = rule.accept_from(p_n, q_n, *[s[..., 0] for s in stats]).masked_fill(padded, 0.0)  # [T]
+    stats = rule.stats_at(target_probs.to(dt), n) if rule.needs_row_stats else ()
+    phi = rule.accept_from(p_n, q_n, *stats).masked_fill(padded, 0.0)  # [T]
 
     req = torch.repeat_interleave(torch.arange(B, device=dev), counts, output_size=T)  # [T] request of each
     pos = torch.arange(T, device=dev) - starts[req]  # [T] position within its request

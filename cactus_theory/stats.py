@@ -43,6 +43,7 @@ from .divergences import kl, tv
 __all__ = [
     "GoodnessOfFitResult", "HomogeneityResult", "EstimateResult", "to_counts", "pool_bins",
     "goodness_of_fit", "homogeneity", "tv_estimate", "kl_estimate", "samples_needed", "power",
+    "detectable_tv", "proportion_interval", "PairedResult", "paired_difference",
 ]
 
 _LAMBDAS = {"chi2": "pearson", "gtest": "log-likelihood"}
@@ -372,3 +373,72 @@ def samples_needed(eps: float, *, categories: int, alpha: float = 0.05, beta: fl
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if power(mid, eps, categories=categories, alpha=alpha) < 1 - beta else (lo, mid)
     return hi
+
+
+def detectable_tv(n: int, *, categories: int, alpha: float = 0.05, beta: float = 0.1) -> float:
+    """Smallest TV distance ``eps`` that the Pearson test with ``n`` draws over ``categories`` cells
+    at level ``alpha`` detects with probability ``>= 1 - beta`` (the inverse of ``power`` in ``eps``;
+    bisection to 1e-6). For the two-sample ``homogeneity`` test of samples of sizes ``n1, n2`` pass
+    ``n = n1 n2 / (n1 + n2)``: its noncentrality is ``n chi2`` against the pooled law, and the same
+    Cauchy-Schwarz bound ``chi2 >= (2 TV)^2`` holds."""
+    _check_alpha(beta, "beta")
+    if not (n >= 1):
+        raise ValueError(f"n must be >= 1, got {n!r}")
+    lo, hi = 0.0, 1.0
+    if power(int(n), hi, categories=categories, alpha=alpha) < 1 - beta:
+        return math.inf
+    while hi - lo > 1e-6:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if mid == 0 or power(int(n), mid, categories=categories, alpha=alpha) < 1 - beta else (lo, mid)
+    return hi
+
+
+def proportion_interval(successes: int, n: int, *, confidence: float = 0.95) -> EstimateResult:
+    """Wilson score interval for a binomial proportion ``successes / n`` (covers well even near 0 or 1
+    and for small ``n``, unlike the normal-approximation interval)."""
+    _check_alpha(1 - confidence, "1 - confidence")
+    if not (isinstance(n, (int, np.integer)) and n >= 1):
+        raise ValueError(f"n must be an integer >= 1, got {n!r}")
+    if not (isinstance(successes, (int, np.integer)) and 0 <= successes <= n):
+        raise ValueError(f"successes must be an integer in [0, n={n}], got {successes!r}")
+    z = float(sps.norm.isf((1 - confidence) / 2))
+    ph = successes / n
+    centre = (ph + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(ph * (1 - ph) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return EstimateResult(ph, max(0.0, centre - half), min(1.0, centre + half), confidence, "Wilson score interval")
+
+
+@dataclass(frozen=True)
+class PairedResult:
+    """Paired difference of two 0/1 outcomes on the same items: ``estimate = mean(x) - mean(y)``,
+    a percentile-bootstrap ``[low, high]`` at ``confidence``, McNemar's exact two-sided ``pvalue``
+    (binomial test on the discordant pairs), ``n`` items, ``x_only`` / ``y_only`` discordant counts."""
+
+    estimate: float
+    low: float
+    high: float
+    pvalue: float
+    n: int
+    x_only: int
+    y_only: int
+    confidence: float
+
+
+def paired_difference(x, y, *, confidence: float = 0.95, n_boot: int = 10_000, seed: int = 0) -> PairedResult:
+    """Paired comparison of two 0/1 outcome vectors ``x, y`` (shape (N,), e.g. correct answers of two
+    decoding rules on the same N problems): the mean difference, a paired bootstrap interval
+    (resampling items, so the problems' difficulty cancels) and McNemar's exact test of
+    ``P(x=1, y=0) = P(x=0, y=1)``."""
+    _check_alpha(1 - confidence, "1 - confidence")
+    a, b = np.asarray(x), np.asarray(y)
+    if a.ndim != 1 or a.shape != b.shape or a.size < 1:
+        raise ValueError(f"x and y must be 1-d with the same non-zero length, got shapes {a.shape} and {b.shape}")
+    if not (np.isin(a, (0, 1)).all() and np.isin(b, (0, 1)).all()):
+        raise ValueError("x and y must hold 0/1 (or boolean) outcomes")
+    d = a.astype(np.float64) - b.astype(np.float64)
+    rng = np.random.default_rng(seed)
+    boot = d[rng.integers(0, d.size, size=(n_boot, d.size))].mean(axis=1)
+    lo, hi = np.quantile(boot, [(1 - confidence) / 2, (1 + confidence) / 2])
+    xo, yo = int((d > 0).sum()), int((d < 0).sum())
+    pv = float(sps.binomtest(xo, xo + yo, 0.5).pvalue) if xo + yo else 1.0
+    return PairedResult(float(d.mean()), float(lo), float(hi), pv, int(d.size), xo, yo, confidence)

@@ -2,7 +2,7 @@
 files to edit and review) -> ``NN_name.ipynb`` (executed, with outputs and figures, for reading on
 GitHub), paired as ``ipynb,py:percent`` so ``jupytext --sync`` also works.
 
-    .venv/bin/python notebooks/build.py            # execute and write all four (make notebooks)
+    .venv/bin/python notebooks/build.py            # execute and write all of them (make notebooks)
     .venv/bin/python notebooks/build.py 04         # only notebook 04 (make notebooks NB=04)
     .venv/bin/python notebooks/build.py --check    # committed .ipynb match their sources and are executed
 

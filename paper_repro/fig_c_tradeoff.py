@@ -4,9 +4,18 @@ For each (p, q) pair and rule, the exact one-step law ``h_alg = sum_n p_n [phi_n
 (``exact.induced_distribution``) gives the cost ``KL(h_alg || q)`` and ``acceptance_rate = sum_n p_n phi_n``
 the benefit; points are means over pairs. Sweeps: every lossy rule of ``registry.RULES`` along its
 registered sweep (Cactus delta, TAS epsilon with alpha = sqrt(epsilon) as vLLM, interpolation alpha,
-top-k k, EARS beta, and the production servers' rules: SGLang threshold_acc, MAX / TRT-LLM relaxed
+top-k k, EARS beta, the production servers' rules: SGLang threshold_acc, MAX / TRT-LLM relaxed
 delta at top-10, Medusa epsilon, vLLM FLy entropy threshold at window_accept = 1, FLy's most
-permissive case).
+permissive case; and DropMatch's number of dropout paths at rate 0.1).
+
+Families are grouped by the lossy-verification taxonomy (``registry.VERIFICATION``): collaborative
+rules (the draft's probability enters the test) in solid lines, truncation rules (a set cut from ``q``,
+``p`` never read) dashed. DropMatch reads the verifier's LM head, which random pairs do not have: each
+random pair gets a synthetic head (``dropmatch.synthetic_head``, d = 64, undropped logits = the pair's
+``log q`` exactly) whose dropout at rate 0.1 moves the logits by about 0.43 of their spread over the
+vocabulary, as SmolLM2-135M's head does (0.42, table j's ``noise_ratio_at_0.1``); its path law is Monte
+Carlo over ``DROPMATCH_MASKS`` masks. The LM rows
+(``lm_pairs.npz``) carry no hidden states, so DropMatch is left out of that panel (its LM numbers: table j).
 
 The paper's baselines are the references' variants: TAS with vLLM's entropy ``-sum q log(q + 1e-5)``
 (``entropy_eps=1e-5``) and top-k with the authors' recovery ``(1[q >= q_(k)] - p)_+``
@@ -50,6 +59,8 @@ SWEEPS = _sweeps()  # label -> [(value, rule)]
 FAMILY_OF = {**{registry.spec(k).sweep_label: k for k in FAMILIES}, OURS_TOPK: "topk"}
 CACTUS = registry.spec("cactus").sweep_label
 TOL = 0.0  # "at least as well": no baseline accepts more than Cactus at equal mean KL
+DROPMATCH_HEAD = {"dim": 64, "noise": 0.35}  # synthetic head for random pairs (see the module docstring)
+DROPMATCH_MASKS = 1024
 SIG = 6  # significant digits kept of per-row values (keeps the committed JSON small)
 
 
@@ -70,12 +81,29 @@ def _round(x: np.ndarray) -> list:
     return [float(f"{v:.{SIG}g}") for v in np.asarray(x, dtype=np.float64)]
 
 
-def sweep(P: np.ndarray, Q: np.ndarray, label: str = "") -> dict:
+def path_hits(Q: np.ndarray, rule, seed: int = 0) -> np.ndarray:
+    """DropMatch's ``hit`` on random pairs: the path law of each row's synthetic head (Monte Carlo over
+    ``DROPMATCH_MASKS`` masks, no sampling transforms, as ``q`` has none here), then ``1 - (1 - r)^M``."""
+    import torch
+
+    from cactus_theory.dropmatch import path_law, synthetic_head
+
+    x, W = synthetic_head(np.log(Q), seed=seed, **DROPMATCH_HEAD)
+    g = torch.Generator().manual_seed(seed)
+    r = np.stack([path_law(x[i], W[i], rule.rate, DROPMATCH_MASKS, generator=g).r for i in range(len(Q))])
+    return rule.hit_from_law(r)
+
+
+def sweep(P: np.ndarray, Q: np.ndarray, label: str = "", heads: bool = False) -> dict:
     """Per family: mean acceptance and mean ``KL(h_alg || q)`` of each swept rule over the rows of (P, Q),
-    and the per-row values (``rows``) the intervals are bootstrapped from."""
+    and the per-row values (``rows``) the intervals are bootstrapped from. Rules that read the verifier's
+    head (DropMatch) run only with ``heads`` (synthetic heads, ``path_hits``)."""
     out = {}
-    jobs = [(fam, v, rule) for fam, pts in SWEEPS.items() for v, rule in pts]
+    jobs = [(fam, v, rule) for fam, pts in SWEEPS.items() for v, rule in pts
+            if heads or not registry.spec(rule).reads_head]
     for fam, v, rule in tqdm(jobs, desc=f"fig c: rule sweep {label}", leave=False):
+        if registry.spec(rule).reads_head:
+            rule = rule.at(path_hits(Q, rule))
         H = induced_distribution(rule, P, Q)
         k, a = kl(H, Q), acceptance_rate(rule, P, Q)
         fin = np.isfinite(k)
@@ -102,7 +130,8 @@ def config(ctx: Ctx) -> dict:
     return {"R": 12 if ctx.fast else 48, "V": 64 if ctx.fast else 256, "sigma": 1.0, "seed": ctx.seed,
             "sweeps": {k: [repr(r) for _, r in v] for k, v in SWEEPS.items()},
             "tas_full_V": 2048 if ctx.fast else 151_936, "tas_full_R": 4 if ctx.fast else 16,
-            "lm_pairs": lm.stat().st_mtime_ns if lm.exists() else None, "version": 2}
+            "lm_pairs": lm.stat().st_mtime_ns if lm.exists() else None, "dropmatch": [DROPMATCH_HEAD, DROPMATCH_MASKS],
+            "version": 4}
 
 
 def tas_entropy_effect(rng: np.random.Generator, R: int, V: int) -> dict:
@@ -116,7 +145,7 @@ def tas_entropy_effect(rng: np.random.Generator, R: int, V: int) -> dict:
 def compute(ctx: Ctx, cfg: dict) -> dict:
     rng = np.random.default_rng(cfg["seed"])
     P, Q = random_pairs(rng, cfg["R"], cfg["V"], cfg["sigma"])
-    out = {"random": sweep(P, Q, "random"),
+    out = {"random": sweep(P, Q, "random", heads=True),
            "tas_entropy": tas_entropy_effect(rng, cfg["tas_full_R"], cfg["tas_full_V"])}
     lm = load_lm_pairs(ctx.results / "lm_pairs.npz")
     if lm is not None:
@@ -134,22 +163,13 @@ def plot(d: dict, ctx: Ctx) -> list:
         s = d[key]
         finite = [pt["kl"] for fam, pts in s.items() if not fam.startswith("_") for pt in pts if math.isfinite(pt["kl"])]
         top = 1.25 * max([x for x in finite + [s["_kl_pq"]] if math.isfinite(x)] + [1e-3])  # where KL = inf is drawn
-        for fam, pts in s.items():
-            if fam.startswith("_"):
-                continue
-            fin = [pt for pt in pts if math.isfinite(pt["kl"])]
-            inf = [pt for pt in pts if not math.isfinite(pt["kl"])]
-            c, m = registry.colour(FAMILY_OF[fam]), registry.marker(FAMILY_OF[fam])
-            ls = ":" if fam == OURS_TOPK else "-"
-            ax.plot([pt["kl"] for pt in fin], [pt["accept"] for pt in fin], marker=m, color=c, ls=ls, lw=1.2, ms=4,
-                    label=fam if fam != registry.spec("topk").sweep_label else f"{fam}, authors' recovery")
-            ax.scatter([top] * len(inf), [pt["accept"] for pt in inf], marker="^", color=c, s=30, clip_on=False)
-            # a few labels only (every value is in the JSON); none in the crowded corner near (KL(p||q), 1),
-            # where every family ends once it accepts everything and emits p
-            for pt in (fin[::3] if fam == CACTUS else fin[:1] + fin[-1:]):
-                if pt["accept"] < 0.97:
-                    ax.annotate(f"{pt['param']:g}", (pt["kl"], pt["accept"]), fontsize=7, xytext=(4, -9),
-                                textcoords="offset points", color=c)
+        fams = [f for f in s if not f.startswith("_")]
+        for group in registry.VERIFICATION:  # the taxonomy: one legend block per class
+            members = [f for f in fams if registry.verification(FAMILY_OF[f]) == group]
+            if members:
+                ax.plot([], [], ls="none", label=f"{group}:")
+            for fam in members:
+                _draw_family(ax, fam, s[fam], group, top)
         if math.isfinite(s["_kl_pq"]):  # infinite on truncated LM rows (p puts mass outside q's support)
             ax.axvline(s["_kl_pq"], color="gray", ls=":", lw=1, label="KL(p || q) (mean)")
         ax.axhline(s["_sps_accept"], color=registry.colour("sps"), ls="--", lw=0.8, label="SpS acceptance")
@@ -165,9 +185,31 @@ def plot(d: dict, ctx: Ctx) -> list:
         ax.set_title(f"{titles[key]}: {s['_rows']} rows, V={s['_V']}", fontsize=10)
         ax.legend(fontsize=7, loc="upper right")
         ax.grid(alpha=0.3)
-    fig.suptitle("acceptance vs KL of one step's output law; numbers: the swept parameter", fontsize=10)
+    fig.suptitle("acceptance vs KL of one step's output law, grouped by the lossy-verification taxonomy (solid: "
+                 "collaborative, dashed: truncation); numbers: the swept parameter", fontsize=10)
     fig.tight_layout()
     return save_figure(fig, ctx, "fig_c_tradeoff")
+
+
+def _draw_family(ax, fam: str, pts: list, group: str, top: float) -> None:
+    """One family's sweep: solid for collaborative rules, dashed for truncation rules (dotted: our top-k
+    recovery from q); infinite-KL points as triangles on the top edge; a few parameter labels."""
+    fin = [pt for pt in pts if math.isfinite(pt["kl"])]
+    inf = [pt for pt in pts if not math.isfinite(pt["kl"])]
+    c, m = registry.colour(FAMILY_OF[fam]), registry.marker(FAMILY_OF[fam])
+    ls = ":" if fam == OURS_TOPK else ("-" if group == "collaborative" else "--")
+    name = fam if fam != registry.spec("topk").sweep_label else f"{fam}, authors' recovery"
+    if registry.spec(FAMILY_OF[fam]).reads_head:
+        name += ", rate 0.1, synthetic head"
+    ax.plot([pt["kl"] for pt in fin], [pt["accept"] for pt in fin], marker=m, color=c, ls=ls, lw=1.2, ms=4,
+            label=name)
+    ax.scatter([top] * len(inf), [pt["accept"] for pt in inf], marker="^", color=c, s=30, clip_on=False)
+    # a few labels only (every value is in the JSON); none in the crowded corner near (KL(p||q), 1),
+    # where every family ends once it accepts everything and emits p
+    for pt in (fin[::3] if fam == CACTUS else fin[:1] + fin[-1:]):
+        if pt["accept"] < 0.97:
+            ax.annotate(f"{pt['param']:g}", (pt["kl"], pt["accept"]), fontsize=7, xytext=(4, -9),
+                        textcoords="offset points", color=c)
 
 
 def _rows(pts: list, what: str) -> np.ndarray:

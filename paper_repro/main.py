@@ -3,8 +3,10 @@
 ``cactus_theory``, never the reverse.
 
 Order: a (worked example), b (gamma*), d (Gamma(delta)), the embedded draft (built when not cached),
-e (real decoding), f (main-table analogue), c (rule sweeps; its LM panel uses rows saved by e),
-the randomised claim checks of ``cactus-theory verify``, then the report. Every step caches its
+e (real decoding), f (main-table analogue), c (rule sweeps; its LM panel uses rows saved by e), g
+(production rules), h (task accuracy: a reduced ``cactus-theory eval``), i (Cactus with several drafts: our
+result), j (DropMatch on the real LM: our measurement), the randomised claim checks of ``cactus-theory
+verify``, then the report. Every step caches its
 numbers under ``--results`` (atomic writes), so a rerun only redraws and an interrupted run resumes.
 """
 
@@ -30,17 +32,18 @@ from .common import (
 
 STEPS = {
     "a": "fig_a_worked_example", "b": "fig_b_gamma", "d": "fig_d_gamma_delta", "e": "fig_e_lm",
-    "f": "table_f_main", "c": "fig_c_tradeoff", "g": "table_g_production",
+    "f": "table_f_main", "c": "fig_c_tradeoff", "g": "table_g_production", "h": "table_h_eval",
+    "i": "fig_i_multi_draft", "j": "table_j_dropmatch",
 }
-LM_STEPS = ("e", "f")
+LM_STEPS = ("e", "f", "h", "j")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fast", action="store_true", help="small sizes for CI (also CACTUS_FAST=1)")
     parser.add_argument("--only", default=None,
-                        help="comma-separated steps to (re)compute among a,b,c,d,e,f,verify; the others are "
-                             "taken from their cache when present")
-    parser.add_argument("--no-lm", action="store_true", help="skip the language-model steps e and f")
+                        help="comma-separated steps to (re)compute among a,b,c,d,e,f,g,h,i,j,verify; the others "
+                             "are taken from their cache when present")
+    parser.add_argument("--no-lm", action="store_true", help="skip the language-model steps e, f, h and j")
     parser.add_argument("--force", action="store_true", help="recompute the selected steps, ignoring caches")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cases", type=int, default=None, help="cases per claim for the randomised checks")

@@ -32,6 +32,12 @@ FIGURE_TEXT = {
     "fig_d_gamma_delta": ("d. Gamma(delta)", "lower bounds on the worst one-step KL(h_alg || q) vs delta for several V "
                           "(running maximum over delta: Gamma is non-decreasing)."),
     "fig_e_lm": ("e. Real decoding", "AL vs delta and k; distortion and verifier NLL vs AL; speedup vs delta."),
+    "fig_h_eval": ("h. Task accuracy vs AL", "accuracy (95% Wilson interval) against AL (tokens per verifier call, "
+                   "bonus included; 95% bootstrap interval) per rule, on the eval task (`cactus-theory eval`)."),
+    "fig_i_multi_draft": ("i. Cactus with several drafts (our result)",
+                          "the best acceptance of K i.i.d. drafts with the step's law within KL(h || q) <= delta, "
+                          "against K and delta (delta = 0: the lossless multi-draft optimum); the optimum's shape; "
+                          "with one draft, every rule beside the optimum at its own step KL."),
 }
 TITLES = {"paper": "Claims of the paper", "derived": "Results we derived (not claims of the paper)",
           "code": "Checks of our own code"}
@@ -64,6 +70,19 @@ def _cell(checks: list[Claim], field: str) -> str:
     if len({v for _, v in vals}) == 1 and len(vals) == 1:
         return _esc(vals[0][1])
     return "<br>".join(f"*{_esc(s)}*: {_esc(v)}" for s, v in vals)
+
+
+def _our_sections(steps: list[StepResult]) -> list[str]:
+    """Sections of results that are ours, not the paper's (multi-draft Cactus, DropMatch on the LM), each
+    written by its step from its cached numbers."""
+    from . import fig_i_multi_draft, table_j_dropmatch
+
+    writers = {"fig_i_multi_draft": fig_i_multi_draft.section, "table_j_dropmatch": table_j_dropmatch.section}
+    out = []
+    for s in steps:
+        if s.name in writers:
+            out += [writers[s.name](s.data), ""]
+    return out
 
 
 def claims_tables(claims: list[Claim]) -> dict[str, str]:
@@ -135,6 +154,8 @@ def write_report(path: Path, steps: list[StepResult], extra: list[Claim], comput
     for kind in ("paper", "derived", "code"):
         if kind in tables:
             out += [f"## {TITLES[kind]}", "", tables[kind], ""]
+        if kind == "derived":
+            out += _our_sections(steps)
     out += ["## Figures", ""]
     for s in steps:
         for f in s.figures:
@@ -144,6 +165,8 @@ def write_report(path: Path, steps: list[StepResult], extra: list[Claim], comput
     for s in steps:
         if "markdown" in s.data:
             out += ["## f. Main-table analogue", "", s.data["markdown"], ""]
+        for title, text in s.data.get("sections", []):
+            out += [f"## {title}", "", text, ""]
     if skipped:
         out += ["## Not run in this invocation", ""]
         out += [f"- {k}: {v}" for k, v in skipped.items()]

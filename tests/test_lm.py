@@ -288,11 +288,11 @@ def test_compact_llama_computes_the_hf_function():
         assert torch.allclose(last[:, 0], out.logits[[0, 1, 2], [6, 9, 7]], atol=1e-5)
 
 
-def tiny_head(verifier, seed: int = 0, shortlist=(0, 1, 2, 3, 4, 5, 7, 9)) -> FeatureDraft:
+def tiny_head(verifier, seed: int = 0, shortlist=(0, 1, 2, 3, 4, 5, 7, 9), layers: int = 1) -> FeatureDraft:
     """A random EAGLE-3-style head on a tiny verifier (shortlist of 8 of the 10 tokens)."""
     torch.manual_seed(seed)
     a = HeadArgs(dim=16, n_heads=2, n_kv_heads=1, head_dim=8, hidden=24, vocab=V, shortlist=len(shortlist),
-                 aux_layers=(0, 1, 2), max_positions=64)
+                 aux_layers=(0, 1, 2), max_positions=64, n_layers=layers)
     d = FeatureDraft(a, verifier.get_input_embeddings())
     with torch.no_grad():
         for name, p in d.named_parameters():
@@ -314,34 +314,36 @@ def head_law(sampling=(1.0, 0, 1.0)):
             hs = HEAD_VER(input_ids=torch.tensor([context]), output_hidden_states=True).hidden_states
             feats = HEAD.fuse([hs[i] for i in HEAD.args.aux_layers])[:, :-1]  # entries 0..len-2
             ids = torch.tensor([context[1:]])
-            kc, vc = HEAD.new_cache(1, 64)
+            cache = HEAD.new_cache(1, 64)
             n = ids.shape[1]
-            g = HEAD.step(feats, ids, kc, vc, torch.arange(n)[None], n)[:, -1:]
+            g = HEAD.step(feats, ids, cache, torch.arange(n)[None], n)[:, -1:]
             for i, t in enumerate(drafts):
-                g = HEAD.step(g, torch.tensor([[t]]), kc, vc, torch.tensor([[n + i]]), n + i + 1)
+                g = HEAD.step(g, torch.tensor([[t]]), cache, torch.tensor([[n + i]]), n + i + 1)
             return sampling_probs(HEAD.full_logits(g[0, 0]).double(), *sampling).numpy()
     return f
 
 
-def test_feature_head_unrolled_steps_equal_sequential_decoding():
+@pytest.mark.parametrize("layers", [1, 2])
+def test_feature_head_unrolled_steps_equal_sequential_decoding(layers):
     """``unrolled`` (training) computes exactly what the decode loop computes step by step."""
+    head = HEAD if layers == 1 else tiny_head(HEAD_VER, seed=3, layers=layers)
     feats = torch.randn(2, 9, 48, generator=torch.Generator().manual_seed(1))
     toks = torch.randint(0, V, (2, 9), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
-        a = HEAD.fuse([feats])
-        outs = HEAD.unrolled(a, toks, 3)
+        a = head.fuse([feats])
+        outs = head.unrolled(a, toks, 3)
         for b in range(2):
             for j0 in range(9):
-                kc, vc = HEAD.new_cache(1, 64)
-                g = HEAD.step(a[b:b + 1, :j0 + 1], toks[b:b + 1, :j0 + 1], kc, vc, torch.arange(j0 + 1)[None],
+                cache = head.new_cache(1, 64)
+                g = head.step(a[b:b + 1, :j0 + 1], toks[b:b + 1, :j0 + 1], cache, torch.arange(j0 + 1)[None],
                               j0 + 1)[:, -1:]
                 assert torch.allclose(g[0, 0], outs[0][b, j0], atol=1e-5)
                 for s in range(2, 4):
                     j = j0 + s - 1
                     if j >= 9:
                         break
-                    g = HEAD.step(g, toks[b:b + 1, j:j + 1], kc, vc, torch.tensor([[j]]), j + 1)
-                    assert torch.allclose(g[0, 0], outs[s - 1][b, j], atol=1e-5)
+                    g = head.step(g, toks[b:b + 1, j:j + 1], cache, torch.tensor([[j]]), j + 1)
+                    assert torch.allclose(g[0, 0], outs[s - 1][b, j], atol=1e-4)  # values up to ~20
 
 
 @pytest.mark.parametrize("compact", [True, False])
@@ -534,8 +536,8 @@ def test_eagle3_export_computes_the_same_head(tmp_path):
     aux = torch.randn(6, 48, generator=torch.Generator().manual_seed(3))
     ids = torch.randint(0, V, (6,), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
-        kc, vc = HEAD.new_cache(1, 16)
-        g = HEAD.step(HEAD.fuse([aux[None]]), ids[None], kc, vc, torch.arange(6)[None], 6)
+        cache = HEAD.new_cache(1, 16)
+        g = HEAD.step(HEAD.fuse([aux[None]]), ids[None], cache, torch.arange(6)[None], 6)
         ours = HEAD.full_logits(g[0])
         theirs = vllm_like(aux, ids)
     fin = torch.isfinite(ours)
@@ -584,14 +586,15 @@ def test_feature_draft_ragged_batch_and_eos_keep_each_rows_law():
                                max_new_tokens=3, batch_size=len(batch), seed=8, track_kl=False, **RAW)
     assert sum(len(t) < 3 for t in res.tokens) > 100  # EOS ends some rows early
 
-    def absorbing(law_fn):  # after EOS the padded output repeats EOS
-        def f(context, drafts):
-            return np.eye(V)[EOS] if EOS in (tuple(context) + tuple(drafts))[n_prompt:] else law_fn(context, drafts)
-        return f
+    ver, head = cond(HEAD_VER), head_law()
+
+    def absorbing_verifier(n_prompt):  # after EOS the padded output repeats EOS
+        return lambda c: np.eye(V)[EOS] if EOS in c[n_prompt:] else ver(c)
+
+    def absorbing_draft(n_prompt):
+        return lambda c, d: np.eye(V)[EOS] if EOS in (tuple(c) + tuple(d))[n_prompt:] else head(c, d)
 
     for j, pr in enumerate(prompts):
-        n_prompt = len(pr)
-        ver = cond(HEAD_VER)
-        law = sequence_law(None, lambda c, n=n_prompt: np.eye(V)[EOS] if EOS in c[n:] else ver(c), rule, 2, 3,
-                           prompt=tuple(pr), verifier_first=True, draft_in_block=absorbing(head_law()))
+        law = sequence_law(None, absorbing_verifier(len(pr)), rule, 2, 3, prompt=tuple(pr), verifier_first=True,
+                           draft_in_block=absorbing_draft(len(pr)))
         assert_fits(res.tokens[j::3], law, 3, pad=EOS)

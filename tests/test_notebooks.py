@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 NB_DIR = Path(__file__).resolve().parents[1] / "notebooks"
-NAMES = ["01_closed_form_vs_cvxpy", "02_exact_laws_and_gamma", "03_statistical_tests", "04_decoding_with_real_lms"]
+NAMES = ["01_closed_form_vs_cvxpy", "02_exact_laws_and_gamma", "03_statistical_tests", "04_decoding_with_real_lms",
+         "05_multi_draft_cactus"]
 
 
 def _builder():

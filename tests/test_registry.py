@@ -82,3 +82,27 @@ def test_a_subclass_maps_to_its_registered_base():
         pass
 
     assert registry.spec(MyCactus(0.5)) is registry.RULES["cactus"]
+
+
+def test_taxonomy_matches_each_rules_behaviour():
+    """registry.VERIFICATION: a truncation rule's acceptance never reads p (two drafts, same q, same
+    acceptance of every token); a collaborative rule's does (some pair of drafts changes it)."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    V = 24  # above every swept top-k
+    q = rng.dirichlet(np.ones(V) * 0.5, size=8)
+    p1, p2 = rng.dirichlet(np.ones(V), size=8), rng.dirichlet(np.ones(V), size=8)
+    hit = rng.uniform(0, 0.5, size=(8, V))
+    seen = set()
+    for key, s in registry.RULES.items():
+        assert s.verification in registry.VERIFICATION and s.why, key
+        same = []
+        for _, rule in s.sweep_rules() or [(None, s.make())]:
+            if s.reads_head:
+                rule = rule.at(hit)
+            same.append(np.allclose(rule.accept_prob_all(p1, q), rule.accept_prob_all(p2, q), atol=1e-12))
+        # truncation: no configuration reads p; collaborative: some configuration does
+        assert (all(same) if s.verification == "truncation" else not all(same)), (key, s.verification)
+        seen.add(s.verification)
+    assert seen == set(registry.VERIFICATION)

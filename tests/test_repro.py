@@ -116,6 +116,12 @@ def test_fig_c_sweep_end_points():
     assert cac[4.0]["accept"] > 0.999 and cac[4.0]["kl"] <= s["_kl_pq"] + 1e-12
     interp = [pt["kl"] for pt in s["interpolation (alpha)"]]
     assert np.all(np.diff(interp) > 0)  # more weight on p, further from q
+    # DropMatch needs a head: left out without one; on synthetic heads 0 paths is SpS and paths add acceptance
+    assert "DropMatch (num_paths)" not in s
+    s = fig_c_tradeoff.sweep(P, Q, heads=True)
+    dm = {pt["param"]: pt for pt in s["DropMatch (num_paths)"]}
+    assert dm[0]["accept"] == pytest.approx(sps, abs=1e-12) and dm[0]["kl"] == pytest.approx(0, abs=1e-12)
+    assert all(dm[a]["accept"] < dm[b]["accept"] for a, b in zip(list(dm)[:-1], list(dm)[1:], strict=True))
 
 
 # -- the whole job ------------------------------------------------------------------------------
@@ -146,6 +152,7 @@ def test_repro_end_to_end_then_resumes_from_cache(tmp_path, tiny_pair):
                 "overview figure", "main table"):
         assert ref in text
     assert "out of reach" in text and "## f. Main-table analogue" in text
+    assert "## h. Task accuracy with intervals" in text and "Distribution tests on the real LM" in text
     # three sections; the headline counts each statement of the paper once; the worked example is one row
     paper = text.split("## Claims of the paper")[1].split("## Results we derived")[0]
     assert "## Checks of our own code" in text and paper.count("overview figure") == 1
@@ -158,7 +165,13 @@ def test_repro_end_to_end_then_resumes_from_cache(tmp_path, tiny_pair):
         assert "out of reach" in row, row
     figs = sorted(p.name for p in c.figures.iterdir())
     assert figs == sorted(f"{s}.{e}" for s in ("fig_a_worked_example", "fig_b_gamma", "fig_c_tradeoff",
-                                               "fig_d_gamma_delta", "fig_e_lm") for e in ("png", "svg"))
+                                               "fig_d_gamma_delta", "fig_e_lm", "fig_h_eval", "fig_i_multi_draft")
+                          for e in ("png", "svg"))
+    # our results (multi-draft Cactus, DropMatch on the LM) sit in the derived section, never among the paper's
+    derived = text.split("## Results we derived")[1].split("## Checks of our own code")[0]
+    assert "### i. Cactus with several drafts" in derived and "### j. DropMatch on the real LM" in derived
+    assert "multi-draft" not in paper and "DropMatch" not in paper
+    assert (c.results / "table_j_dropmatch.md").exists()
     pairs = np.load(c.results / "lm_pairs.npz")
     assert pairs["p"].shape == pairs["q"].shape and pairs["p"].shape[0] > 0
     assert np.allclose(pairs["p"].sum(-1), 1) and np.allclose(pairs["q"].sum(-1), 1)
@@ -198,6 +211,27 @@ def test_bad_arguments_name_the_option(argv, match, tmp_path):
     args = p.parse_args([*argv, "--results", str(tmp_path)])
     with pytest.raises(ValueError, match=match):
         main_run(args)
+
+
+def test_eval_verdicts_follow_the_intervals():
+    """Step h's verdicts: interval above 0 -> consistent (another scale), below -> differs, across -> inconclusive."""
+    from paper_repro import table_h_eval as h
+
+    def res(diff, al_diff, rej):
+        methods = [{"label": "verifier alone", "key": None, "params": {}}, {"label": "SpS", "key": "sps", "params": {}},
+                   {"label": "Cactus delta=1", "key": "cactus", "params": {"delta": 1.0}}]
+        row = {"diff_vs_sps": dict(zip(("estimate", "low", "high"), diff, strict=True), pvalue=0.5),
+               "al": [2.0, 1.9, 2.1], "al_diff_vs_sps": al_diff, "rej_vs_sps": rej, "speedup": [1.2, 1.1, 1.3]}
+        return {"config": {"task": "arith", "problems": 300, "k": 4}, "methods": methods,
+                "summary": {"SpS": {"al": [1.5, 1.4, 1.6]}, "Cactus delta=1": row}}
+
+    better = h.claims(res((0.05, 0.01, 0.09), [0.5, 0.4, 0.6], [-0.3, -0.4, -0.2]), "full run")
+    assert [c.key for c in better] == ["main-scores", "main-acceptance", "wall-clock"]  # the ledger's statements
+    assert all(c.verdict == "consistent" and c.scope.startswith("SmolLM2-135M, k = 4") for c in better)
+    worse = h.claims(res((-0.05, -0.09, -0.01), [-0.1, -0.2, -0.05], [0.1, 0.05, 0.2]), "full run")
+    assert [c.verdict for c in worse[:2]] == ["differs", "differs"]
+    unsure = h.claims(res((0.0, -0.05, 0.05), [0.0, -0.1, 0.1], [0.0, -0.1, 0.1]), "full run")
+    assert [c.verdict for c in unsure[:2]] == ["inconclusive", "inconclusive"]
 
 
 # -- every number traces to a committed file -------------------------------------------------------

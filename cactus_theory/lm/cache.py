@@ -211,7 +211,7 @@ class FeatureDrafter:
 
     def __init__(self, head: FeatureDraft, batch: int, capacity: int, device):
         self.head = head
-        self.k_cache, self.v_cache = head.new_cache(batch, capacity, device)
+        self.cache = head.new_cache(batch, capacity, device)
         self.length = torch.zeros(batch, dtype=torch.long, device=device)
         self.feat = self.ids = self.n = None
 
@@ -227,8 +227,8 @@ class FeatureDrafter:
     def _step(self, feat, ids, start):
         W = ids.shape[1]
         slots = start[:, None] + torch.arange(W, device=ids.device)[None]
-        used = min(int(slots.max()) + 1, self.k_cache.shape[2])
-        return self.head.step(feat, ids, self.k_cache, self.v_cache, slots, used)
+        used = min(int(slots.max()) + 1, self.cache.capacity)
+        return self.head.step(feat, ids, self.cache, slots, used)
 
     def propose(self, k: int, sampling, gen):
         rows = torch.arange(self.ids.shape[0], device=self.ids.device)
@@ -255,7 +255,7 @@ class FeatureDrafter:
         self.advance_block(self.head.fuse(feats), tokens.clamp_min(0), a + 1, tokens[rows, a])
 
     def select(self, idx):
-        self.k_cache, self.v_cache = self.k_cache[idx], self.v_cache[idx]
+        self.cache.select(idx)
         self.length = self.length[idx]
         self.feat, self.ids, self.n = self.feat[idx], self.ids[idx], self.n[idx]
 

@@ -179,8 +179,11 @@ def _stats_lines(label: str, s) -> list[str]:
     lines = [f"[{label}] {s.sequences} sequences, {s.new_tokens} new tokens, {s.tokens_per_s:.2f} tokens/s "
              f"(decode time), {s.verifier_calls} verifier forwards"]
     if s.method == "speculative":
+        kl = (f"{s.mean_step_kl:.4f} nats" if s.kl_count else
+              f"not computed (skipped at {s.kl_skipped} positions: the rule reads the verifier's head, as "
+              "DropMatch does, see cactus_theory.dropmatch.step_law, or its support is too large)")
         lines.append(f"[{label}] AL {s.al:.3f} tokens per verifier call (bonus included), per-token acceptance "
-                     f"{s.acceptance_rate:.3f}, mean exact step KL(h_alg || q) {s.mean_step_kl:.4f} nats")
+                     f"{s.acceptance_rate:.3f}, mean exact step KL(h_alg || q) {kl}")
     lines.append(f"[{label}] verifier NLL of the text {s.nll:.4f} nats/token")
     return lines
 

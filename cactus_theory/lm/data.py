@@ -106,6 +106,57 @@ _PROSE_TASKS = ["Explain {t} to a curious child.", "Write a short paragraph abou
                 "Why is {t} important?", "Describe the history of {t} briefly.", "What is {t}? Answer in a few sentences.",
                 "Summarise what is known about {t}.", "Write a short story that mentions {t}.",
                 "What are the main ideas behind {t}?", "Tell me something surprising about {t}."]
+# everyday requests (emails, tips, descriptions, explanations, stories), with everyday subjects
+_EVERYDAY_TASKS = ["Write a short email to {p} asking to {a}.", "Give three tips for someone who wants to {a}.",
+                   "Describe {s} in a short paragraph.", "Explain in simple words why {w}.",
+                   "Tell a short story about {c} who learns to {a}.", "What are the pros and cons of {n}?",
+                   "Write a polite note to {p} about {n}.", "How do I {a}? Answer in a few steps."]
+_EVERYDAY = {
+    "p": ["a colleague", "a neighbour", "my landlord", "a teacher", "a friend", "the team", "a customer"],
+    "a": ["learn a new language", "save money", "sleep better", "grow tomatoes", "start running", "cook rice",
+          "reschedule a meeting", "fix a flat tyre", "write a cover letter", "paint a room", "study for an exam",
+          "plan a trip", "keep a plant alive", "make friends in a new city", "play the guitar"],
+    "s": ["a busy train station at rush hour", "a rainy afternoon in a small town", "a mountain lake at dawn",
+          "a crowded market", "an old library", "a winter night in the countryside", "a beach in autumn"],
+    "w": ["leaves change colour in autumn", "the sea is salty", "we have seasons", "bread rises", "ice floats",
+          "the moon has phases", "people yawn", "metal feels cold", "rainbows appear after rain"],
+    "c": ["a shy cat", "an old fisherman", "a young robot", "a curious girl", "a tired dragon", "a lost dog"],
+    "n": ["working from home", "electric cars", "living in a big city", "online shopping", "public transport",
+          "keeping a diary", "the new office hours", "a four-day week"],
+}
+# small, common programming tasks as HumanEval-style stubs (name, arguments with types, return type, doc)
+_CODE_STUBS = [
+    ("reverse_words", "sentence: str", "str", "Return the sentence with its words in reverse order."),
+    ("count_words", "text: str", "int", "Count the words in text, separated by whitespace."),
+    ("is_prime", "n: int", "bool", "Return True if n is a prime number."),
+    ("second_largest", "numbers: list[int]", "int", "Return the second largest distinct value in numbers."),
+    ("capitalize_words", "text: str", "str", "Capitalize the first letter of every word in text."),
+    ("sum_of_digits", "n: int", "int", "Return the sum of the decimal digits of n."),
+    ("remove_duplicates", "items: list", "list", "Remove duplicates from items, keeping the first occurrence."),
+    ("celsius_to_fahrenheit", "c: float", "float", "Convert a temperature from Celsius to Fahrenheit."),
+    ("factorial", "n: int", "int", "Return n factorial, computed iteratively."),
+    ("is_anagram", "a: str, b: str", "bool", "Return True if a and b contain the same letters."),
+    ("chunk", "items: list, size: int", "list[list]", "Split items into consecutive lists of length size."),
+    ("average", "numbers: list[float]", "float", "Return the mean of numbers, or 0.0 for an empty list."),
+    ("longest_word", "text: str", "str", "Return the longest word in text."),
+    ("count_characters", "text: str", "dict[str, int]", "Return how often each character occurs in text."),
+    ("binary_search", "items: list[int], target: int", "int", "Return the index of target in sorted items, or -1."),
+    ("fibonacci", "n: int", "list[int]", "Return the first n Fibonacci numbers."),
+    ("transpose", "matrix: list[list[int]]", "list[list[int]]", "Return the transpose of a rectangular matrix."),
+    ("is_leap_year", "year: int", "bool", "Return True if year is a leap year in the Gregorian calendar."),
+    ("rotate_list", "items: list, k: int", "list", "Rotate items to the right by k positions."),
+    ("vowel_positions", "word: str", "list[int]", "Return the indices of the vowels in word."),
+    ("max_subarray_sum", "numbers: list[int]", "int", "Return the largest sum of a contiguous subarray."),
+    ("parse_csv_line", "line: str", "list[str]", "Split a CSV line on commas and strip spaces around fields."),
+    ("title_case", "text: str", "str", "Return text in title case, keeping small words like 'of' lower case."),
+    ("digits_to_words", "n: int", "str", "Spell out each digit of n as an English word, separated by spaces."),
+    ("clamp", "x: float, low: float, high: float", "float", "Limit x to the interval [low, high]."),
+    ("filter_even", "numbers: list[int]", "list[int]", "Return the even numbers of numbers, in order."),
+    ("index_of_max", "numbers: list[float]", "int", "Return the position of the largest value in numbers."),
+    ("compress", "text: str", "str", "Run-length encode text, e.g. 'aaab' becomes 'a3b1'."),
+    ("is_sorted", "numbers: list[int]", "bool", "Return True if numbers is in non-decreasing order."),
+    ("common_elements", "a: list, b: list", "list", "Return the elements present in both lists, without repeats."),
+]
 _NAMES = ["Anna", "Ben", "Carla", "David", "Emma", "Farid", "Grace", "Hugo", "Ines", "Jamal", "Kira", "Leo", "Mona",
           "Nils", "Olga", "Priya", "Quentin", "Rosa", "Sven", "Tara"]
 _ITEMS = ["apples", "stickers", "books", "marbles", "cookies", "pencils", "cards", "shells", "coins", "stamps", "eggs",
@@ -183,23 +234,29 @@ def _word_problem(rng: random.Random) -> str:
 
 
 def training_prompts(n: int, seed: int = 0) -> list[str]:
-    """``n`` seeded user requests in the three styles of ``prompt_set`` (interleaved: prose about a
-    Wikipedia title, a standard-library function stub to complete, a templated word problem), for the
-    draft's on-policy transcripts; disjoint from the evaluation ``prompt_set``."""
+    """``n`` seeded user requests in the three styles of ``prompt_set`` (interleaved: prose, half about
+    a Wikipedia title and half everyday requests; a function stub to complete, half common small
+    tasks and half standard-library functions; a templated word problem), for the draft's on-policy
+    transcripts; disjoint from the evaluation ``prompt_set``."""
     if not isinstance(n, int) or n < 0:
         raise ValueError(f"n must be an integer >= 0, got {n!r}")
     rng = random.Random(seed)
     titles = [d["title"] for d in _wiki_summaries()] or ["the moon", "volcanoes", "bees", "chess", "coffee"]
-    stubs = _stdlib_stubs(rng, n // 3 + 1)
+    stubs = _stdlib_stubs(rng, n // 6 + 1)
     held = set(prompt_set())
     out: list[str] = []
     i = 0
     while len(out) < n:
-        kind = i % 3
-        if kind == 0:
+        kind, half = i % 3, (i // 3) % 2
+        if kind == 0 and half:
             p = rng.choice(_PROSE_TASKS).format(t=rng.choice(titles))
-        elif kind == 1 and stubs:
-            p = stubs[(i // 3) % len(stubs)]
+        elif kind == 0:
+            p = rng.choice(_EVERYDAY_TASKS).format(**{k: rng.choice(v) for k, v in _EVERYDAY.items()})
+        elif kind == 1 and (half or not stubs):
+            name, args, ret, doc = rng.choice(_CODE_STUBS)
+            p = f'def {name}({args}) -> {ret}:\n    """{doc}"""\n'
+        elif kind == 1:
+            p = stubs[(i // 6) % len(stubs)]
         else:
             p = _word_problem(rng)
         i += 1

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch import nn
 
-from .llama import MLP, Attention, RMSNorm, block_inputs, rope_tables
+from .llama import MLP, Attention, Block, KVCache, LlamaArgs, RMSNorm, block_inputs, rope_tables
 
 __all__ = ["DraftConfig", "FeatureDraft", "cache_dir", "draft_path", "load_draft", "MissingDraftError",
            "FORMAT_VERSION", "export_eagle3"]
@@ -46,19 +46,20 @@ class DraftConfig:
     aux_layers: tuple[int, int, int] = (2, 15, 27)  # vLLM's choice for 30 layers: (2, L // 2, L - 3)
     shortlist: int = 8192  # draft vocabulary (the verifier's most likely tokens on the training data)
     mlp_hidden: int = 1536
+    head_layers: int = 1  # decoder layers of the head (vLLM's EAGLE-3 loads any number)
     onpolicy_prompts: int = 720  # requests answered by the verifier (its own transcripts)
     onpolicy_tokens: int = 160  # new tokens per transcript (at most)
-    wiki_docs: int = 400  # Wikipedia summaries as chat answers (teacher forced)
+    wiki_docs: int = 1200  # Wikipedia summaries as chat answers (teacher forced)
     wiki_tokens: int = 192  # answer tokens kept per summary
     heldout_prompts: int = 48  # further requests whose transcripts are held out for the report
-    gen_batch: int = 48
+    gen_batch: int = 64
     ttt_steps: int = 3  # draft steps unrolled in training (the head reads its own features)
-    epochs: int = 2
-    batch_tokens: int = 4096
-    lr: float = 1.5e-3
+    epochs: int = 4
+    batch_tokens: int = 2048
+    lr: float = 3e-3
     weight_decay: float = 0.0
     feature_noise: float = 0.0  # std of Gaussian noise on the fused features, relative to their RMS
-    loss: str = "kl+tv"  # see draft_build.step_loss: "kl", "tv", "kl+tv", "acc+kl1"
+    loss: str = "acc+kl1"  # see draft_build.step_loss: "kl", "tv", "kl+tv", "acc+kl1"
     temperature: float = 0.6  # the sampling the draft is trained for (the CLI default)
     top_k: int = 20
     top_p: float = 0.95
@@ -66,7 +67,7 @@ class DraftConfig:
     seed: int = 0
 
     def __post_init__(self):
-        for name in ("shortlist", "mlp_hidden", "onpolicy_tokens", "wiki_tokens", "gen_batch", "ttt_steps",
+        for name in ("shortlist", "mlp_hidden", "head_layers", "onpolicy_tokens", "wiki_tokens", "gen_batch", "ttt_steps",
                      "epochs", "batch_tokens"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -118,6 +119,7 @@ class HeadArgs:
     vocab: int  # the verifier's vocabulary size V
     shortlist: int  # |S|
     aux_layers: tuple[int, ...] = (2, 15, 27)
+    n_layers: int = 1
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     max_positions: int = 8192
@@ -126,7 +128,9 @@ class HeadArgs:
 
 class FeatureDraft(nn.Module):
     """EAGLE-3-style head (see the module docstring). The token embedding ``embed`` is the verifier's
-    (shared, frozen, not saved with the head); ``d2t`` (|S|,) maps shortlist rows to token ids."""
+    (shared, frozen, not saved with the head); ``d2t`` (|S|,) maps shortlist rows to token ids.
+    ``args.n_layers > 1`` adds plain pre-norm decoder blocks after the first layer (vLLM's EAGLE-3
+    layers 1.. read only the residual stream)."""
 
     def __init__(self, a: HeadArgs, embed: nn.Embedding):
         super().__init__()
@@ -139,6 +143,9 @@ class FeatureDraft(nn.Module):
         self.attn = Attention(2 * d, d, a.n_heads, a.n_kv_heads, a.head_dim)
         self.mlp_norm = RMSNorm(d, a.norm_eps)
         self.mlp = MLP(d, a.hidden)
+        block = LlamaArgs(dim=d, n_layers=1, n_heads=a.n_heads, n_kv_heads=a.n_kv_heads, head_dim=a.head_dim,
+                          hidden=a.hidden, vocab=a.vocab, norm_eps=a.norm_eps)
+        self.blocks = nn.ModuleList([Block(block) for _ in range(a.n_layers - 1)])
         self.norm = RMSNorm(d, a.norm_eps)
         self.head = nn.Linear(d, a.shortlist, bias=False)
         self.register_buffer("d2t", torch.zeros(a.shortlist, dtype=torch.long))
@@ -158,15 +165,19 @@ class FeatureDraft(nn.Module):
         """Verifier features: list of (B, W, dim) -> ``a`` (B, W, dim)."""
         return self.fc(torch.cat(aux, -1).to(self.dtype))
 
-    def step(self, feat: torch.Tensor, tokens: torch.Tensor, k_cache, v_cache, slots: torch.Tensor,
+    def step(self, feat: torch.Tensor, tokens: torch.Tensor, cache: KVCache, slots: torch.Tensor,
              used: int) -> torch.Tensor:
         """One head step for a block: ``feat`` (B, W, dim) fused verifier features or the head's own
-        previous outputs, ``tokens`` (B, W) the next tokens, written at cache ``slots`` (B, W);
-        returns ``g`` (B, W, dim)."""
+        previous outputs, ``tokens`` (B, W) the next tokens, written at ``cache`` slots ``slots``
+        (B, W) of every layer; returns ``g`` (B, W, dim)."""
         cos, sin, mask = block_inputs(slots, self.cos, self.sin, used)
+        cos, sin = cos.to(self.dtype), sin.to(self.dtype)
         x = torch.cat([self.embed_norm(self.embed(tokens).to(self.dtype)), self.feat_norm(feat)], -1)
-        g = feat + self.attn(x, cos.to(self.dtype), sin.to(self.dtype), k_cache, v_cache, slots, mask)
-        return g + self.mlp(self.mlp_norm(g))
+        g = feat + self.attn(x, cos, sin, cache.k[0], cache.v[0], slots, mask)
+        g = g + self.mlp(self.mlp_norm(g))
+        for i, blk in enumerate(self.blocks, start=1):
+            g = blk(g, cos, sin, cache.k[i], cache.v[i], slots, mask)
+        return g
 
     def logits(self, g: torch.Tensor) -> torch.Tensor:
         """Shortlist logits (..., |S|) in float32."""
@@ -178,11 +189,10 @@ class FeatureDraft(nn.Module):
         out = s.new_full((*s.shape[:-1], self.args.vocab), -math.inf)
         return out.index_copy_(-1, self.d2t, s)
 
-    def new_cache(self, batch: int, capacity: int, device=None):
+    def new_cache(self, batch: int, capacity: int, device=None) -> KVCache:
         a = self.args
-        shape = (batch, a.n_kv_heads, capacity, a.head_dim)
-        dev = device or self.fc.weight.device
-        return torch.zeros(shape, dtype=self.dtype, device=dev), torch.zeros(shape, dtype=self.dtype, device=dev)
+        return KVCache(a.n_layers, batch, a.n_kv_heads, capacity, a.head_dim, self.dtype,
+                       device or self.fc.weight.device)
 
     # -- training-time test: k draft steps over whole sequences at once ---------------------------
     def unrolled(self, a: torch.Tensor, tokens: torch.Tensor, steps: int) -> list[torch.Tensor]:
@@ -194,40 +204,48 @@ class FeatureDraft(nn.Module):
         ``x_{j+1}`` of entry ``j``. Step 1 at entry ``j`` reads ``a_j`` and attends to step-1 entries
         ``<= j``; step ``s`` at entry ``j`` reads step ``s-1``'s output at entry ``j-1`` and attends to
         step-1 entries ``<= j-s+1`` plus the step-``r`` entry at ``j-s+r`` for ``r = 2..s`` (the
-        drafts of its own block). Entries with ``j < s - 1`` have no such chain; their outputs are
-        defined but meaningless (mask them in the loss). Returns a list of (N, T, dim).
+        drafts of its own block), in every layer. Entries with ``j < s - 1`` have no such chain; their
+        outputs are defined but meaningless (mask them in the loss). Returns a list of (N, T, dim).
         """
-        N, T, d = a.shape
-        H, Hk, hd = self.args.n_heads, self.args.n_kv_heads, self.args.head_dim
-        rep = H // Hk
+        T = a.shape[1]
         cos = self.cos[:T].to(a.dtype)[None, None]
         sin = self.sin[:T].to(a.dtype)[None, None]
         e = self.embed_norm(self.embed(tokens).to(a.dtype))
-        idx = torch.arange(T, device=a.device)
-        ks, vs, outs = [], [], []
+        kv: list[list] = [[] for _ in range(self.args.n_layers)]  # per layer: (k, v) of steps 1..s
+        outs = []
         feat = a
         for s in range(1, steps + 1):
             x = torch.cat([e, self.feat_norm(feat)], -1)
-            q, k, v = self.attn.wqkv(x).split([H * hd, Hk * hd, Hk * hd], dim=-1)
-            q = _rope(q.view(N, T, H, hd).transpose(1, 2), cos, sin)
-            k = _rope(k.view(N, T, Hk, hd).transpose(1, 2), cos, sin).repeat_interleave(rep, 1)
-            v = v.view(N, T, Hk, hd).transpose(1, 2).repeat_interleave(rep, 1)
-            ks.append(k)
-            vs.append(v)
-            scale = 1 / math.sqrt(hd)
-            sc = (q @ ks[0].transpose(-1, -2)) * scale  # (N, H, T, T) against step-1 entries
-            allowed = idx[None, :] <= idx[:, None] - (s - 1)
-            sc = sc.masked_fill(~allowed, -math.inf)
-            diag = [((q * _shift(ks[r - 1], s - r)) * scale).sum(-1, keepdim=True) for r in range(2, s + 1)]
-            w = torch.cat([sc, *diag], -1).softmax(-1)
-            y = w[..., :T] @ vs[0]
-            for i, r in enumerate(range(2, s + 1)):
-                y = y + w[..., T + i:T + i + 1] * _shift(vs[r - 1], s - r)
-            g = feat + self.attn.wo(y.transpose(1, 2).reshape(N, T, H * hd))
+            g = feat + self._ttt_attention(self.attn, x, kv[0], s, cos, sin)
             g = g + self.mlp(self.mlp_norm(g))
+            for i, blk in enumerate(self.blocks, start=1):
+                g = g + self._ttt_attention(blk.attn, blk.attn_norm(g), kv[i], s, cos, sin)
+                g = g + blk.mlp(blk.mlp_norm(g))
             outs.append(g)
             feat = _shift(g, 1, dim=1)
         return outs
+
+    def _ttt_attention(self, attn: Attention, x: torch.Tensor, kv: list, s: int, cos, sin) -> torch.Tensor:
+        """Attention of step ``s`` over step-1 keys (causal, ``s - 1`` entries back) and the block's
+        own diagonal keys of steps 2..s (see ``unrolled``); appends this step's (k, v) to ``kv``."""
+        N, T, _ = x.shape
+        H, Hk, hd = self.args.n_heads, self.args.n_kv_heads, self.args.head_dim
+        rep = H // Hk
+        q, k, v = attn.wqkv(x).split([H * hd, Hk * hd, Hk * hd], dim=-1)
+        q = _rope(q.view(N, T, H, hd).transpose(1, 2), cos, sin)
+        k = _rope(k.view(N, T, Hk, hd).transpose(1, 2), cos, sin).repeat_interleave(rep, 1)
+        v = v.view(N, T, Hk, hd).transpose(1, 2).repeat_interleave(rep, 1)
+        kv.append((k, v))
+        scale = 1 / math.sqrt(hd)
+        idx = torch.arange(T, device=x.device)
+        sc = (q @ kv[0][0].transpose(-1, -2)) * scale  # (N, H, T, T) against step-1 entries
+        sc = sc.masked_fill(~(idx[None, :] <= idx[:, None] - (s - 1)), -math.inf)
+        diag = [((q * _shift(kv[r - 1][0], s - r)) * scale).sum(-1, keepdim=True) for r in range(2, s + 1)]
+        w = torch.cat([sc, *diag], -1).softmax(-1)
+        y = w[..., :T] @ kv[0][1]
+        for i, r in enumerate(range(2, s + 1)):
+            y = y + w[..., T + i:T + i + 1] * _shift(kv[r - 1][1], s - r)
+        return attn.wo(y.transpose(1, 2).reshape(N, T, H * hd))
 
 
 def _rope(x, cos, sin):
@@ -249,6 +267,7 @@ def head_args(verifier_config, cfg: DraftConfig) -> HeadArgs:
     return HeadArgs(dim=c.hidden_size, n_heads=c.num_attention_heads, n_kv_heads=c.num_key_value_heads,
                     head_dim=getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
                     hidden=cfg.mlp_hidden, vocab=c.vocab_size, shortlist=cfg.shortlist, aux_layers=cfg.aux_layers,
+                    n_layers=cfg.head_layers,
                     norm_eps=c.rms_norm_eps, rope_theta=float(rope.get("rope_theta", getattr(c, "rope_theta", 1e4))),
                     max_positions=c.max_position_embeddings)
 
@@ -291,6 +310,16 @@ def eagle3_state(draft: FeatureDraft) -> dict[str, torch.Tensor]:
            "midlayer.mlp.gate_proj.weight": gate, "midlayer.mlp.up_proj.weight": up,
            "midlayer.mlp.down_proj.weight": draft.mlp.w2.weight, "norm.weight": draft.norm.weight,
            "lm_head.weight": draft.head.weight, "d2t": draft.d2t - torch.arange(a.shortlist, device=draft.d2t.device)}
+    for i, blk in enumerate(draft.blocks, start=1):  # vLLM: layers 1.. are plain Llama decoder layers
+        q, k, v = blk.attn.wqkv.weight.split([a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim,
+                                              a.n_kv_heads * a.head_dim])
+        gate, up = blk.mlp.w13.weight.chunk(2, dim=0)
+        out.update({f"layers.{i}.input_layernorm.weight": blk.attn_norm.weight,
+                    f"layers.{i}.self_attn.q_proj.weight": q, f"layers.{i}.self_attn.k_proj.weight": k,
+                    f"layers.{i}.self_attn.v_proj.weight": v, f"layers.{i}.self_attn.o_proj.weight": blk.attn.wo.weight,
+                    f"layers.{i}.post_attention_layernorm.weight": blk.mlp_norm.weight,
+                    f"layers.{i}.mlp.gate_proj.weight": gate, f"layers.{i}.mlp.up_proj.weight": up,
+                    f"layers.{i}.mlp.down_proj.weight": blk.mlp.w2.weight})
     t2d = torch.zeros(a.vocab, dtype=torch.bool)
     t2d[draft.d2t.cpu()] = True
     out["t2d"] = t2d
@@ -309,7 +338,7 @@ def export_eagle3(draft: FeatureDraft, folder: str, dtype: torch.dtype = torch.b
     os.makedirs(folder, exist_ok=True)
     cfg = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": a.dim,
            "intermediate_size": a.hidden, "num_attention_heads": a.n_heads, "num_key_value_heads": a.n_kv_heads,
-           "head_dim": a.head_dim, "num_hidden_layers": 1, "rms_norm_eps": a.norm_eps, "rope_theta": a.rope_theta,
+           "head_dim": a.head_dim, "num_hidden_layers": a.n_layers, "rms_norm_eps": a.norm_eps, "rope_theta": a.rope_theta,
            "max_position_embeddings": a.max_positions, "vocab_size": a.vocab, "draft_vocab_size": a.shortlist,
            "target_hidden_size": a.dim, "hidden_act": "silu", "tie_word_embeddings": False,
            "torch_dtype": str(dtype).replace("torch.", ""),

@@ -42,6 +42,23 @@ __all__ = ["Corpus", "collect_onpolicy", "collect_forced", "choose_shortlist", "
 TOPK = 32  # teacher tokens kept per position (>= top_k of the sampling, so q' is exact)
 
 
+def limit_heap_growth() -> bool:
+    """Serve allocations of 1 MiB and more from mmap (glibc's ``M_MMAP_THRESHOLD``), so that the
+    training's many large tensors of varying sizes go back to the system when freed: with glibc's
+    default heap the build's resident memory grew by gigabytes through fragmentation. Returns
+    whether the setting took (False where glibc is absent)."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if not name:
+        return False
+    try:
+        return bool(ctypes.CDLL(name).mallopt(-3, 1 << 20))  # M_MMAP_THRESHOLD = -3
+    except (OSError, AttributeError):
+        return False
+
+
 def compute_dtype(name: str, device: torch.device | str = "cpu") -> torch.dtype:
     """``"auto"``: bfloat16 on CUDA or on a CPU with AMX tiles (fast bfloat16 matmuls), else float32."""
     if name == "float32":
@@ -375,6 +392,7 @@ def build_draft(cfg: DraftConfig | None = None, path: str | None = None, progres
     from .pair import load_model
 
     cfg = cfg or DraftConfig()
+    limit_heap_growth()
     t0 = time.time()
     times = {}
     torch.manual_seed(cfg.seed)
@@ -393,10 +411,14 @@ def build_draft(cfg: DraftConfig | None = None, path: str | None = None, progres
         train, held, times = blob["train"], blob["held"], blob["times"]
     else:
         t = time.time()
-        requests = training_prompts(cfg.onpolicy_prompts + cfg.heldout_prompts, seed=cfg.seed)
-        ids = [_encode_chat(tokenizer, r)[0] for r in requests]
-        train = collect_onpolicy(model, ids[:cfg.onpolicy_prompts], cfg, eos, gen, progress)
-        held = collect_onpolicy(model, ids[cfg.onpolicy_prompts:], cfg, eos, gen, progress, "held-out transcripts")
+        requests = training_prompts(cfg.onpolicy_prompts + 4 * cfg.heldout_prompts, seed=cfg.seed)
+        train_req = requests[:cfg.onpolicy_prompts]
+        seen = set(train_req)  # held-out requests never appear among the training ones
+        held_req = [r for r in requests[cfg.onpolicy_prompts:] if r not in seen and not seen.add(r)]
+        held_req = held_req[:cfg.heldout_prompts]
+        train = collect_onpolicy(model, [_encode_chat(tokenizer, r)[0] for r in train_req], cfg, eos, gen, progress)
+        held = collect_onpolicy(model, [_encode_chat(tokenizer, r)[0] for r in held_req], cfg, eos, gen, progress,
+                                "held-out transcripts")
         times["onpolicy"] = time.time() - t
         t = time.time()
         if cfg.wiki_docs:

@@ -163,14 +163,16 @@ def _speculative_rows(draft, verifier, prompts, rule, k, max_new, sampling, gen,
     first, feats, alive = _first_tokens(target, ids, lens, sampling, gen, out, per_seq, stats, eos, max_new)
     drafter.start(ids, lens, first, feats)
     rows = _drop_finished(alive, list(range(B)), [target, drafter], dev)
+    tap = _head_tap(verifier, rule)
     while rows:
         t0 = time.perf_counter()
         drafts, p = drafter.propose(k, sampling, gen)  # (n, k), (n, k, V)
         t1 = time.perf_counter()
-        logits, feats = target.score(drafts)  # (n, k + 1, V)
+        with tap or _NO_TAP:
+            logits, feats = target.score(drafts)  # (n, k + 1, V)
         q = sampling_probs(logits, *sampling)
         t2 = time.perf_counter()
-        tokens, a = verify(drafts, p, q, rule, generator=gen, check=False)
+        tokens, a = verify(drafts, p, q, _bind(rule, tap, logits, k, sampling, gen), generator=gen, check=False)
         t3 = time.perf_counter()
         last = tokens.gather(1, a[:, None])[:, 0]
         target.advance(a, last)
@@ -186,6 +188,38 @@ def _speculative_rows(draft, verifier, prompts, rule, k, max_new, sampling, gen,
         stats.metric_seconds += time.perf_counter() - t4
         rows = _drop_finished(alive, rows, [target, drafter], dev)
     return out
+
+
+class _NoTap:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return None
+
+
+_NO_TAP = _NoTap()
+
+
+def _head_tap(verifier, rule: Rule):
+    """A rule that reads the verifier's head (DropMatch) gets a tap on the head's input; others none."""
+    if not getattr(rule, "reads_head", False):
+        return None
+    from ..dropmatch import HeadTap
+
+    return HeadTap(verifier)
+
+
+def _bind(rule: Rule, tap, logits, k: int, sampling, gen) -> Rule:
+    """The rule ``verify`` judges this step with: ``rule`` itself, or DropMatch bound to ``hit`` from
+    ``rule.num_paths`` dropout paths of the head at the ``k`` drafted positions (``dropmatch.sample_hits``)."""
+    if tap is None:
+        return rule
+    from ..dropmatch import sample_hits
+
+    tap.check(logits)
+    hit = sample_hits(tap.hidden[:, :k], tap.weight, rule, sampling=sampling, bias=tap.bias, generator=gen)
+    return rule.at(hit)
 
 
 def _count(stats, per_seq, rows, a, kept, k, logits, tokens, p, q, rule, track_kl) -> None:

@@ -136,7 +136,11 @@ class DecodeResult:
 def step_kl(rule: Rule, p: np.ndarray, q: np.ndarray) -> float | None:
     """Exact ``KL(h_alg || q)`` of one step, computed on the union support of ``p`` and ``q`` (tokens
     outside it carry no mass in ``h_alg``) plus zero-mass padding so row statistics (top-k rank)
-    are unchanged. None when a rule without a fast exact law meets a support above ``KL_MAX_SUPPORT``."""
+    are unchanged. None when a rule without a fast exact law meets a support above ``KL_MAX_SUPPORT``,
+    and for a rule that reads the verifier's head (DropMatch: its law needs the dropout path law, which
+    one decoding step does not estimate; ``dropmatch.step_law`` computes it on teacher-forced rows)."""
+    if getattr(rule, "reads_head", False):
+        return None
     sup = np.flatnonzero((p > 0) | (q > 0))
     if not getattr(rule, "two_block", False) and sup.size > KL_MAX_SUPPORT:
         return None

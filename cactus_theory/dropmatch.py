@@ -1,0 +1,283 @@
+"""DropMatch's extra inputs: Monte Carlo dropout on the verifier's LM head (see ``rules.DropMatch``).
+
+A DropMatch step needs, at each drafted position, the verifier's final hidden state ``x`` (the LM
+head's input, (..., d)) and the head itself (``W`` (V, d), optional bias (V,)). From them:
+
+    ``dropout_logits``  ``W (m * x) / (1 - rate) + bias`` for ``S`` masks ``m ~ Bernoulli(1 - rate)^d``
+    ``path_law``        the path law ``r = E_m[transforms(dropout logits)]`` by Monte Carlo over ``S``
+                        masks, kept in ``G`` groups so that any function of ``r`` gets a jackknife error
+    ``exact_path_law``  the same law exactly, by enumerating the ``2^d`` masks of a small head
+    ``sample_hits``     one step of decoding: ``M`` paths sampled, ``hit`` = 1 at their tokens
+    ``HeadTap``         captures the head's input during a forward (the decode loop's source of ``x``)
+    ``step_law``        acceptance and ``KL(h_alg || q)`` of ``DropMatch`` on rows, with MC errors
+    ``synthetic_head``  a random head whose undropped logits equal given logits (toy pairs, figure c)
+
+Notation: ``p`` draft, ``q`` verifier (after the sampling transforms), ``r`` path law, ``M`` paths.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .divergences import kl
+from .exact import acceptance_rate, induced_distribution
+from .lm.transforms import check_sampling, sampling_probs
+from .rules import DropMatch
+from .validate import check_positive_int
+
+__all__ = ["PathLaw", "StepLaw", "HeadTap", "dropout_logits", "path_law", "exact_path_law", "sample_hits", "step_law",
+           "synthetic_head", "jackknife"]
+
+
+def _check_rate(rate) -> None:
+    if isinstance(rate, bool) or not (isinstance(rate, (int, float)) and 0 <= rate < 1):
+        raise ValueError(f"rate must be a dropout probability in [0, 1), got {rate!r}")
+
+
+def _check_head(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    for name, t in (("hidden", hidden), ("weight", weight), ("bias", bias)):
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if weight.ndim != 2:
+        raise ValueError(f"weight must be the head's (V, d) matrix, got shape {tuple(weight.shape)}")
+    if hidden.ndim < 1 or hidden.shape[-1] != weight.shape[1]:
+        raise ValueError(f"hidden must be (..., d) with d = {weight.shape[1]} (the head's input size), got shape "
+                         f"{tuple(hidden.shape)}")
+    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
+        raise ValueError(f"bias must have shape ({weight.shape[0]},), got {tuple(bias.shape)}")
+
+
+def dropout_logits(hidden: torch.Tensor, weight: torch.Tensor, rate: float, num_masks: int,
+                   bias: torch.Tensor | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Logits of ``num_masks`` dropout passes of the head: ``W (m * x) / (1 - rate) + bias``.
+
+    Args:
+        hidden: ``[..., d]`` float. The head's input ``x`` (the verifier's final, normed hidden state).
+        weight: ``[V, d]`` float. The head's weight ``W``.
+        rate: dropout probability; each of the ``d`` inputs is zeroed independently with it.
+        num_masks: ``S``, independent masks per position.
+        bias: ``[V]`` or None.
+        generator: draws the masks (on its device).
+    Returns:
+        ``[S, ..., V]`` float32 logits (computed in the head's dtype, then float32).
+    """
+    _check_head(hidden, weight, bias)
+    _check_rate(rate)
+    check_positive_int(num_masks, "num_masks")
+    dev = generator.device if generator is not None else hidden.device
+    keep = torch.rand((num_masks, *hidden.shape), generator=generator, device=dev).to(hidden.device) >= rate
+    x = hidden.unsqueeze(0) * keep.to(hidden.dtype) / (1 - rate)
+    out = torch.nn.functional.linear(x.to(weight.dtype), weight, bias)
+    return out.float()
+
+
+@dataclass
+class PathLaw:
+    """Monte Carlo estimate of the path law ``r`` (..., V): the mean of ``groups`` group means, each over
+    ``masks / groups`` masks (``group_means`` (G, ..., V)). Any function ``f(r)`` gets its error from the
+    groups by the jackknife (``jackknife``)."""
+
+    r: np.ndarray
+    group_means: np.ndarray
+    masks: int
+    rate: float
+
+    @property
+    def stderr(self) -> np.ndarray:
+        """Standard error of each ``r`` entry (between-group spread / sqrt(G))."""
+        G = self.group_means.shape[0]
+        return self.group_means.std(0, ddof=1) / np.sqrt(G)
+
+
+def path_law(hidden: torch.Tensor, weight: torch.Tensor, rate: float, num_masks: int = 256, *,
+             sampling: tuple = (1.0, 0, 1.0), bias: torch.Tensor | None = None, groups: int = 16,
+             chunk: int = 32, generator: torch.Generator | None = None) -> PathLaw:
+    """The law ``r = E_m[transforms(W (m * x) / (1 - rate) + bias)]`` of one dropout path's token, by Monte
+    Carlo over ``num_masks`` masks (a multiple of ``groups``), ``chunk`` masks at a time.
+
+    ``sampling = (temperature, top_k, top_p)``: the transforms applied to ``q`` (a path samples its
+    token exactly as the verifier would). The error of each ``r_i`` is ``PathLaw.stderr``; for a
+    function of ``r`` (an acceptance, a KL) use ``jackknife``. float64 results.
+    """
+    _check_head(hidden, weight, bias)
+    _check_rate(rate)
+    check_positive_int(num_masks, "num_masks")
+    check_positive_int(groups, "groups")
+    if groups < 2 or num_masks % groups:
+        raise ValueError(f"num_masks must be a multiple of groups >= 2, got num_masks={num_masks}, groups={groups}")
+    check_sampling(*sampling)
+    per = num_masks // groups
+    sums = []
+    with torch.inference_mode():
+        for _ in range(groups):
+            acc = None
+            for s in range(0, per, chunk):
+                n = min(chunk, per - s)
+                pr = sampling_probs(dropout_logits(hidden, weight, rate, n, bias, generator), *sampling)
+                part = pr.double().sum(0)
+                acc = part if acc is None else acc + part
+            sums.append((acc / per).cpu().numpy())
+    gm = np.stack(sums)
+    return PathLaw(r=gm.mean(0), group_means=gm, masks=num_masks, rate=float(rate))
+
+
+EXACT_MAX_DIM = 20  # exact_path_law enumerates 2^d masks
+
+
+def exact_path_law(hidden: torch.Tensor, weight: torch.Tensor, rate: float, *, sampling: tuple = (1.0, 0, 1.0),
+                   bias: torch.Tensor | None = None) -> np.ndarray:
+    """The path law ``r`` exactly, for a small head (``d <= EXACT_MAX_DIM``): the sum over all ``2^d``
+    masks ``m`` of ``(1 - rate)^|m| rate^(d - |m|) transforms(W (m * x) / (1 - rate) + bias)``. float64."""
+    _check_head(hidden, weight, bias)
+    _check_rate(rate)
+    check_sampling(*sampling)
+    d = weight.shape[1]
+    if d > EXACT_MAX_DIM:
+        raise ValueError(f"exact_path_law enumerates 2^d masks; d = {d} > {EXACT_MAX_DIM}: use path_law (Monte Carlo)")
+    with torch.inference_mode():
+        bits = ((torch.arange(2 ** d)[:, None] >> torch.arange(d)[None, :]) & 1).double()  # (2^d, d) kept inputs
+        w = (1 - rate) ** bits.sum(1) * rate ** (d - bits.sum(1))  # (2^d,)
+        x = hidden.detach().double().cpu().unsqueeze(0) * bits.reshape(2 ** d, *([1] * (hidden.ndim - 1)), d) / (1 - rate)
+        b = None if bias is None else bias.detach().double().cpu()
+        logits = torch.nn.functional.linear(x, weight.detach().double().cpu(), b)
+        pr = sampling_probs(logits, *sampling).double()  # (2^d, ..., V)
+        return torch.einsum("m,m...->...", w, pr).numpy()
+
+
+def sample_hits(hidden: torch.Tensor, weight: torch.Tensor, rule: DropMatch, *, sampling: tuple = (1.0, 0, 1.0),
+                bias: torch.Tensor | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One decoding step's ``hit`` (..., V): 1 at the tokens of ``rule.num_paths`` sampled dropout paths
+    (each its own mask, then a token from the transformed logits), 0 elsewhere, in float32. Its mean
+    over masks and draws is ``1 - (1 - r)^M``, so ``rule.at(hit)`` decodes with ``DropMatch``'s exact law."""
+    if not isinstance(rule, DropMatch):
+        raise ValueError(f"rule must be a DropMatch rule, got {rule!r}")
+    check_sampling(*sampling)
+    V = weight.shape[0]
+    hit = torch.zeros((*hidden.shape[:-1], V), dtype=torch.float32, device=hidden.device)
+    M = rule.num_paths
+    if M == 0:
+        return hit
+    with torch.inference_mode():
+        pr = sampling_probs(dropout_logits(hidden, weight, rule.rate, M, bias, generator), *sampling)  # (M, ..., V)
+        flat = pr.reshape(-1, V)
+        dev = generator.device if generator is not None else flat.device
+        y = torch.multinomial(flat.to(dev), 1, generator=generator).to(flat.device).reshape(M, *hidden.shape[:-1])
+        hit.scatter_(-1, y.movedim(0, -1), 1.0)
+    return hit
+
+
+class HeadTap:
+    """Captures the input of a model's LM head at every forward: ``with HeadTap(model) as tap: ...``,
+    then ``tap.hidden`` (..., d) of the last forward, ``tap.weight`` / ``tap.bias``.
+
+    The head is ``model.head`` (the compact Llama) or ``model.get_output_embeddings()`` (Hugging Face
+    causal LMs); both are ``nn.Linear`` and the logits are exactly ``head(hidden)`` (a model that
+    transforms logits after its head, e.g. soft-capping, is refused by ``check``).
+    """
+
+    def __init__(self, model: torch.nn.Module):
+        head = getattr(model, "head", None)
+        if not isinstance(head, torch.nn.Linear):
+            get = getattr(model, "get_output_embeddings", None)
+            head = get() if callable(get) else None
+        if not isinstance(head, torch.nn.Linear):
+            raise ValueError(f"DropMatch needs the verifier's LM head as an nn.Linear; {type(model).__name__} has none")
+        cfg = getattr(model, "config", None)
+        for attr in ("final_logit_softcapping", "logit_scale"):
+            if getattr(cfg, attr, None) not in (None, 0, 1, 1.0):
+                raise ValueError(f"DropMatch reads the head's logits; this model transforms them after the head "
+                                 f"({attr} = {getattr(cfg, attr)}), which is not modelled")
+        self.head = head
+        self.hidden: torch.Tensor | None = None
+        self._handle = None
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.head.weight
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        return self.head.bias
+
+    def _hook(self, module, args):
+        self.hidden = args[0]
+
+    def __enter__(self) -> HeadTap:
+        self._handle = self.head.register_forward_pre_hook(self._hook)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+
+    def check(self, logits: torch.Tensor, atol: float = 1e-3) -> None:
+        """Raise ``ValueError`` unless the captured input reproduces ``logits`` through the head."""
+        if self.hidden is None:
+            raise ValueError("no head input was captured (the forward did not run the LM head)")
+        with torch.inference_mode():
+            again = torch.nn.functional.linear(self.hidden, self.weight, self.bias).float()
+        if again.shape != logits.shape or not torch.allclose(again, logits.float(), atol=atol, rtol=1e-3):
+            raise ValueError("the verifier's logits are not head(hidden): DropMatch cannot read this model's head")
+
+
+def jackknife(fn, law: PathLaw) -> tuple[np.ndarray, np.ndarray]:
+    """``fn(r)`` at the Monte Carlo path law and its jackknife standard error over the mask groups:
+    ``se = sqrt((G - 1) / G * sum_g (fn(r_-g) - mean)^2)``, ``r_-g`` the mean without group ``g``."""
+    gm = law.group_means
+    G = gm.shape[0]
+    est = np.asarray(fn(law.r), dtype=np.float64)
+    loo = np.stack([np.asarray(fn((gm.sum(0) - gm[g]) / (G - 1)), dtype=np.float64) for g in range(G)])
+    with np.errstate(invalid="ignore"):  # an infinite value (KL outside q's support) has no finite error: NaN
+        se = np.sqrt((G - 1) / G * ((loo - loo.mean(0)) ** 2).sum(0))
+    return est, se
+
+
+@dataclass
+class StepLaw:
+    """Per-row acceptance ``sum_n p_n phi_n`` and ``KL(h_alg || q)`` of a DropMatch step, with their
+    Monte Carlo (jackknife) standard errors over mask groups; ``h`` the law at the estimated ``r``."""
+
+    accept: np.ndarray
+    accept_se: np.ndarray
+    kl: np.ndarray
+    kl_se: np.ndarray
+    h: np.ndarray
+
+
+def step_law(rule: DropMatch, p, q, law: PathLaw) -> StepLaw:
+    """Exact one-step law of ``rule`` on rows ``(p, q)`` (..., V) given the path law ``law.r`` (same
+    shape): ``h_alg`` of ``rule.at(1 - (1 - r)^M)``, its acceptance and KL from ``q``, with jackknife errors."""
+    if not isinstance(rule, DropMatch):
+        raise ValueError(f"rule must be a DropMatch rule, got {rule!r}")
+    p, q = np.asarray(p, dtype=np.float64), np.asarray(q, dtype=np.float64)
+    if law.r.shape != q.shape:
+        raise ValueError(f"the path law must have q's shape {q.shape}, got {law.r.shape}")
+
+    def bound(r):
+        return rule.at(rule.hit_from_law(r))
+
+    acc, acc_se = jackknife(lambda r: acceptance_rate(bound(r), p, q), law)
+    kls, kl_se = jackknife(lambda r: kl(induced_distribution(bound(r), p, q), q), law)
+    return StepLaw(acc, acc_se, kls, kl_se, induced_distribution(bound(law.r), p, q))
+
+
+def synthetic_head(logits: np.ndarray, dim: int = 64, noise: float = 1.0, seed: int = 0
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A random head for toy pairs: ``(x, W)`` with ``x = 1`` (d,) per row and ``W`` (R, V, d) such that
+    ``W x = logits`` exactly: ``W_v = logits_v / d + noise * g_v`` with ``g_v`` Gaussian, centred to sum 0
+    over ``d``. Dropout then perturbs logit ``v`` by ``sum_j W_vj (m_j / (1 - rate) - 1)``, whose variance
+    is ``rate / (1 - rate) * |W_v|^2`` (about ``rate / (1 - rate) * noise^2 d``). Returns float64 tensors
+    ``x`` (R, d) and ``W`` (R, V, d); pass row ``i`` as ``path_law(x[i], W[i], ...)``."""
+    z = np.asarray(logits, dtype=np.float64)
+    if z.ndim != 2:
+        raise ValueError(f"logits must be (R, V), got shape {z.shape}")
+    check_positive_int(dim, "dim")
+    rng = np.random.default_rng(seed)
+    g = rng.normal(size=(*z.shape, dim))
+    g -= g.mean(-1, keepdims=True)
+    W = z[..., None] / dim + noise * g
+    return torch.ones((z.shape[0], dim), dtype=torch.float64), torch.from_numpy(W)

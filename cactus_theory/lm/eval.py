@@ -1,0 +1,605 @@
+"""``cactus-theory eval``: task accuracy, acceptance and distortion of every acceptance rule on a
+real (draft, verifier) pair, with intervals; the paper's main claim at the scale this machine allows.
+
+Task: ``tasks.DEFAULT_TASK`` = ``arith`` ("What is 7 + 5? Explain briefly, then give the final answer
+as a number.", chat template, exact match of the extracted integer), chosen by the verifier's measured
+accuracy alone at the paper's sampling (``benchmarks/task_candidates.py``, 80 problems each, numbers in
+``paper_repro/results/eval/task_candidates.json``): ``arith`` 46% [36, 57] with answers after ~23
+generated tokens, the only candidate inside 25-85% besides ``add1`` (34%); word problems with "think
+step by step" scored 3-19% (the 135M verifier rambles past its answer), ``reasoning-gym``'s chain_sum and
+leg_counting 14% and 1%. Methods: the verifier alone and every rule of the registry at the sweep values
+of ``EVAL_GRID`` (registry defaults for rules the grid does not name), ``k`` drafts per step, the
+paper's sampling (temperature 0.6, top-k 20, top-p 0.95, applied to ``p`` and ``q``).
+
+Per method (``summarise``): accuracy with a 95% Wilson interval; the paired difference against SpS on
+the same problems (percentile bootstrap over problems, McNemar's exact p-value); AL = tokens emitted
+per verifier call, bonus included (``DecodeStats.al``: (accepted + steps) / steps); per-token acceptance = accepted drafts / drafted tokens; Rej =
+rejected drafts per emitted token relative to SpS (paired bootstrap); mean exact step
+``KL(h_alg || q)`` and verifier NLL (nats/token); speedup = tokens/s over the verifier alone's tokens/s,
+both measured batch by batch in the same run (each batch of problems is decoded by every method
+back to back, so machine load cancels in the ratio). All intervals are 95%, bootstrap over problems
+(over batches for the speedup), seeded.
+
+The interpolation ablation (``ablation``): the smallest Cactus ``delta`` on a ladder (x4 steps,
+then bisection in log delta) whose AL on the first batch reaches interpolation alpha = 0.9's AL, run
+on all problems and compared in accuracy; if no ``delta <= DELTA_MAX`` reaches it, the largest AL
+Cactus reaches is reported instead.
+
+Resumable: every (batch, method) is cached as one JSON file written atomically under ``--cache``
+(one folder per configuration); a rerun decodes only what is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .. import registry
+from ..atomic import atomic_path, atomic_write_json, atomic_write_text
+from ..stats import paired_difference, proportion_interval
+from . import tasks
+
+__all__ = ["EVAL_GRID", "SAMPLING", "Method", "EvalConfig", "methods", "run_eval", "summarise", "format_table",
+           "plot_accuracy_vs_al", "configure", "run"]
+
+SAMPLING = {"temperature": 0.6, "top_k": 20, "top_p": 0.95}
+# the issue's sweep per registry key; rules not named here run once at their registry defaults
+EVAL_GRID: dict[str, list[dict]] = {
+    "sps": [{}],
+    "cactus": [{"delta": d} for d in (0.25, 0.5, 0.75, 1.0, 2.0)],
+    "tas": [{"epsilon": 0.09, "alpha": 0.3}],
+    "topk": [{"k": 3, "recovery": "topk"}],
+    "interpolation": [{"alpha": 0.5}, {"alpha": 0.9}],
+}
+ABLATION_ALPHA = 0.9
+DELTA_MAX = 2048.0
+COUNTERS = ("new_tokens", "steps", "accepted", "drafted", "kl_sum", "kl_count", "nll_sum", "nll_count")
+N_BOOT = 4000
+
+
+# -- methods (from the registry) ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Method:
+    """One decoding method: ``rule`` None is the verifier alone; ``key`` is the registry key."""
+
+    label: str
+    key: str | None
+    params: dict = field(default_factory=dict)
+    rule: object = None
+    colour: str = "black"
+
+    @property
+    def slug(self) -> str:
+        s = "".join(c if c.isalnum() or c in "-_." else "_" for c in self.label)
+        return f"{s[:48]}-{hashlib.sha256(repr(self.rule).encode()).hexdigest()[:8]}"
+
+
+def _build(key: str, params: dict):
+    """A rule from its registry key and parameters; a parameter the constructor does not take yet
+    (``TopK(recovery=...)`` before it lands) is dropped, so the grid can name it ahead of time."""
+    from dataclasses import fields
+
+    known = {f.name for f in fields(registry.spec(key).cls)}
+    return registry.make(key, **{k: v for k, v in params.items() if k in known})
+
+
+def methods(grid: dict[str, list[dict]] | None = None, only: list[str] | None = None) -> list[Method]:
+    """The verifier alone, then every registry rule at its ``grid`` values (``EVAL_GRID`` by
+    default; a rule the grid does not name runs once at its defaults); ``only``: keep the methods
+    whose registry key or label is listed (SpS, the reference, always stays)."""
+    grid = EVAL_GRID if grid is None else grid
+    out = [Method("verifier alone", None)]
+    for key in registry.RULES:
+        for params in grid.get(key, [{}]):
+            rule = _build(key, params)
+            out.append(Method(registry.label(rule), key, dict(params), rule, registry.colour(key)))
+    if only is not None:
+        bad = [o for o in only if not any(o in (m.key, m.label) for m in out)]
+        if bad:
+            raise ValueError(f"--rules: unknown {bad}; known keys {list(registry.RULES)} and labels "
+                             f"{[m.label for m in out[1:]]}")
+        out = [m for m in out if m.key is None or m.key == "sps" or m.key in only or m.label in only]
+    return out
+
+
+# -- configuration and cache ----------------------------------------------------------------------
+
+@dataclass
+class EvalConfig:
+    """What one evaluation runs; its hash names the cache folder."""
+
+    task: str = tasks.DEFAULT_TASK
+    problems: int = 300
+    seed: int = 0
+    k: int = 4
+    max_new_tokens: int = 128
+    batch_size: int = 32
+    sampling: dict = field(default_factory=lambda: dict(SAMPLING))
+    pair: str = "smollm2+embedded"
+
+    def check(self) -> None:
+        """``ValueError`` naming the first bad field (before any model is loaded)."""
+        if self.task not in tasks.TASKS:
+            raise ValueError(f"task must be one of {sorted(tasks.TASKS)}, got {self.task!r}")
+        for name in ("problems", "k", "max_new_tokens", "batch_size"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+        from .transforms import check_sampling
+
+        check_sampling(self.sampling["temperature"], self.sampling["top_k"], self.sampling["top_p"])
+
+    def as_dict(self) -> dict:
+        return {"task": self.task, "problems": self.problems, "seed": self.seed, "k": self.k,
+                "max_new_tokens": self.max_new_tokens, "batch_size": self.batch_size,
+                "sampling": dict(self.sampling), "pair": self.pair}
+
+    def key(self) -> str:
+        """Names the cache folder."""
+        return hashlib.sha256(json.dumps(self.as_dict(), sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None  # absent, or damaged by hand (writes are atomic): recomputed
+
+
+# -- decoding one batch ---------------------------------------------------------------------------
+
+def _decode(pair, prompts: list[str], method: Method, cfg: EvalConfig, seed: int) -> tuple[list[str], list[dict], float]:
+    """Texts, per-sequence counters (``COUNTERS``, from the loop's ``DecodeResult.per_sequence``) and
+    the decode seconds of one batch, decoded at once."""
+    from .loop import autoregressive_generate, speculative_generate
+
+    kw = dict(max_new_tokens=cfg.max_new_tokens, seed=seed, batch_size=len(prompts), **cfg.sampling)
+    if method.rule is None:
+        res = autoregressive_generate(pair, prompts, **kw)
+    else:
+        res = speculative_generate(pair, prompts, method.rule, k=cfg.k, **kw)
+    per = [{c: getattr(sc, c) for c in COUNTERS} for sc in res.per_sequence]
+    return list(res.texts), per, float(res.stats.seconds)
+
+
+def _batch_record(pair, batch: list[tasks.Problem], method: Method, cfg: EvalConfig, seed: int) -> dict:
+    texts, per, secs = _decode(pair, [p.question for p in batch], method, cfg, seed)
+    recs = []
+    for p, t, c in zip(batch, texts, per, strict=True):
+        pred = tasks.extract_answer(t)
+        recs.append({"id": p.id, "answer": p.answer, "pred": pred, "correct": pred == p.answer,
+                     "strict": tasks.strict_answer(t) == p.answer, "text": t, **c})
+    return {"rule": repr(method.rule), "seconds": secs, "records": recs}
+
+
+class _Cache:
+    """``<root>/<config key>/<method slug>/b<batch>.json``; a config file records what the key means."""
+
+    def __init__(self, root: Path | None, cfg: EvalConfig):
+        self.dir = None if root is None else Path(root) / cfg.key()
+        if self.dir is not None:
+            atomic_write_json(self.dir / "config.json", cfg.as_dict())
+
+    def get(self, method: Method, b: int, compute):
+        path = None if self.dir is None else self.dir / method.slug / f"b{b:04d}.json"
+        if path is not None:
+            got = _read_json(path)
+            if got is not None and got.get("rule") == repr(method.rule):
+                return got, True
+        val = compute()
+        if path is not None:
+            atomic_write_json(path, val)
+        return val, False
+
+
+def _batches(problems: list, size: int) -> list[list]:
+    return [problems[s:s + size] for s in range(0, len(problems), size)]
+
+
+def run_eval(pair, cfg: EvalConfig, method_list: list[Method], cache_dir: Path | None = None,
+             ablation: bool = True, progress: bool = True) -> dict:
+    """Decode every problem with every method (batch-major, see module docstring) and summarise.
+    Returns ``{"config", "methods", "records", "seconds", "summary", "ablation"}``."""
+    from tqdm.auto import tqdm
+
+    cfg.check()
+    if not any(m.key == "sps" for m in method_list) or not any(m.rule is None for m in method_list):
+        raise ValueError("methods must include the verifier alone and SpS (the references)")
+    problems = tasks.make_problems(cfg.task, cfg.problems, cfg.seed)
+    batches = _batches(problems, cfg.batch_size)
+    cache = _Cache(cache_dir, cfg)
+    recs = {m.label: [] for m in method_list}
+    secs = {m.label: [] for m in method_list}
+    bar = tqdm(total=len(batches) * len(method_list), desc="eval", disable=not progress)
+    for b, batch in enumerate(batches):
+        for m in method_list:
+            val, hit = cache.get(m, b, lambda m=m, batch=batch, b=b: _batch_record(pair, batch, m, cfg,
+                                                                                   cfg.seed * 100_003 + b))
+            recs[m.label] += val["records"]
+            secs[m.label].append(_timing(val))
+            bar.set_postfix(batch=b, method=m.label[:24], cached=hit)
+            bar.update()
+    bar.close()
+    out = {"config": cfg.as_dict(), "methods": [_method_info(m) for m in method_list], "records": recs,
+           "seconds": secs}
+    out["summary"] = summarise(recs, secs, method_list, seed=cfg.seed)
+    if ablation:
+        out["ablation"] = run_ablation(pair, cfg, method_list, recs, secs, cache, batches, progress)
+    return out
+
+
+def _timing(batch_value: dict) -> dict:
+    return {"seconds": batch_value["seconds"], "tokens": sum(r["new_tokens"] for r in batch_value["records"])}
+
+
+def _method_info(m: Method) -> dict:
+    return {"label": m.label, "key": m.key, "params": m.params, "rule": repr(m.rule), "colour": m.colour}
+
+
+# -- the interpolation ablation -------------------------------------------------------------------
+
+def _al(records: list[dict]) -> float:
+    """AL as ``DecodeStats.al``: (accepted drafts + verifier calls) / verifier calls, bonus included."""
+    steps = sum(r["steps"] for r in records)
+    return sum(r["accepted"] + r["steps"] for r in records) / steps if steps else math.nan
+
+
+def run_ablation(pair, cfg, method_list, recs, secs, cache, batches, progress=True) -> dict:
+    """Cactus at the ``delta`` whose AL matches interpolation alpha = 0.9's (see module docstring)."""
+    interp = [m for m in method_list if m.key == "interpolation" and m.params.get("alpha") == ABLATION_ALPHA]
+    if not interp:
+        return {"status": "not run", "reason": f"interpolation alpha={ABLATION_ALPHA} is not among the methods"}
+    target = _al(recs[interp[0].label][:len(batches[0])])  # like with like: the probes run on the first batch
+    probes: dict[float, float] = {}
+
+    def probe(delta: float) -> float:
+        rule = registry.make("cactus", delta=delta)
+        m = Method(f"{registry.label(rule)} (ablation)", "cactus", {"delta": delta}, rule, registry.colour("cactus"))
+        val, _ = cache.get(m, 0, lambda: _batch_record(pair, batches[0], m, cfg, cfg.seed * 100_003))
+        probes[delta] = _al(val["records"])
+        return probes[delta]
+
+    grid = sorted(m.params["delta"] for m in method_list if m.key == "cactus")
+    lo = grid[-1] if grid else 1.0
+    hi = None
+    while lo < DELTA_MAX:  # x4 ladder from the largest delta of the grid
+        d = min(lo * 4, DELTA_MAX)
+        if probe(d) >= target:
+            hi = d
+            break
+        lo = d
+    if hi is None:
+        chosen, status = DELTA_MAX, "unreachable"
+    else:
+        for _ in range(3):  # bisection in log delta on the first batch
+            mid = math.sqrt(lo * hi)
+            lo, hi = (mid, hi) if probe(mid) < target else (lo, mid)
+        chosen, status = hi, "matched"
+    rule = registry.make("cactus", delta=chosen)
+    m = Method(f"{registry.label(rule)} (ablation)", "cactus", {"delta": chosen}, rule, registry.colour("cactus"))
+    from tqdm.auto import tqdm
+
+    rs, ss = [], []
+    for b, batch in enumerate(tqdm(batches, desc=f"ablation delta={chosen:.4g}", disable=not progress)):
+        val, _ = cache.get(m, b, lambda b=b, batch=batch: _batch_record(pair, batch, m, cfg, cfg.seed * 100_003 + b))
+        rs += val["records"]
+        ss.append(_timing(val))
+    ref = [x for x in method_list if x.rule is None or x.key == "sps" or x is interp[0]]
+    summ = summarise({**{x.label: recs[x.label] for x in ref}, m.label: rs},
+                     {**{x.label: secs[x.label] for x in ref}, m.label: ss}, [*ref, m], seed=cfg.seed)
+    diff = paired_difference(np.array([r["correct"] for r in rs]),
+                             np.array([r["correct"] for r in recs[interp[0].label]]), seed=cfg.seed)
+    return {"status": status, "target_al": _al(recs[interp[0].label]), "target_al_first_batch": target,
+            "probes_first_batch": {f"{d:.6g}": a for d, a in sorted(probes.items())}, "delta": chosen,
+            "method": _method_info(m), "records": rs, "seconds": ss,
+            "summary": {m.label: summ[m.label], interp[0].label: summ[interp[0].label]},
+            "cactus_minus_interpolation": _paired_dict(diff)}
+
+
+# -- statistics -----------------------------------------------------------------------------------
+
+def _paired_dict(r) -> dict:
+    return {"estimate": r.estimate, "low": r.low, "high": r.high, "pvalue": r.pvalue, "n": r.n,
+            "x_only": r.x_only, "y_only": r.y_only}
+
+
+def _ratio_ci(num: np.ndarray, den: np.ndarray, idx: np.ndarray) -> tuple[float, float, float]:
+    """sum(num)/sum(den) and its percentile interval over the resampled index sets ``idx`` (B, N)."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        est = num.sum() / den.sum() if den.sum() else math.nan
+        boot = num[idx].sum(1) / den[idx].sum(1)
+    boot = boot[~np.isnan(boot)]
+    if not boot.size:
+        return est, math.nan, math.nan
+    lo, hi = np.quantile(boot, [0.025, 0.975], method="inverted_cdf")  # order statistics: inf stays inf
+    return float(est), float(lo), float(hi)
+
+
+def summarise(recs: dict[str, list[dict]], secs: dict[str, list[dict]], method_list: list[Method],
+              seed: int = 0) -> dict:
+    """Per method: the statistics of the module docstring, each as ``[estimate, low, high]``."""
+    base = next(m for m in method_list if m.rule is None).label
+    sps = next(m for m in method_list if m.key == "sps").label
+    N = len(recs[sps])
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, N, size=(N_BOOT, N))  # one set of resamples: paired across methods
+    col = lambda label, c: np.array([float(r[c]) for r in recs[label]])  # noqa: E731
+    rej_sps = (col(sps, "drafted") - col(sps, "accepted"), col(sps, "new_tokens"))
+    n_b = len(secs[base])
+    bidx = rng.integers(0, n_b, size=(N_BOOT, n_b))
+    out = {}
+    for m in method_list:
+        R = recs[m.label]
+        if len(R) != N or [r["id"] for r in R] != [r["id"] for r in recs[sps]]:
+            raise ValueError(f"method {m.label!r} has records for other problems than SpS")
+        correct = col(m.label, "correct")
+        ci = proportion_interval(int(correct.sum()), N)
+        row = {"problems": N, "accuracy": [ci.estimate, ci.low, ci.high],
+               "strict_accuracy": float(col(m.label, "strict").mean()),
+               "new_tokens": int(col(m.label, "new_tokens").sum()),
+               "seconds": float(sum(b["seconds"] for b in secs[m.label]))}
+        d = paired_difference(correct, col(sps, "correct"), seed=seed)
+        row["diff_vs_sps"] = _paired_dict(d)
+        row["nll"] = list(_ratio_ci(col(m.label, "nll_sum"), col(m.label, "nll_count"), idx))
+        if m.rule is not None:
+            emitted = col(m.label, "accepted") + col(m.label, "steps")  # DecodeStats.al's numerator
+            row["al"] = list(_ratio_ci(emitted, col(m.label, "steps"), idx))
+            with np.errstate(invalid="ignore", divide="ignore"):  # AL minus SpS's AL, paired resamples
+                al_b = emitted[idx].sum(1) / col(m.label, "steps")[idx].sum(1) - \
+                    (col(sps, "accepted") + col(sps, "steps"))[idx].sum(1) / col(sps, "steps")[idx].sum(1)
+            al_b = al_b[np.isfinite(al_b)]
+            row["al_diff_vs_sps"] = [row["al"][0] - _al(recs[sps]),
+                                     *(np.quantile(al_b, [0.025, 0.975]).tolist() if al_b.size else [math.nan] * 2)]
+            row["acceptance"] = list(_ratio_ci(col(m.label, "accepted"), col(m.label, "drafted"), idx))
+            row["step_kl"] = list(_ratio_ci(col(m.label, "kl_sum"), col(m.label, "kl_count"), idx))
+            rej = col(m.label, "drafted") - col(m.label, "accepted")
+            row["rejected_per_token"] = float(rej.sum() / col(m.label, "new_tokens").sum())
+            with np.errstate(invalid="ignore", divide="ignore"):
+                est = (rej.sum() / col(m.label, "new_tokens").sum()) / (rej_sps[0].sum() / rej_sps[1].sum()) - 1
+                boot = (rej[idx].sum(1) / col(m.label, "new_tokens")[idx].sum(1)) / (
+                    rej_sps[0][idx].sum(1) / rej_sps[1][idx].sum(1)) - 1
+            boot = boot[np.isfinite(boot)]
+            row["rej_vs_sps"] = [float(est), *(np.quantile(boot, [0.025, 0.975]).tolist() if boot.size else
+                                               [math.nan, math.nan])]
+        # speedup: tokens/s over the verifier alone's, pooled over batches; bootstrap over batches
+        if len(secs[m.label]) == n_b:
+            tok, s = np.array([b["tokens"] for b in secs[m.label]]), np.array([b["seconds"] for b in secs[m.label]])
+            tok0, s0 = np.array([b["tokens"] for b in secs[base]]), np.array([b["seconds"] for b in secs[base]])
+            with np.errstate(invalid="ignore", divide="ignore"):
+                est = (tok.sum() / s.sum()) / (tok0.sum() / s0.sum())
+                boot = (tok[bidx].sum(1) / s[bidx].sum(1)) / (tok0[bidx].sum(1) / s0[bidx].sum(1))
+            row["tokens_per_s"] = float(tok.sum() / s.sum()) if s.sum() else math.nan
+            row["speedup"] = [float(est), *np.quantile(boot, [0.025, 0.975]).tolist()]
+        out[m.label] = row
+    return out
+
+
+# -- output ---------------------------------------------------------------------------------------
+
+def _iv(v, digits: int = 2, pct: bool = False) -> str:
+    """``[estimate, low, high]`` as ``est [low, high]``; percentages if ``pct``."""
+    if v is None:
+        return "-"
+    f = (lambda x: f"{100 * x:.1f}") if pct else (lambda x: f"{x:.{digits}f}" if math.isfinite(x) else str(x))
+    est, lo, hi = (0.0 if abs(x) < 1e-12 else x for x in v)  # no "-0.000" from float round-off
+    if not (math.isfinite(lo) and math.isfinite(hi)) and not math.isfinite(est):
+        return f(est)
+    return f"{f(est)} [{f(lo)}, {f(hi)}]"
+
+
+def format_table(result: dict) -> str:
+    """Markdown: one row per method (ablation row last). Cells: accuracy (%) [95% CI]; accuracy minus
+    SpS (points) [95% CI] and McNemar p; AL (bonus included); per-token acceptance; Rej vs SpS;
+    mean exact step KL(h_alg || q) (nats); verifier NLL (nats/token); speedup over the verifier alone."""
+    rows = dict(result["summary"])
+    ab = result.get("ablation") or {}
+    if ab.get("status") in ("matched", "unreachable"):
+        lab = ab["method"]["label"]
+        rows[lab] = dict(ab["summary"][lab])
+        rows[lab]["diff_vs_sps"] = None
+    lines = ["| method | accuracy % | vs SpS (points) | AL | acceptance | Rej vs SpS | step KL | NLL | speedup |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for label, r in rows.items():
+        d = r.get("diff_vs_sps")
+        if d is None:
+            dd = "-"
+        elif label == next(m["label"] for m in result["methods"] if m["key"] == "sps"):
+            dd = "ref"
+        else:
+            dd = f"{100 * d['estimate']:+.1f} [{100 * d['low']:+.1f}, {100 * d['high']:+.1f}] (p={d['pvalue']:.2g})"
+        rej = r.get("rej_vs_sps")
+        rej_s = "-" if rej is None else ("ref" if dd == "ref" else
+                                         f"{100 * rej[0]:+.0f}% [{100 * rej[1]:+.0f}, {100 * rej[2]:+.0f}]")
+        lines.append(f"| {label} | {_iv(r['accuracy'], pct=True)} | {dd} | {_iv(r.get('al'))} | "
+                     f"{_iv(r.get('acceptance'))} | {rej_s} | {_iv(r.get('step_kl'), 3)} | {_iv(r['nll'])} | "
+                     f"{_iv(r.get('speedup'))} |")
+    return "\n".join(lines)
+
+
+def plot_accuracy_vs_al(result: dict, path_stem: str | Path | None = None):
+    """Accuracy (%) against AL with 95% intervals on both axes, one colour per rule (the registry's),
+    the verifier alone as a horizontal band at AL = 1; returns the figure (saved as png + svg if
+    ``path_stem``)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    info = {m["label"]: m for m in result["methods"]}
+    rows = dict(result["summary"])
+    ab = result.get("ablation") or {}
+    if ab.get("status") in ("matched", "unreachable"):
+        rows[ab["method"]["label"]] = ab["summary"][ab["method"]["label"]]
+        info[ab["method"]["label"]] = ab["method"]
+    for label, r in rows.items():
+        acc = [100 * x for x in r["accuracy"]]
+        if "al" not in r:
+            ax.axhspan(acc[1], acc[2], color="0.85", zorder=0)
+            ax.axhline(acc[0], color="0.3", lw=1, ls=":", label=f"{label} (AL 1 by definition)")
+            continue
+        al, key = r["al"], info[label]["key"]
+        ax.errorbar(al[0], acc[0], xerr=[[al[0] - al[1]], [al[2] - al[0]]], yerr=[[acc[0] - acc[1]], [acc[2] - acc[0]]],
+                    fmt=registry.marker(key), color=info[label]["colour"], capsize=3, label=label,
+                    mfc="none" if "ablation" in label else info[label]["colour"])
+        if " " in label:  # one colour per rule family: the parameter tells the family's points apart
+            ax.annotate(label.split(" ", 1)[1], (al[0], acc[0]), textcoords="offset points", xytext=(4, 4), fontsize=6)
+    ax.set_xlabel("AL: tokens emitted per verifier call (bonus included)")
+    ax.set_ylabel("accuracy (%), 95% Wilson interval")
+    c = result["config"]
+    ax.set_title(f"{c['task']}: {c['problems']} problems, k = {c['k']}, {c['pair']}", fontsize=10)
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    if path_stem is not None:
+        stem = Path(path_stem)
+        stem.parent.mkdir(parents=True, exist_ok=True)
+        for ext, kw in (("png", {"dpi": 110, "metadata": {"Software": None}}), ("svg", {"metadata": {"Date": None}})):
+            with atomic_path(stem.with_suffix(f".{ext}")) as tmp, \
+                    plt.rc_context({"svg.hashsalt": "cactus-theory", "svg.fonttype": "none"}):
+                fig.savefig(tmp, bbox_inches="tight", **kw)
+    return fig
+
+
+def slim(result: dict) -> dict:
+    """The result without the per-problem texts (what is committed; the cache keeps the texts)."""
+    out = {k: v for k, v in result.items() if k not in ("records",)}
+    out["records"] = {m: [{k: v for k, v in r.items() if k != "text"} for r in rs] for m, rs in result["records"].items()}
+    if isinstance(out.get("ablation"), dict) and "records" in out["ablation"]:
+        out["ablation"] = {**out["ablation"], "records": [{k: v for k, v in r.items() if k != "text"}
+                                                          for r in out["ablation"]["records"]]}
+    return out
+
+
+# -- command --------------------------------------------------------------------------------------
+
+DEFAULT_OUT = Path("paper_repro/results/eval")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--task", default=tasks.DEFAULT_TASK, help=f"one of {sorted(tasks.TASKS)}")
+    parser.add_argument("--problems", type=int, default=300, help="problems (at least 300 for the committed run)")
+    parser.add_argument("--rules", default=None,
+                        help="comma-separated registry keys or labels to run (default: all; SpS always runs)")
+    parser.add_argument("-k", type=int, default=4, help="drafted tokens per step")
+    parser.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per problem at most")
+    parser.add_argument("--batch-size", type=int, default=32, help="problems decoded together (one cache piece)")
+    parser.add_argument("--temperature", type=float, default=SAMPLING["temperature"], help="sampling temperature")
+    parser.add_argument("--top-k", type=int, default=SAMPLING["top_k"], help="sampling top-k (0 = off)")
+    parser.add_argument("--top-p", type=float, default=SAMPLING["top_p"], help="sampling top-p (1 = off)")
+    parser.add_argument("--seed", type=int, default=0, help="problems and decoding seed")
+    parser.add_argument("--draft", default="embedded", help="'embedded', a .gguf path, a folder or a hub id")
+    parser.add_argument("--verifier", default="smollm2", help="'smollm2', a .gguf path, a folder or a hub id")
+    parser.add_argument("--draft-path", default=None,
+                        help="with --draft embedded: this checkpoint of the embedded draft instead of the cached build")
+    parser.add_argument("--device", default=None, help="torch device (default cpu)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--no-ablation", action="store_true", help="skip the interpolation ablation")
+    parser.add_argument("--no-lawtests", action="store_true", help="skip the distribution tests")
+    parser.add_argument("--lawtest-prompts", type=int, default=5, help="prompts of the verification-step law tests")
+    parser.add_argument("--lawtest-draws", type=int, default=20_000, help="draws per (rule, prompt) law test")
+    parser.add_argument("--loop-draws", type=int, default=1000,
+                        help="sequences per method for the end-to-end SpS vs verifier-alone check through the loop")
+    parser.add_argument("--out", default=str(DEFAULT_OUT), help="folder for eval.json, eval.md and the figure")
+    parser.add_argument("--cache", default=None, help="per-batch cache folder (default <out>/cache)")
+    parser.add_argument("--no-progress", action="store_true")
+
+
+def _check_args(args) -> EvalConfig:
+    cfg = EvalConfig(task=args.task, problems=args.problems, seed=args.seed, k=args.k,
+                     max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                     sampling={"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p},
+                     pair=f"{args.draft}->{args.verifier}")
+    cfg.check()
+    for name in ("lawtest_prompts", "lawtest_draws", "loop_draws"):
+        v = getattr(args, name)
+        if not isinstance(v, int) or v < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be an integer >= 1, got {v!r}")
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {args.threads!r}")
+    if args.draft_path is not None and (args.draft != "embedded" or not os.path.isfile(args.draft_path)):
+        raise ValueError(f"--draft-path must be an existing file and goes with --draft embedded, got "
+                         f"{args.draft_path!r} with --draft {args.draft!r}")
+    return cfg
+
+
+def pair_id(draft: str, verifier: str, draft_path: str | None = None) -> str:
+    """A name for the pair that changes when the embedded draft's build changes (cache keys)."""
+    if draft != "embedded":
+        return f"{draft}->{verifier}"
+    if draft_path is None:
+        from .draft import draft_path as cached
+
+        draft_path = cached()
+    st = os.stat(draft_path) if os.path.exists(draft_path) else None
+    return f"embedded:{os.path.basename(draft_path)}:{st.st_size if st else 'absent'}->{verifier}"
+
+
+def load_eval_pair(draft: str, verifier: str, draft_path: str | None = None):
+    """``load_pair``, or the embedded draft from ``draft_path`` (a checkpoint of another build)."""
+    from .pair import ModelPair, load_model, load_pair
+
+    if draft_path is None:
+        return load_pair(draft, verifier)
+    from .draft import load_draft
+
+    v, tok = load_model(verifier)
+    return ModelPair(load_draft(v, path=draft_path), v, tok, name=f"{verifier}+{os.path.basename(draft_path)}")
+
+
+def evaluate(pair, cfg: EvalConfig, out_dir: Path, cache_dir: Path | None = None, only: list[str] | None = None,
+             ablation: bool = True, lawtests: dict | None = None, progress: bool = True) -> dict:
+    """Run everything and write ``eval.json`` (without texts), ``eval.md`` and ``fig_eval_accuracy_al``."""
+    out_dir = Path(out_dir)
+    cache_dir = out_dir / "cache" if cache_dir is None else Path(cache_dir)
+    t0 = time.perf_counter()
+    ml = methods(only=only)
+    res = run_eval(pair, cfg, ml, cache_dir, ablation=ablation, progress=progress)
+    if lawtests is not None:
+        from .lawtests import run_lawtests
+
+        res["lawtests"] = run_lawtests(pair, ml, tasks.make_problems(cfg.task, lawtests["prompts"], cfg.seed + 1),
+                                       draws=lawtests["draws"], loop_draws=lawtests["loop_draws"], k=cfg.k,
+                                       sampling=cfg.sampling, seed=cfg.seed, progress=progress)
+    res["wall_seconds"] = time.perf_counter() - t0
+    res["pair_name"] = getattr(pair, "name", "pair")
+    atomic_write_json(out_dir / "eval.json", slim(res))
+    atomic_write_text(out_dir / "eval.md", format_table(res) + "\n")
+    import matplotlib.pyplot as plt
+
+    plt.close(plot_accuracy_vs_al(res, out_dir / "fig_eval_accuracy_al"))
+    return res
+
+
+def run(args) -> int:
+    cfg = _check_args(args)
+    only = [s.strip() for s in args.rules.split(",") if s.strip()] if args.rules else None
+    methods(only=only)  # validates --rules before loading models
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cfg.pair = pair_id(args.draft, args.verifier, args.draft_path)
+    pair = load_eval_pair(args.draft, args.verifier, args.draft_path)
+    if args.device:
+        pair.draft.to(args.device)
+        pair.verifier.to(args.device)
+    lt = None if args.no_lawtests else {"prompts": args.lawtest_prompts, "draws": args.lawtest_draws,
+                                        "loop_draws": args.loop_draws}
+    res = evaluate(pair, cfg, Path(args.out), args.cache, only=only, ablation=not args.no_ablation, lawtests=lt,
+                   progress=not args.no_progress)
+    print(format_table(res))
+    if "lawtests" in res:
+        from .lawtests import format_lawtests
+
+        print(format_lawtests(res["lawtests"]))
+    print(f"wrote {Path(args.out) / 'eval.json'} ({res['wall_seconds']:.0f} s)")
+    return 0
