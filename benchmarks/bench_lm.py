@@ -72,13 +72,14 @@ def main(argv=None) -> int:
                         sampling=SAMPLING)
     res["draft_info"] = {k: v for k, v in info.items() if k != "losses"}
     res["settings"].update(dtype=args.dtype, device=args.device)
-    res["targets"] = [dict(zip(("what", "measured", "target", "met"), t, strict=True)) for t in
+    res["targets"] = [dict(zip(("what", "measured", "ci", "target", "met"), t, strict=True)) for t in
                       targets(res, k=4 if 4 in args.ks else args.ks[0], batch=min(args.batch_sizes))]
     atomic_write_json(args.out, res)
     print(format_table(res))
     print("targets (k = 4, batch size 1, this run):")
     for t in res["targets"]:
-        print(f"  {t['what']:<34} {t['measured']:8.3f}  target {t['target']:<28} "
+        ci = f"[{t['ci'][0]:.3f}, {t['ci'][1]:.3f}]" if t["ci"] else ""
+        print(f"  {t['what']:<34} {t['measured']:8.3f} {ci:>16}  target {t['target']:<28} "
               f"{'met' if t['met'] else 'MISSED'}")
     return 0
 

@@ -446,7 +446,19 @@ def test_run_benchmark_on_the_tiny_pair():
         assert ("speedup_ci" in r) == (r["batch_size"] == 1)
         assert sum(c["new_tokens"] for c in r["per_sequence"]) == 18
     assert all(r["al_vs_sps"] == 1 for r in rows if r["rule"] == "SpS")
+
+    def pooled_al(seq):  # tokens per verifier call from the per-prompt counters, bonus included
+        steps = sum(c["steps"] for c in seq)
+        return (sum(c["accepted"] for c in seq) + steps) / steps
+
+    for r in rows:
+        if r["rule"] != "SpS":
+            sps = next(x for x in rows if x["rule"] == "SpS" and (x["k"], x["batch_size"]) == (r["k"], r["batch_size"]))
+            assert r["al_vs_sps"] == pytest.approx(pooled_al(r["per_sequence"]) / pooled_al(sps["per_sequence"]))
+            lo, hi = r["al_vs_sps_ci"]
+            assert lo <= r["al_vs_sps"] <= hi
     assert "Cactus d=1.0" in format_table(res)
+    assert all(len(t) == 5 for t in targets(res))
     names = [t[0] for t in targets(res)]
     assert "SpS AL" in names and "Cactus d=1 AL / SpS AL" in names
 

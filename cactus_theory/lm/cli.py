@@ -138,9 +138,9 @@ def quiet_transformers(verbose: bool = False):
 
 
 def _load(args):
-    from .pair import ModelPair, load_model, load_pair
-
     import torch
+
+    from .pair import ModelPair, load_model, load_pair
 
     dtype = getattr(torch, args.dtype)
     try:

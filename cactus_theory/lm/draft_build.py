@@ -406,7 +406,8 @@ def build_draft(cfg: DraftConfig | None = None, path: str | None = None, progres
 
     path = path or draft_path(cfg)
     data_file = data_path(cfg, path)
-    if os.path.exists(data_file):  # an interrupted build resumes after its data phase
+    resumed = os.path.exists(data_file)
+    if resumed:  # an interrupted build resumes after its data phase
         blob = torch.load(data_file, map_location="cpu", weights_only=False)
         train, held, times = blob["train"], blob["held"], blob["times"]
     else:
@@ -451,6 +452,7 @@ def build_draft(cfg: DraftConfig | None = None, path: str | None = None, progres
             "heldout_sequences": len(held), "heldout_acceptance_by_depth_untrained": before,
             "heldout_acceptance_by_depth": after, "compute_dtype": str(dt).replace("torch.", ""),
             "seconds": time.time() - t0, "phase_seconds": times, "threads": torch.get_num_threads(),
+            "data_phase_resumed": resumed,  # then "seconds" excludes the data phase (its times are the first run's)
             "format": FORMAT_VERSION}
     with atomic_path(path) as tmp:
         torch.save({"format": FORMAT_VERSION, "args": asdict(draft.args), "state": draft.own_state(), "info": info},
