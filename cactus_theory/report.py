@@ -35,7 +35,7 @@ __all__ = ["Claim", "CASE_KINDS", "WORKED_EXAMPLE", "make_pair", "verify_claims"
 
 CASE_KINDS = ("random", "p_eq_q", "onehot_q", "disjoint", "zeros_in_p", "zeros_in_q", "qn_one", "tiny_qn",
               "tas_tie", "topk_tie")
-THM2_DIVERGENCES = ("kl", "reverse_kl", "chi2", "tv", "hellinger", "js")
+THM2_DIVERGENCES = tuple(F_DIVERGENCES)  # every f-divergence the package defines (one list: divergences.py)
 # Theorem 2's shape check: moving mass e between tokens i != n changes D only by O(e^2 / q_i), so a
 # solver converged to 1e-11 pins h_{i != n} to about sqrt(1e-11) ~ 3e-6 (gamma itself to ~1e-9).
 SHAPE_TOL = 1e-5
