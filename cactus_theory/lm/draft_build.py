@@ -8,9 +8,10 @@
 2. **Shortlist.** The ``shortlist`` tokens with the most teacher mass (after the sampling transforms).
 3. **Training.** The head is unrolled ``ttt_steps`` draft steps over whole sequences, each later step
    reading the head's own previous output (``FeatureDraft.unrolled``); at every step and answer
-   position the loss compares the draft's law ``p'`` with the verifier's ``q'``, both at the decoding
-   temperature: ``KL(q' || p')`` plus ``TV(q', p') = 1 - sum min(p', q')`` (one minus the SpS
-   acceptance) by default.
+   position the loss compares the draft's law ``p'`` with the verifier's ``q'``, both after the
+   decoding transforms: by default (``loss="acc+kl1"``) ``TV(q', p') = 1 - sum min(p', q')``, exactly
+   one minus the SpS acceptance of that step, plus ``0.1 KL(q || p)`` at temperature 1 on the
+   teacher's top tokens (``step_loss``). Measured alternatives: ``benchmarks/results/lm/draft_variants.json``.
 4. **Report.** Held-out acceptance ``sum min(p', q')`` at draft depths 1..4, both laws after the
    same sampling transforms (exact: the teacher's top 32 tokens determine ``q'``).
 
