@@ -74,6 +74,12 @@ def config_key(cfg: dict) -> str:
     return hashlib.sha256(json.dumps(to_jsonable(cfg), sort_keys=True).encode()).hexdigest()[:16]
 
 
+def file_digest(path: Path) -> str | None:
+    """Content hash of a result file another step reads (None when absent): a cache key that survives a
+    fresh clone, unlike a modification time."""
+    return hashlib.sha1(path.read_bytes()).hexdigest()[:16] if path.exists() else None
+
+
 def cached(ctx: Ctx, name: str, cfg: dict, fn: Callable[[], dict]) -> dict:
     """``fn()`` cached in ``results/<name>.json``; reused while ``cfg`` is unchanged (unless ``force``)."""
     path = ctx.results / f"{name}.json"

@@ -37,7 +37,7 @@ from tqdm import tqdm
 from cactus_theory import TAS, SpS, acceptance_rate, induced_distribution, kl, registry
 from cactus_theory.claims import bootstrap_interval, exact_verdict, interval_verdict
 
-from .common import Claim, Ctx, StepResult, cached_step, fmt, save_figure, standalone
+from .common import Claim, Ctx, StepResult, cached_step, file_digest, fmt, save_figure, standalone
 
 NAME = "fig_c_tradeoff"
 FAMILIES = tuple(k for k, s in registry.RULES.items() if not s.lossless)  # every lossy rule of the registry, SpS as reference
@@ -130,7 +130,7 @@ def config(ctx: Ctx) -> dict:
     return {"R": 12 if ctx.fast else 48, "V": 64 if ctx.fast else 256, "sigma": 1.0, "seed": ctx.seed,
             "sweeps": {k: [repr(r) for _, r in v] for k, v in SWEEPS.items()},
             "tas_full_V": 2048 if ctx.fast else 151_936, "tas_full_R": 4 if ctx.fast else 16,
-            "lm_pairs": lm.stat().st_mtime_ns if lm.exists() else None, "dropmatch": [DROPMATCH_HEAD, DROPMATCH_MASKS],
+            "lm_pairs": file_digest(lm), "dropmatch": [DROPMATCH_HEAD, DROPMATCH_MASKS],
             "version": 4}
 
 

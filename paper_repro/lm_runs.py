@@ -114,13 +114,43 @@ def get_pair(ctx: Ctx):
                 init_head(d, v, torch.arange(4096))
                 _PAIRS[key] = ModelPair(d.eval(), v, tok, name="smollm2+untrained-head")
                 return _PAIRS[key]
+        embedded = cfg["draft"] == "embedded" and not ctx.fast
+        if embedded:
+            build_embedded_draft_if_missing()
         pair = load_pair(cfg["draft"], cfg["verifier"])
+        if embedded:
+            record_draft_build(ctx, pair)
         dev = ctx.lm.get("device")
         if dev:
             pair.draft.to(dev)
             pair.verifier.to(dev)
         _PAIRS[key] = pair
     return _PAIRS[key]
+
+
+def build_embedded_draft_if_missing() -> None:
+    """Build the embedded draft when a step has to decode with it and it is not cached (steps whose
+    results are cached never load it, so a rerun of the committed results needs no build)."""
+    from cactus_theory.lm.draft import DraftConfig, draft_path
+
+    if not os.path.exists(draft_path(DraftConfig())):
+        from cactus_theory.lm.draft_build import build_draft
+
+        print("building the embedded draft (cached afterwards; about 40 minutes on 2 cores) ...", flush=True)
+        build_draft(DraftConfig())
+
+
+def record_draft_build(ctx: Ctx, pair) -> None:
+    """``results/draft_build.json``: the loaded draft's own build report (file, phase times, held-out
+    acceptance), so the report's compute times name the draft the LM results come from."""
+    from cactus_theory.atomic import atomic_write_json
+
+    info = getattr(pair.draft, "info", None) or {}
+    phases = info.get("phase_seconds", {})
+    rec = {"draft": lm_config(ctx)["draft_id"], "seconds": round(sum(phases.values()), 1),
+           "phase_seconds": {k: round(v, 1) for k, v in phases.items()}, "threads": info.get("threads"),
+           "heldout_acceptance_by_depth": info.get("heldout_acceptance_by_depth")}
+    atomic_write_json(ctx.results / "draft_build.json", rec)
 
 
 def prompts_for(pair, style: str, n: int, seed: int) -> list:

@@ -2,12 +2,14 @@
 ``paper_repro/REPORT.md``. The reproduction is not part of the library: it imports
 ``cactus_theory``, never the reverse.
 
-Order: a (worked example), b (gamma*), d (Gamma(delta)), the embedded draft (built when not cached),
-e (real decoding), f (main-table analogue), c (rule sweeps; its LM panel uses rows saved by e), g
+Order: a (worked example), b (gamma*), d (Gamma(delta)), e (real decoding; the embedded draft is
+built first when a language-model step has to compute and the draft is not cached), f (main-table analogue), c (rule sweeps; its LM panel uses rows saved by e), g
 (production rules), h (task accuracy: a reduced ``cactus-theory eval``), i (Cactus with several drafts: our
 result), j (DropMatch on the real LM: our measurement), the randomised claim checks of ``cactus-theory
-verify``, then the report. Every step caches its
-numbers under ``--results`` (atomic writes), so a rerun only redraws and an interrupted run resumes.
+verify``, then the report. Every step caches its numbers under ``--results`` (atomic writes, keyed by
+the step's configuration, the draft's build config included), so a rerun only redraws, an interrupted
+run resumes, and a fresh clone redraws the committed results without building the draft
+(``--force`` recomputes).
 """
 
 from __future__ import annotations
@@ -76,26 +78,6 @@ def _check(args: argparse.Namespace) -> list[str]:
     return only
 
 
-def _build_draft_if_needed(ctx: Ctx) -> float:
-    """Build the embedded draft (the full run only) and return the seconds it took (0 if cached)."""
-    if ctx.fast or ctx.lm.get("draft", "embedded") != "embedded" or ctx.lm.get("pair") is not None:
-        return 0.0
-    from cactus_theory.lm.draft import DraftConfig, draft_path
-    from cactus_theory.lm.draft_build import build_draft
-
-    if os.path.exists(draft_path(DraftConfig())):
-        return 0.0
-    from .lm_runs import set_threads
-
-    set_threads(ctx)
-    t0 = time.perf_counter()
-    print("building the embedded draft (cached afterwards) ...", flush=True)
-    path = build_draft(DraftConfig())
-    seconds = time.perf_counter() - t0
-    atomic_write_json(ctx.results / "draft_build.json", {"seconds": round(seconds, 1), "draft": os.path.basename(path)})
-    return seconds
-
-
 def _verify(ctx: Ctx, cases: int, selected: bool) -> list:
     """``cactus-theory verify``'s checks at the run's seed (cached like a step); rows are ``Claim``."""
     from cactus_theory.claims import Claim
@@ -147,14 +129,11 @@ def repro(ctx: Ctx, only: list[str], lm: bool = True, cases: int | None = None,
             continue
         selected = key in only
         c = dataclasses.replace(ctx, cache_only=not selected, force=ctx.force and selected)
-        t = _build_draft_if_needed(ctx) if key == "e" and selected else 0.0
-        if t:
-            timings["build embedded draft"] = t
-        elif key == "e" and (ctx.results / "draft_build.json").exists() and not ctx.fast:
-                import json
+        if key == "e" and (ctx.results / "draft_build.json").exists() and not ctx.fast:
+            import json
 
-                b = json.loads((ctx.results / "draft_build.json").read_text())
-                timings[f"build embedded draft (cached; built in {b['seconds']:.1f} s)"] = 0.0
+            b = json.loads((ctx.results / "draft_build.json").read_text())
+            timings[f"embedded draft {b['draft']} (built in {b['seconds']:.1f} s)"] = 0.0
         t0 = time.perf_counter()
         try:
             res = importlib.import_module(f"paper_repro.{mod}").run(c)

@@ -22,7 +22,7 @@ from cactus_theory import registry
 from cactus_theory.rules import TAS, FLy, MedusaTypical, RelaxedAcceptance, SGLangThreshold
 from cactus_theory.tradeoff import matched_cactus
 
-from .common import Ctx, StepResult, atomic_write_text, cached_step, standalone
+from .common import Ctx, StepResult, atomic_write_text, cached_step, file_digest, standalone
 from .fig_c_tradeoff import load_lm_pairs, random_pairs
 
 NAME = "table_g_production"
@@ -38,7 +38,7 @@ RULES = [
 def config(ctx: Ctx) -> dict:
     lm = ctx.results / "lm_pairs.npz"
     return {"R": 12 if ctx.fast else 48, "V": 64 if ctx.fast else 256, "sigma": 1.0, "seed": ctx.seed,
-            "rules": [repr(r) for r in RULES], "lm_pairs": lm.stat().st_mtime_ns if lm.exists() else None}
+            "rules": [repr(r) for r in RULES], "lm_pairs": file_digest(lm)}
 
 
 def greedy(P: np.ndarray) -> np.ndarray:
