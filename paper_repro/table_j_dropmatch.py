@@ -13,9 +13,9 @@ top-p 0.95, applied to ``p``, ``q`` and every dropout path alike):
 * Cactus (Corollary 5) at the same mean acceptance and what it costs there (``tradeoff.matched_cactus``);
 * a short decoding run through ``speculative_generate`` (the loop binds DropMatch at every step).
 
-The pair: the embedded one (SmolLM2-135M-Instruct + the project's draft) when that draft is built; else a
-SmolLM2 self-draft (its linear layers fake-quantised to 4 bits, groups of 32; embeddings and head
-kept), which the result names.
+The pair: the embedded one (SmolLM2-135M-Instruct + the project's draft, built first when missing); in
+fast mode (CI) a SmolLM2 self-draft (its linear layers fake-quantised to 4 bits, groups of 32;
+embeddings and head kept), which the result names.
 
 ``python -m paper_repro.table_j_dropmatch [--fast]`` writes ``paper_repro/results/table_j_dropmatch.md``.
 """
@@ -54,12 +54,11 @@ def config(ctx: Ctx) -> dict:
 def _pair_id(ctx: Ctx) -> str:
     if ctx.lm.get("pair") is not None:
         return "injected"
+    if ctx.fast:  # CI: no draft build
+        return f"smollm2+self-draft-int{QUANT['bits']}-g{QUANT['group']}"
     from cactus_theory.lm.draft import DraftConfig, draft_path
 
-    path = draft_path(DraftConfig())
-    if os.path.exists(path):
-        return f"smollm2+embedded ({os.path.basename(path)})"
-    return f"smollm2+self-draft-int{QUANT['bits']}-g{QUANT['group']}"
+    return f"smollm2+embedded ({os.path.basename(draft_path(DraftConfig()))})"
 
 
 def quantised(model, bits: int, group: int):
@@ -86,6 +85,9 @@ def get_pair(ctx: Ctx, cfg: dict):
     if cfg["pair"].startswith("smollm2+embedded"):
         from cactus_theory.lm import load_pair
 
+        from .lm_runs import build_embedded_draft_if_missing
+
+        build_embedded_draft_if_missing()
         return load_pair()
     v, tok = load_model("smollm2")
     return ModelPair(quantised(v, **QUANT), v, tok, name=cfg["pair"])
