@@ -24,9 +24,9 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from cactus_theory.cli import COMMANDS
 from cactus_theory.lm import ModelPair
 from cactus_theory.lm import eval as ev
-from cactus_theory.lm.lawtests import ALPHA, run_lawtests, verify_step_test
+from cactus_theory.lm.lawtests import ALPHA, format_lawtests, run_lawtests, verify_step_test
 from cactus_theory.lm.tasks import TASKS, extract_answer, make_problems, score, strict_answer
-from cactus_theory.rules import Cactus, Interpolation, SpS
+from cactus_theory.rules import Cactus, DropMatch, Interpolation, SpS
 from cactus_theory.stats import detectable_tv, paired_difference, power, proportion_interval
 
 ALPHABET = "0123456789 Answer:"  # 18 symbols: the tiny models' whole vocabulary
@@ -228,9 +228,13 @@ def test_evaluate_writes_json_table_and_figure(tmp_path):
 
 def test_lawtests_accept_true_laws_and_reject_a_wrong_one():
     ml = [ev.Method("verifier alone", None), ev.Method("SpS", "sps", {}, SpS()),
-          ev.Method("Cactus", "cactus", {"delta": 1.0}, Cactus(1.0))]
+          ev.Method("Cactus", "cactus", {"delta": 1.0}, Cactus(1.0)),
+          ev.Method("DropMatch", "dropmatch", {}, DropMatch(0.01, 4))]
     lt = run_lawtests(PAIR, ml, make_problems("add", 1), draws=20_000, loop_draws=400, k=2, progress=False)
     assert lt["alpha"] == ALPHA
+    assert [r["method"] for r in lt["step"]] == ["SpS", "Cactus"]  # DropMatch's law needs its dropout paths
+    assert list(lt["untested"]) == ["DropMatch"] and "DropMatch: not tested here" in format_lawtests(lt)
+    assert len({r["position"] for r in lt["step"]}) == 1  # every rule judged at the prompt's one chosen position
     assert [r["reject"] for r in lt["step"]] == [False, False]
     for r in lt["step"]:
         assert r["detectable_tv"] < 0.05
