@@ -387,8 +387,8 @@ def summarise(recs: dict[str, list[dict]], secs: dict[str, list[dict]], method_l
 
 def _iv(v, digits: int = 2, pct: bool = False) -> str:
     """``[estimate, low, high]`` as ``est [low, high]``; percentages if ``pct``."""
-    if v is None:
-        return "-"
+    if v is None or math.isnan(v[0]):
+        return "-"  # not computed (e.g. DropMatch's step KL: its law needs the dropout path law)
     f = (lambda x: f"{100 * x:.1f}") if pct else (lambda x: f"{x:.{digits}f}" if math.isfinite(x) else str(x))
     est, lo, hi = (0.0 if abs(x) < 1e-12 else x for x in v)  # no "-0.000" from float round-off
     if not (math.isfinite(lo) and math.isfinite(hi)) and not math.isfinite(est):
