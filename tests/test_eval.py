@@ -222,6 +222,9 @@ def test_evaluate_writes_json_table_and_figure(tmp_path):
     assert (tmp_path / "eval.md").read_text().startswith("| method |")
     assert (tmp_path / "fig_eval_accuracy_al.png").stat().st_size > 0
     assert len(saved["lawtests"]["step"]) == 2 * (len(res["methods"]) - 1)
+    # the saved JSON's keys are sorted; the table keeps the methods' order (verifier alone, SpS, ...)
+    rows = [line.split(" | ")[0].lstrip("| ") for line in ev.format_table(saved).splitlines()[2:]]
+    assert rows == [m["label"] for m in saved["methods"]]
 
 
 # -- distribution tests ---------------------------------------------------------------------------

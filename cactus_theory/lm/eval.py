@@ -400,7 +400,8 @@ def format_table(result: dict) -> str:
     """Markdown: one row per method (ablation row last). Cells: accuracy (%) [95% CI]; accuracy minus
     SpS (points) [95% CI] and McNemar p; AL (bonus included); per-token acceptance; Rej vs SpS;
     mean exact step KL(h_alg || q) (nats); verifier NLL (nats/token); speedup over the verifier alone."""
-    rows = dict(result["summary"])
+    order = [m["label"] for m in result["methods"] if m["label"] in result["summary"]]
+    rows = {lab: result["summary"][lab] for lab in order}  # the methods' order (a saved JSON's keys are sorted)
     ab = result.get("ablation") or {}
     if ab.get("status") in ("matched", "unreachable"):
         lab = ab["method"]["label"]
@@ -436,7 +437,8 @@ def plot_accuracy_vs_al(result: dict, path_stem: str | Path | None = None):
 
     fig, ax = plt.subplots(figsize=(7.5, 5))
     info = {m["label"]: m for m in result["methods"]}
-    rows = dict(result["summary"])
+    order = [m["label"] for m in result["methods"] if m["label"] in result["summary"]]
+    rows = {lab: result["summary"][lab] for lab in order}  # the methods' order (a saved JSON's keys are sorted)
     ab = result.get("ablation") or {}
     if ab.get("status") in ("matched", "unreachable"):
         rows[ab["method"]["label"]] = ab["summary"][ab["method"]["label"]]
