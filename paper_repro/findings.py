@@ -130,6 +130,10 @@ def findings(results: Path = RESULTS) -> str:
     else:
         out.append("* **Real decoding**: no committed LM results in this revision (the decoding steps e and f are "
                    "regenerated with `python -m paper_repro --only e,f,c`).")
+    acc = [r for r in claims if r.key == "main-scores" and r.ours not in ("", "-")]
+    if acc and _load(results, "table_h_eval") is not None:
+        out.append("* **Task accuracy** (the embedded SmolLM2 pair on an offline arithmetic task, not GSM8K / GPQA; `cactus-theory eval`; table in `paper_repro/results/eval/eval.md`, REPORT.md "
+                   "section h): " + "; ".join(f"{r.claim.split(':')[0]}: {r.label} ({r.ours})" for r in acc) + ".")
     tm = _load(results, "timings")
     if tm is not None:
         rec = tm["compute_seconds"]
