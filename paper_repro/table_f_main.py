@@ -88,9 +88,8 @@ def run(ctx: Ctx) -> StepResult:
               "loses accuracy on GPQA", ref="main table (scores); GPQA with Qwen3-8B", kind="paper", how="not run",
               ours="-", paper="e.g. GPQA: SpS 40.91, TAS 40.40, Cactus 1.0 45.46; Qwen3-8B: TAS 42.93 -> 38.89",
               verdict="out of reach", source=NAME,
-              detail=("needs a GPU, the Qwen3 models and the datasets; a 135M verifier cannot solve GSM8K / GPQA. "
-                       "Run `python -m paper_repro --only e,f --verifier Qwen/Qwen3-14B --draft Qwen/Qwen3-0.6B` on a "
-                       "GPU for the decoding statistics; accuracy needs an evaluation harness on top")),
+              detail=("GSM8K / GPQA with the Qwen3 pair need a GPU and the datasets (not here; step h measures task "
+                       "accuracy on an offline task with the embedded pair)")),
     ]
     return StepResult(NAME, {"markdown": text, "numbers": nums}, [], claims, time.perf_counter() - t0)
 
