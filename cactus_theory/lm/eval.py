@@ -534,15 +534,16 @@ def _check_args(args) -> EvalConfig:
 
 
 def pair_id(draft: str, verifier: str, draft_path: str | None = None) -> str:
-    """A name for the pair that changes when the embedded draft's build changes (cache keys)."""
+    """A name for the pair that changes when the embedded draft's build changes (cache keys): the draft
+    file's name, which encodes its build config (``draft.draft_path``). It does not depend on whether
+    the file exists here, so a fresh clone finds the committed results under the same name."""
     if draft != "embedded":
         return f"{draft}->{verifier}"
     if draft_path is None:
         from .draft import draft_path as cached
 
         draft_path = cached()
-    st = os.stat(draft_path) if os.path.exists(draft_path) else None
-    return f"embedded:{os.path.basename(draft_path)}:{st.st_size if st else 'absent'}->{verifier}"
+    return f"embedded:{os.path.basename(draft_path)}->{verifier}"
 
 
 def load_eval_pair(draft: str, verifier: str, draft_path: str | None = None):
