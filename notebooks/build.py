@@ -65,12 +65,22 @@ def execute(nb: nbformat.NotebookNode, fast: bool = False) -> nbformat.NotebookN
 def scrub(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     """Drop what changes from run to run without changing the content: per-cell run metadata, the
     kernel's version details and stderr (progress bars, library warnings); results are printed to
-    stdout or drawn."""
+    stdout or drawn. Consecutive stdout chunks are merged into one output: how the kernel splits a
+    stream depends on timing (a loaded machine splits one print into two), not on the content."""
     for cell in nb.cells:
         for k in VOLATILE:
             cell.metadata.pop(k, None)
         if cell.cell_type == "code":
-            cell.outputs = [o for o in cell.outputs if not (o.output_type == "stream" and o.name == "stderr")]
+            merged = []
+            for o in cell.outputs:
+                if o.output_type == "stream" and o.name == "stderr":
+                    continue
+                if o.output_type == "stream" and merged and merged[-1].output_type == "stream" \
+                        and merged[-1].name == o.name:
+                    merged[-1].text += o.text
+                else:
+                    merged.append(o)
+            cell.outputs = merged
     nb.metadata.pop("language_info", None)
     nb.metadata.pop("widgets", None)
     return nb
