@@ -9,6 +9,7 @@ largest q) is covered and any failure replays exactly.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
@@ -41,3 +42,33 @@ def fitted(rule, V: int):
     if isinstance(rule, TopK) and rule.k > V:
         return TopK(V, recovery=rule.recovery)
     return rule
+
+
+def tiny_llama(seed: int, vocab: int = 10, hidden: int = 16, layers: int = 2, ctx: int = 64, scale: float = 4.0):
+    """A tiny random Hugging Face Llama (seeded by ``seed``) for exact-law tests: its weights are scaled by
+    ``scale`` for sharper, more varied next-token laws than the default init (MLP width ``2 * hidden``)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=ctx,
+                      bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    m = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for p in m.parameters():
+            p.mul_(scale)
+    return m
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny matrices: one torch thread is faster (far faster on a busy machine); restored afterwards.
+    A test module opts in with ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    import torch
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+

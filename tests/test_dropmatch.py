@@ -13,7 +13,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from conftest import tiny_llama
+from transformers import LlamaForCausalLM
 
 import cactus_theory as ct
 from cactus_theory import registry
@@ -37,27 +38,14 @@ ALPHA, N, EPS = 1e-3, 20000, 0.06
 V = 10
 
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
 def tiny(seed: int) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=V, hidden_size=12, intermediate_size=24, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32,
-                      bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    m = LlamaForCausalLM(cfg).eval()
-    with torch.no_grad():
-        for p in m.parameters():
-            p.mul_(4.0)
-    return m
+    return tiny_llama(seed, V, hidden=12, ctx=32)
 
 
 DRAFT, VERIFIER = tiny(1), tiny(2)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
 
 
 def rows(seed: int, R: int = 3, V: int = 7):

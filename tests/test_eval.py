@@ -17,9 +17,9 @@ import re
 
 import numpy as np
 import pytest
-import torch
+from conftest import tiny_llama
 from scipy import stats as sps
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
 from cactus_theory.cli import COMMANDS
 from cactus_theory.lm import ModelPair
@@ -46,27 +46,14 @@ class CharTokenizer:
         return "".join(ALPHABET[i] for i in ids)
 
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
 def tiny(seed: int) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=V, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-                      num_key_value_heads=1, max_position_embeddings=128, bos_token_id=None, eos_token_id=None,
-                      pad_token_id=None)
-    m = LlamaForCausalLM(cfg).eval()
-    with torch.no_grad():
-        for p in m.parameters():
-            p.mul_(3.0)
-    return m
+    return tiny_llama(seed, V, layers=1, ctx=128, scale=3.0)
 
 
 PAIR = ModelPair(tiny(1), tiny(2), CharTokenizer(), name="tiny")
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
 
 
 # -- statistics -----------------------------------------------------------------------------------

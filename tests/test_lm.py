@@ -21,6 +21,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from conftest import tiny_llama
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import cactus_theory as ct
@@ -47,28 +48,14 @@ V = 10
 EOS = 4
 
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
 def tiny(seed: int, layers: int = 2, scale: float = 4.0, ctx: int = 64) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=V, hidden_size=16, intermediate_size=32, num_hidden_layers=layers,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=ctx,
-                      bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    m = LlamaForCausalLM(cfg).eval()
-    with torch.no_grad():
-        for p in m.parameters():
-            p.mul_(scale)  # sharper, more varied next-token laws than the default init
-    return m
+    return tiny_llama(seed, V, layers=layers, ctx=ctx, scale=scale)
 
 
 DRAFT, VERIFIER = tiny(1), tiny(2)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny matrices: one thread is faster (and far faster on a busy machine); restored afterwards."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
 
 
 def pair(eos: int | None = None) -> ModelPair:

@@ -22,19 +22,9 @@ from cactus_theory.lm.draft import DraftConfig, FeatureDraft, head_args
 from cactus_theory.lm.draft_build import init_head
 from cactus_theory.lm.pair import check_same_tokenizer, load_model
 
-pytestmark = pytest.mark.lm
+pytestmark = [pytest.mark.lm, pytest.mark.usefixtures("one_thread")]
 
 PROMPTS = ["What is 7 times 8?", "Write a haiku about rain."]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One thread: on a busy 2-core machine two threads spin against other processes (several
-    times slower); restored afterwards."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
 
 
 @pytest.fixture(scope="module")

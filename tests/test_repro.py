@@ -10,10 +10,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # paper_repro lives beside the package
+
+from conftest import tiny_llama
 
 import cactus_theory as ct  # noqa: E402
 from cactus_theory.lm import ModelPair  # noqa: E402
@@ -127,15 +128,7 @@ def test_fig_c_sweep_end_points():
 # -- the whole job ------------------------------------------------------------------------------
 
 def tiny(seed: int, V: int = 10) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=V, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
-                      bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    m = LlamaForCausalLM(cfg).eval()
-    with torch.no_grad():
-        for p in m.parameters():
-            p.mul_(4.0)
-    return m
+    return tiny_llama(seed, V)
 
 
 @pytest.fixture(scope="module")
