@@ -51,6 +51,19 @@ def is_exported(folder: str, source: dict) -> bool:
         return False
 
 
+def _start_export(folder: str, source: dict, force: bool) -> str | None:
+    """None when ``folder`` already holds a finished export of ``source`` (and not ``force``); else
+    the stamp's path, the old stamp removed first, so an interrupted export is never taken as done
+    (the stamp is written last)."""
+    if not force and is_exported(folder, source):
+        return None
+    os.makedirs(folder, exist_ok=True)
+    stamp = os.path.join(folder, STAMP)
+    if os.path.exists(stamp):
+        os.remove(stamp)
+    return stamp
+
+
 def export_verifier(folder: str, model: str = "smollm2", force: bool = False) -> str:
     """Write ``model`` (default: the embedded SmolLM2 GGUF) to ``folder`` as a float32 safetensors
     Llama folder vLLM loads; returns ``folder``. Reuses a finished export of the same file."""
@@ -68,12 +81,9 @@ def export_verifier(folder: str, model: str = "smollm2", force: bool = False) ->
         raise ValueError(f"model must be 'smollm2' or an existing .gguf file, got {model!r}")
     source = {"kind": "verifier", "file": os.path.basename(src), "sha1": _file_digest(src),
               "version": _EXPORT_VERSION}
-    if not force and is_exported(folder, source):
+    stamp = _start_export(folder, source, force)
+    if stamp is None:
         return folder
-    os.makedirs(folder, exist_ok=True)
-    stamp = os.path.join(folder, STAMP)
-    if os.path.exists(stamp):
-        os.remove(stamp)
     gguf_model, tok = load_model(model if model != "smollm2" else "smollm2", dtype=torch.float32)
     cfg = gguf_model.config.to_dict()
     cfg.pop("quantization_config", None)
@@ -104,12 +114,9 @@ def export_draft(draft_file: str, folder: str, dtype: torch.dtype = torch.float3
         raise ValueError(f"draft_file must be an existing draft file (.pt), got {draft_file!r}")
     source = {"kind": "eagle3", "file": os.path.basename(draft_file), "sha1": _file_digest(draft_file),
               "dtype": str(dtype), "version": _EXPORT_VERSION}
-    if not force and is_exported(folder, source):
+    stamp = _start_export(folder, source, force)
+    if stamp is None:
         return folder
-    os.makedirs(folder, exist_ok=True)
-    stamp = os.path.join(folder, STAMP)
-    if os.path.exists(stamp):
-        os.remove(stamp)
     verifier, _ = load_model("smollm2", dtype=torch.float32)
     head = load_draft(verifier, path=draft_file)
     export_eagle3(head.float(), folder, dtype=dtype)
