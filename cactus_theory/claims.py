@@ -4,6 +4,16 @@ A ``Claim`` is one check of one statement. Several checks of the same statement 
 the randomised ``verify`` checks, say) share its ``key``; a report shows them as one claim and
 counts each statement once (``group``, ``combined_verdict``).
 
+``role`` says what a check weighs (``ROLES``). Each statement has exactly one ``"primary"`` check: the
+most powerful one on the setting closest to the paper's; its verdict is the statement's. Every other
+check is secondary and labelled: ``"underpowered"`` (too few units to decide), ``"same runs"`` (another
+view or metric of the primary's runs: not independent evidence), ``"other protocol"`` (another setting,
+e.g. batch 1 instead of batch 32: read as its own setting, never against the primary) or
+``"independent"`` (a second check of similar power on a comparable setting). A secondary check never
+vetoes the primary; only an ``"independent"`` one that points the other way (one supports the
+statement, the other's interval excludes it) turns the verdict into "inconclusive (checks disagree)"
+(``resolve``).
+
 ``kind`` says whose statement it is:
   ``"paper"``    a claim the paper makes (a theorem, a number in a table or figure);
   ``"derived"``  a result the project derived or observed (PAPER.md's notes), not the paper's text;
@@ -11,12 +21,14 @@ counts each statement once (``group``, ``combined_verdict``).
 
 ``verdict`` (``VERDICTS``):
   ``"holds"``         exact checks pass, or an empirical 95% interval excludes the opposite direction,
-                      on the paper's own setting;
+                      on the paper's own setting (never with a ``scope``);
   ``"consistent"``    as "holds", but measured on another model or scale (``scope`` says which,
                       e.g. "SmolLM2-135M, k = 4"): evidence of the direction, not of the paper's numbers;
   ``"inconclusive"``  the 95% interval contains no effect (it straddles the comparison point);
   ``"differs"``       an exact check fails, or the interval excludes the paper's direction;
   ``"out of reach"``  not measurable here, or fewer than ``MIN_POINTS`` comparable points.
+Every verdict measured on another model, task or scale names it in ``scope``, whatever the verdict
+("consistent" must; "inconclusive" and "differs" should); only "holds" never has one.
 """
 
 from __future__ import annotations
@@ -26,11 +38,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Claim", "Interval", "KINDS", "VERDICTS", "MIN_POINTS", "exact_verdict", "interval_verdict",
-           "bootstrap_interval", "combined_verdict", "all_of", "group"]
+__all__ = ["Claim", "Interval", "Resolution", "KINDS", "VERDICTS", "ROLES", "MIN_POINTS", "exact_verdict",
+           "interval_verdict", "bootstrap_interval", "t_interval", "holm", "mcnemar_mdd", "combined_verdict",
+           "resolve", "all_of", "group", "plural"]
 
 KINDS = ("paper", "derived", "code")
 VERDICTS = ("holds", "consistent", "inconclusive", "differs", "out of reach")
+ROLES = ("primary", "underpowered", "same runs", "other protocol", "independent")
 MIN_POINTS = 5  # fewer comparable points than this: "out of reach"
 
 
@@ -49,6 +63,10 @@ class Claim:
     scope: str = ""  # for "consistent": the model / scale the evidence comes from
     detail: str = ""  # the counterexample, or a note on the threshold
     source: str = ""  # which step produced the check ("verify", "fig_b_gamma", ...)
+    role: str = "primary"  # one of ROLES: the statement's primary check, or why this one is secondary
+    units: str = ""  # what the interval is over, with n: "300 problems", "10 batches", "9 prompts"
+    decision: str = ""  # the printed rule the verdict follows from ("holds if the lower end > -5 points")
+    family: str = ""  # the multiplicity family of its test(s), and the adjustment, if any
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -58,9 +76,11 @@ class Claim:
         if self.kind != "paper" and self.paper:
             raise ValueError(f"only a claim of kind 'paper' has a paper column, got kind {self.kind!r} "
                              f"with paper={self.paper!r}")
-        if (self.verdict == "consistent") != bool(self.scope):
-            raise ValueError("a 'consistent' verdict needs a scope (the model / scale measured), and only it: "
-                             f"got verdict {self.verdict!r}, scope {self.scope!r}")
+        if self.role not in ROLES:
+            raise ValueError(f"role must be one of {ROLES}, got {self.role!r}")
+        if (self.verdict == "consistent" and not self.scope) or (self.verdict == "holds" and self.scope):
+            raise ValueError("a 'consistent' verdict needs a scope (the model / scale measured), and 'holds' none "
+                             f"(it is the paper's own setting): got verdict {self.verdict!r}, scope {self.scope!r}")
 
     @property
     def passed(self) -> bool:
@@ -69,8 +89,16 @@ class Claim:
 
     @property
     def label(self) -> str:
-        """The verdict as printed: ``"consistent: SmolLM2-135M, k = 4"`` or the verdict itself."""
-        return f"consistent: {self.scope}" if self.verdict == "consistent" else self.verdict
+        """The verdict as printed: ``"consistent: SmolLM2-135M, k = 4"``, ``"inconclusive (on SmolLM2-135M)"``
+        (any other verdict measured elsewhere names where) or the verdict itself."""
+        if self.verdict == "consistent":
+            return f"consistent: {self.scope}"
+        return f"{self.verdict} (on {self.scope})" if self.scope else self.verdict
+
+    @property
+    def role_label(self) -> str:
+        """``"primary"`` or ``"secondary: same runs"``."""
+        return "primary" if self.role == "primary" else f"secondary: {self.role}"
 
 
 def exact_verdict(ok: bool) -> str:
@@ -129,14 +157,79 @@ def interval_verdict(iv: Interval, *, above: float = 0.0, scope: str = "", min_p
     return "inconclusive"
 
 
+def t_interval(x, *, level: float = 0.95) -> Interval:
+    """Student-t interval of the mean of ``x`` (n - 1 degrees of freedom): the interval for a handful of
+    units (10 batches, 9 prompts), where a percentile bootstrap is too narrow (it cannot see beyond the
+    n observed values, and its coverage at n = 10 falls well short of the nominal level)."""
+    from scipy import stats
+
+    x = np.asarray(x, dtype=np.float64)
+    n = x.size
+    est = float(x.mean()) if n else float("nan")
+    if n < 2:
+        return Interval(est, -np.inf, np.inf, n, level)
+    half = float(stats.t.ppf((1 + level) / 2, n - 1) * x.std(ddof=1) / np.sqrt(n))
+    return Interval(est, est - half, est + half, n, level)
+
+
+def holm(pvalues) -> list[float]:
+    """Holm's step-down adjusted p-values (same order as ``pvalues``): the family-wise error rate of
+    rejecting every hypothesis whose adjusted p-value is below alpha is at most alpha, whatever the
+    dependence between the tests."""
+    p = np.asarray(list(pvalues), dtype=np.float64)
+    m = p.size
+    order = np.argsort(p, kind="stable")
+    adj = np.empty(m)
+    running = 0.0
+    for i, j in enumerate(order):
+        running = max(running, min(1.0, (m - i) * p[j]))
+        adj[j] = running
+    return [float(a) for a in adj]
+
+
+def mcnemar_mdd(discordance: float, n: int, *, alpha: float = 0.05, power: float = 0.8) -> float:
+    """Smallest paired difference of two proportions that McNemar's test (two-sided, level ``alpha``)
+    detects with probability ``power`` on ``n`` items with discordance rate ``discordance`` (share of items
+    where the two outcomes differ): ``(z_{1 - alpha/2} + z_power) sqrt(discordance / n)``, the normal
+    approximation when the difference is small beside the discordance."""
+    from scipy import stats
+
+    return float((stats.norm.isf(alpha / 2) + stats.norm.ppf(power)) * np.sqrt(discordance / n))
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """A statement's verdict from its checks (``resolve``): the verdict, why (``"checks disagree"`` or
+    ""), and the primary check it comes from (None when there is none)."""
+
+    verdict: str
+    reason: str
+    primary: Claim | None
+
+
+def resolve(checks: Iterable[Claim]) -> Resolution:
+    """One verdict for the checks of one statement: the primary check's. Secondary checks never veto;
+    an ``"independent"`` secondary pointing the other way (it passes where the primary differs, or differs
+    where the primary passes) gives "inconclusive" with reason "checks disagree". Without a primary (its
+    step did not run) the statement is "out of reach" (reason "primary check not run"): a secondary check
+    never stands in for it. ``ValueError`` with more than one primary."""
+    cs = list(checks)
+    prim = [c for c in cs if c.role == "primary"]
+    if len(prim) > 1:
+        raise ValueError(f"a statement needs exactly one primary check, got {len(prim)} for key "
+                         f"{cs[0].key if cs else '?'!r} ({[c.source for c in prim]})")
+    if not prim:  # its primary step did not run (e.g. --only): the secondaries cannot stand in for it
+        return Resolution("out of reach", "primary check not run", None)
+    p = prim[0]
+    ind = [c for c in cs if c.role == "independent"]
+    if (p.passed and any(c.verdict == "differs" for c in ind)) or (p.verdict == "differs" and any(c.passed for c in ind)):
+        return Resolution("inconclusive", "checks disagree", p)
+    return Resolution(p.verdict, "", p)
+
+
 def combined_verdict(checks: Iterable[Claim]) -> str:
-    """One verdict for several checks of one statement: "differs" if any check differs, else
-    "inconclusive" if any is, else "holds" if any holds, else "consistent" if any is, else out of reach."""
-    vs = {c.verdict for c in checks}
-    for v in ("differs", "inconclusive", "holds", "consistent"):
-        if v in vs:
-            return v
-    return "out of reach"
+    """The statement's verdict (``resolve(checks).verdict``)."""
+    return resolve(checks).verdict
 
 
 def all_of(verdicts: Iterable[str]) -> str:
@@ -147,6 +240,11 @@ def all_of(verdicts: Iterable[str]) -> str:
         if v in vs:
             return v
     return "holds"
+
+
+def plural(n: int, one: str, many: str | None = None) -> str:
+    """``"1 holds"`` / ``"2 hold"``: ``n`` with the word that agrees with it (``many`` defaults to ``one + "s"``)."""
+    return f"{n} {one if n == 1 else (many if many is not None else one + 's')}"
 
 
 def group(claims: Iterable[Claim]) -> dict[str, list[Claim]]:

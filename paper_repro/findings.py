@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from cactus_theory.claims import Claim, combined_verdict, group
+from cactus_theory.claims import Claim, group, resolve
 
 from .common import RESULTS, ROOT, atomic_write_text
 
@@ -43,38 +43,48 @@ def findings(results: Path = RESULTS) -> str:
     claims = load_claims(results)
     if not claims:
         return "No committed results yet: run `make repro`."
+    from .report import NAMES, ORDER, THEORY, _label
+
     g = group(claims)
-    ok = lambda key: key in g and combined_verdict(g[key]) == "holds"  # noqa: E731
-    theory = [k for k in ("thm1", "thm2", "prop4", "cor5", "cor6", "worked-example") if ok(k)]
-    names = {"thm1": "Theorem 1", "thm2": "Theorem 2", "prop4": "Proposition 4", "cor5": "Corollary 5",
-             "cor6": "Corollary 6", "worked-example": "the worked example"}
     out = ["`make repro` writes [paper_repro/REPORT.md](paper_repro/REPORT.md): each distinct claim of the paper, "
            "how we checked it, our number beside the paper's, and a verdict; results we derived and checks of our "
            "own code sit in their own tables. Every number below comes from `paper_repro/results/*.json` "
-           "(`claims.json` holds each check's row).", "", headline(claims), ""]
-    b, c = _load(results, "fig_b_gamma"), _load(results, "fig_c_tradeoff")
-    t2, c5, we = _row(claims, "thm2", "verify"), _row(claims, "cor5", "verify"), _row(claims, "worked-example")
-    if theory:
-        line = f"* **{', '.join(names[k] for k in theory)} hold** to solver or float precision"
-        if t2 is not None:
-            line += f" (cvxpy vs the two-block root: {t2.ours.split(' (where')[0]})"
-        if c5 is not None:
-            line += (f"; Corollary 5's closed form differs from the exact KL root by O(delta): fitted log-log "
-                     f"{c5.ours.split(' (')[0]} (without the factor 2 in the square root the slope would be 0.5)")
-        if we is not None:
-            line += f"; the worked example: {we.ours}"
+           "(`claims.json` holds each check's row). One line per claim of the paper: its verdict (the primary "
+           "check's: REPORT.md says how to read it), the primary evidence with its source and n, then the "
+           "secondary checks with why they are secondary; they never overrule the primary.", "", headline(claims), ""]
+    keys = sorted((k for k, cs in g.items() if cs[0].kind == "paper"), key=lambda k: ORDER.index(k) if k in ORDER else 99)
+    for key in keys:
+        cs = g[key]
+        r = resolve(cs)
+        pc = r.primary
+        if pc is None:
+            out.append(f"* **{NAMES.get(key, key)}**: {_label(cs)}; secondary only: "
+                       + "; ".join(f"{c.source}, {c.role}: {c.ours} ({c.label})" for c in cs) + ".")
+            continue
+        src = f"{pc.source}" + (f", {pc.units}" if pc.units else "")
+        name = NAMES.get(key, key)
+        ref = "" if pc.ref == name or name.startswith(pc.ref) else f" ({pc.ref})"
+        line = f"* **{name}**{ref}: {_label(cs)}. Primary ({src}): {pc.ours}"
+        if pc.verdict == "out of reach" and pc.detail:
+            line += f" ({pc.detail})"
+        if pc.decision and key not in THEORY:
+            line += f"; rule: {pc.decision}"
+        sec = [c for c in cs if c is not pc]
+        if sec:
+            items = []
+            for c in sec:
+                tag = f"{c.source}, {c.role}" + (f", {c.units}" if c.units else "")
+                items.append(f"{tag}: {c.label}" if key in THEORY else f"{tag}: {c.ours} ({c.label})")
+            line += ". Secondary: " + "; ".join(items)
         out.append(line + ".")
+    out.append("")
+    b, c = _load(results, "fig_b_gamma"), _load(results, "fig_c_tradeoff")
     if b is not None:
         out.append(f"* Derived, not the paper's: the Taylor `h` has chi-square exactly `2 delta` before clipping "
                    f"(max error {b['data']['chi2_unclipped_max_err']:.1e}), so `KL <= log(1 + 2 delta)`; its KL / "
                    f"delta reaches {b['data']['max_ratio']:.3f} where `gamma* > 0.5`.")
-    t3 = [r for r in claims if r.key == "thm3"]
     far, gfar = _row(claims, "kl-far-above-delta", "fig_d_gamma_delta") or _row(claims, "kl-far-above-delta"), \
         _row(claims, "gamma-far-above-delta")
-    if t3:
-        line = (f"* **Theorem 3** (`D_f(h_alg || q) <= D_f(p || q)`): {combined_verdict(t3)} over "
-                + "; ".join(f"{r.source}: {r.ours.split(';')[0]}" for r in t3 if r.source != "verify" or "strict" in r.ours))
-        out.append(line + ".")
     if far is not None or gfar is not None:
         parts = []
         if far is not None:
@@ -87,7 +97,7 @@ def findings(results: Path = RESULTS) -> str:
         cd = c["data"]
         tk = _row(claims, "topk-recovery")
         te = cd.get("tas_entropy")
-        fr = _row(claims, "frontier-per-step", "fig_c_tradeoff")
+        fr, fl = _row(claims, "frontier-per-step", "fig_c_tradeoff"), _row(claims, "frontier-per-step-lm")
         if tk is not None:
             out.append(f"* **The references' baselines**, matched by name: the authors' top-k recovery "
                        f"`(1[q >= q_(k)] - p)_+` (`TopK(k, recovery=\"topk\")`) costs {tk.ours.split('at ', 1)[1]} "
@@ -97,7 +107,8 @@ def findings(results: Path = RESULTS) -> str:
                           f"{te['accept_vllm']:.3f} at `V = {te['V']:,}` ({te['R']} random pairs)" if te else "") + ".")
         if fr is not None:
             out.append(f"* Per-step proxy (derived): Cactus versus the baselines at equal mean `KL(h_alg || q)` on "
-                       f"random pairs: {fr.verdict}; {fr.ours}.")
+                       f"random pairs: {fr.label}; {fr.ours}"
+                       + (f"; on LM-derived pairs: {fl.label}; {fl.ours}" if fl is not None else "") + ".")
     md, sh, f1 = _row(claims, "multi-draft-gain"), _row(claims, "multi-draft-shape"), _row(claims, "single-draft-frontier")
     if md is not None:
         line = (f"* **Cactus with several drafts** (our result, not the paper's; REPORT.md section i, notebook 05): "
@@ -122,18 +133,15 @@ def findings(results: Path = RESULTS) -> str:
                 f"(infinite KL) on {100 * row['oos_rows']:.0f}% of rows ({dq.label}); on the rows where it stays "
                 f"inside q, its KL {row['kl_finite_mean']:.3f} against Cactus's {row['cactus_kl_finite']:.3f} at "
                 f"equal acceptance is {dm.label} over the settings ({dm.ours.rsplit('; ', 1)[1]}).")
-    e = _load(results, "fig_e_lm")
-    lm = [r for r in claims if r.key in ("main-acceptance", "interpolation-ablation", "wall-clock")]
-    if e is not None and lm:
-        out.append("* **Real decoding** (95% bootstrap intervals over prompts): "
-                   + "; ".join(f"{r.claim.split(':')[0]}: {r.label} ({r.ours})" for r in lm) + ".")
-    else:
+    ta = [r for r in claims if r.key == "tas-arith"]
+    if ta and resolve(ta).primary is not None:
+        r = resolve(ta)
+        out.append(f"* TAS on the arithmetic task (derived; the analogue of GSM8K, not of GPQA): {_label(ta)}. Primary "
+                   f"({r.primary.source}, {r.primary.units}, strict-match): {r.primary.ours}. Same runs, lenient: "
+                   + "; ".join(c.ours for c in ta if c is not r.primary) + ".")
+    if _load(results, "fig_e_lm") is None:
         out.append("* **Real decoding**: no committed LM results in this revision (the decoding steps e and f are "
                    "regenerated with `python -m paper_repro --only e,f,c`).")
-    acc = [r for r in claims if r.key == "main-scores" and r.ours not in ("", "-")]
-    if acc and _load(results, "table_h_eval") is not None:
-        out.append("* **Task accuracy** (the embedded SmolLM2 pair on an offline arithmetic task, not GSM8K / GPQA; `cactus-theory eval`; table in `paper_repro/results/eval/eval.md`, REPORT.md "
-                   "section h): " + "; ".join(f"{r.claim.split(':')[0]}: {r.label} ({r.ours})" for r in acc) + ".")
     tm = _load(results, "timings")
     if tm is not None:
         rec = tm["compute_seconds"]

@@ -1,9 +1,11 @@
 """REPORT.md: the paper's distinct claims, each with its checks, our numbers, the paper's, a verdict.
 
 Rows are ``cactus_theory.claims.Claim`` from the figure steps and from ``cactus-theory verify``.
-Checks sharing a ``key`` are one statement: shown as one row (each check on its own line) and
-counted once. Three sections, never mixed: the paper's claims (the headline counts only these),
-results we derived (PAPER.md's notes, our per-step proxies), checks of our own code.
+Checks sharing a ``key`` are one statement: shown as one row (each check on its own line, labelled
+primary or secondary with the reason) and counted once, with the primary check's verdict
+(``cactus_theory.claims.resolve``). Three sections, never mixed: the paper's claims (the headline
+counts only these, theory and experiments apart), results we derived (PAPER.md's notes, our per-step
+proxies), checks of our own code.
 """
 
 from __future__ import annotations
@@ -12,14 +14,21 @@ import os
 import platform
 from pathlib import Path
 
-from cactus_theory.claims import VERDICTS, Claim, combined_verdict, group
+from cactus_theory.claims import VERDICTS, Claim, combined_verdict, group, plural, resolve
 
 from .common import StepResult, atomic_write_text
 from .paper_numbers import SETUP
 
 # the paper's claims in reading order (unknown keys follow, in order of appearance)
-ORDER = ["thm1", "thm2", "thm3", "prop4", "cor5", "cor6", "worked-example", "main-acceptance", "main-scores",
-         "interpolation-ablation", "wall-clock"]
+ORDER = ["thm1", "thm2", "thm3", "thm3-gamma", "prop4", "cor5", "cor6", "worked-example", "main-acceptance",
+         "main-scores-cactus", "main-scores-tas-gpqa", "interpolation-ablation", "wall-clock"]
+# the paper's statements that are theory (exact checks); the others are its experiments
+THEORY = ("thm1", "thm2", "thm3", "thm3-gamma", "prop4", "cor5", "cor6", "worked-example")
+NAMES = {"thm1": "Theorem 1", "thm2": "Theorem 2", "thm3": "Theorem 3's second bound, D_f(p || q)",
+         "thm3-gamma": "Theorem 3's first bound, Gamma(delta)", "prop4": "Proposition 4", "cor5": "Corollary 5",
+         "cor6": "Corollary 6", "worked-example": "the worked example", "main-acceptance": "acceptance (AL, Rej)",
+         "main-scores-cactus": "Cactus matches SpS on task score", "main-scores-tas-gpqa": "TAS loses accuracy on GPQA",
+         "interpolation-ablation": "interpolation ablation", "wall-clock": "wall clock"}
 FIGURE_TEXT = {
     "fig_a_worked_example": ("a. The worked example", "q, p and the Cactus target h as bars; acceptance and KL spent "
                              "at delta = 0.21 and at the budget that gives the paper's .825."),
@@ -56,20 +65,36 @@ def _mark(v: str) -> str:
 
 
 def _label(checks: list[Claim]) -> str:
-    """The statement's verdict as printed (a "consistent" verdict names its scope)."""
-    v = combined_verdict(checks)
-    if v == "consistent":
-        scopes = sorted({c.scope for c in checks if c.verdict == "consistent"})
-        return "consistent: " + "; ".join(scopes)
-    return v
+    """The statement's verdict as printed: the primary check's, with its scope ("consistent: ...",
+    "inconclusive (on ...)"), or "inconclusive (checks disagree)"."""
+    r = resolve(checks)
+    if r.reason:
+        return f"{r.verdict} ({r.reason})"
+    return r.primary.label
+
+
+def _tag(c: Claim) -> str:
+    """``*source* (primary, 300 problems)``."""
+    return f"*{_esc(c.source or '?')}* ({c.role_label}{', ' + _esc(c.units) if c.units else ''})"
+
+
+def _how(c: Claim) -> str:
+    out = c.how
+    if c.decision:
+        out += f"; rule: {c.decision}"
+    if c.family:
+        out += f"; family: {c.family}"
+    return out
 
 
 def _cell(checks: list[Claim], field: str) -> str:
-    """One line per check: ``source: value`` (``<br>`` between lines)."""
-    vals = [(c.source or "?", getattr(c, field)) for c in checks]
-    if len({v for _, v in vals}) == 1 and len(vals) == 1:
-        return _esc(vals[0][1])
-    return "<br>".join(f"*{_esc(s)}*: {_esc(v)}" for s, v in vals)
+    """One line per check, primary first: ``*source* (role, units): value`` (``<br>`` between lines)."""
+    cs = sorted(checks, key=lambda c: c.role != "primary")
+    get = _how if field == "how" else (lambda c: getattr(c, field))
+    if len(cs) == 1 and not cs[0].units:
+        return _esc(get(cs[0]))
+    own = (lambda c: f" ({_esc(c.label)})") if field == "ours" and len(cs) > 1 else (lambda c: "")
+    return "<br>".join(f"{_tag(c)}: {_esc(get(c))}{own(c)}" for c in cs)
 
 
 def _our_sections(steps: list[StepResult]) -> list[str]:
@@ -99,9 +124,10 @@ def claims_tables(claims: list[Claim]) -> dict[str, str]:
         for i, k in enumerate(keys, 1):
             cs = groups[k]
             label = _label(cs)
-            notes = "; ".join(dict.fromkeys(c.detail for c in cs if c.detail))
-            verdict = _mark(label) + (f" ({_esc(notes)})" if notes and combined_verdict(cs) not in ("holds",) else "")
-            src = ", ".join(dict.fromkeys(c.source or "?" for c in cs))
+            prim = resolve(cs).primary
+            verdict = _mark(_esc(label)) + (f"; {_esc(prim.detail)}" if prim is not None and prim.detail
+                                            and combined_verdict(cs) != "holds" else "")
+            src = "<br>".join(_tag(c) for c in sorted(cs, key=lambda c: c.role != "primary"))
             row = [str(i), _esc(cs[0].claim), _esc(cs[0].ref), src, _cell(cs, "how"), _cell(cs, "ours")]
             if kind == "paper":
                 row.append(_esc(cs[0].paper))
@@ -117,15 +143,59 @@ def counts(claims: list[Claim], kind: str = "paper") -> dict[str, int]:
     return {v: sum(combined_verdict(cs) == v for cs in groups) for v in VERDICTS}
 
 
+_PHRASES = {"holds": ("holds", "hold"), "consistent": ("is consistent on another model or task",
+                                                      "are consistent on another model or task"),
+            "inconclusive": ("is inconclusive", "are inconclusive"), "differs": ("differs", "differ"),
+            "out of reach": ("is out of reach (not measurable here)", "are out of reach (not measurable here)")}
+
+
+def _phrase(c: dict[str, int], skip: tuple = ()) -> str:
+    """``"2 hold, 1 is inconclusive"``: the non-zero counts with verbs that agree."""
+    return ", ".join(plural(n, *_PHRASES[v]) for v, n in c.items() if n and v not in skip)
+
+
+def _and(parts: list[str]) -> str:
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+
+
 def headline(claims: list[Claim]) -> str:
-    c = counts(claims, "paper")
-    total = sum(c.values())
-    parts = [f"{c['holds']} hold", f"{c['consistent']} are consistent on another model or scale",
-             f"{c['inconclusive']} are inconclusive", f"{c['differs']} differ", f"{c['out of reach']} are out of reach"]
+    """``Theory: x/N hold; experiments: ...`` over the paper's statements (each once, its primary check's
+    verdict), then the derived results and the checks of our code; verbs agree with their counts."""
+    groups = {k: cs for k, cs in group(claims).items() if cs[0].kind == "paper"}
+    th = {k: combined_verdict(cs) for k, cs in groups.items() if k in THEORY}
+    ex = {v: sum(combined_verdict(cs) == v for k, cs in groups.items() if k not in THEORY) for v in VERDICTS}
+    held = sum(v == "holds" for v in th.values())
+    others = [f"{NAMES.get(k, k)}: {v}" for k, v in th.items() if v != "holds"]
+    theory = (f"Theory: {held}/{len(th)} {'holds' if len(th) == 1 else 'hold'}"
+              + (f" ({'; '.join(others)})" if others else ""))
+    n_ex = sum(ex.values())
+    parts = [plural(n, *_PHRASES[v]) for v, n in ex.items() if n]
+    exp = f"experiments: of {plural(n_ex, 'claim')} of the paper's tables, " + (_and(parts) if parts else "none checked")
     d, k = counts(claims, "derived"), counts(claims, "code")
-    return (f"**Of the paper's {total} distinct claims checked here, " + ", ".join(parts) + ".** "
-            f"Separately: {sum(d.values())} results we derived ({d['holds']} hold) and {sum(k.values())} checks of "
-            f"our own code ({k['holds']} pass).")
+    nd, nk = sum(d.values()), sum(k.values())
+    return (f"**{theory}; {exp}.** Separately: {plural(nd, 'result')} we derived" + (f" ({_phrase(d)})" if nd else "")
+            + f" and {plural(nk, 'check')} of our own code" + (f" ({k['holds']} pass" + (
+                f", {_phrase(k, skip=('holds',))}" if nk > k["holds"] else "") + ")" if nk else "") + ".")
+
+
+RULES_TEXT = (
+    "How to read a verdict. Each statement has one *primary* check, the most powerful on the setting closest to "
+    "the paper's; the statement's verdict is the primary's, re-derivable from its printed interval and its printed "
+    "rule. Other checks are *secondary*, labelled: *underpowered* (too few units to decide), *same runs* (another "
+    "view or metric of the primary's runs), *other protocol* (another setting, read as its own) or *independent* "
+    "(a second check of similar power). A secondary check never vetoes the primary; only an independent one "
+    "pointing the other way makes the statement *inconclusive (checks disagree)*. Verdicts: *holds* (exact checks "
+    "pass, or a 95% interval lies on the claimed side, on the paper's own setting); *consistent: ...* (the same, "
+    "measured on another model, task or scale, named); *inconclusive* (the interval contains the comparison "
+    "point); *differs* (an exact check fails, or the interval excludes the claim); *out of reach* (not measurable "
+    "here, or fewer than 5 units). Any verdict measured elsewhere names where. Each check names its interval's "
+    "units and n (problems, prompts, batches, pairs) and its method: percentile bootstraps over 300 problems or "
+    "over pairs; Student-t intervals where the units are few (10 batches, 9 prompts: the wall clock, on the log "
+    "of the tokens/s ratio). \"Matches\" is tested as non-inferiority (margin in section h). Tests that share a "
+    "family print raw and Holm-adjusted p-values and name the family; a conjunction of parts (\"each of the "
+    "three exceeds SpS\") is an intersection-union test, each part at its own level. Distribution tests state "
+    "their power on each test's pooled bins; a test with fewer than two pooled bins has no power and is not "
+    "counted.")
 
 
 def write_report(path: Path, steps: list[StepResult], extra: list[Claim], compute: dict,
@@ -144,11 +214,7 @@ def write_report(path: Path, steps: list[StepResult], extra: list[Claim], comput
         "",
         headline(claims),
         "",
-        "Verdicts: *holds* (exact checks pass, or a 95% interval excludes the opposite direction on the paper's "
-        "own setting); *consistent: ...* (the same, measured on another model or scale, named); *inconclusive* "
-        "(the interval contains no effect); *differs*; *out of reach* (not measurable here, or fewer than 5 "
-        "comparable points). Empirical intervals are percentile bootstraps over prompts or pairs. A statement "
-        "checked several ways is one row, each check on its own line, and counts once.",
+        RULES_TEXT,
         "",
     ]
     for kind in ("paper", "derived", "code"):

@@ -12,11 +12,8 @@ from __future__ import annotations
 
 import time
 
-from cactus_theory.claims import all_of, interval_verdict
-
-from .common import Claim, Ctx, StepResult, atomic_write_text, fmt, standalone
-from .fig_e_lm import paired_interval
-from .lm_runs import STYLES, lm_config, per_prompt, pooled, run_all, scope
+from .common import Ctx, StepResult, atomic_write_text, fmt, standalone
+from .lm_runs import STYLES, lm_config, pooled, run_all
 from .paper_numbers import SETUP, main_table_markdown
 
 NAME = "table_f_main"
@@ -60,38 +57,9 @@ def run(ctx: Ctx) -> StepResult:
             f"per-step KL(h_alg||q) (nats) / verifier NLL (nats/token).\n\n{md}\n\n"
             f"Paper ({SETUP}); cells: score / AL / Rej.\n\n{main_table_markdown()}\n")
     atomic_write_text(ctx.results / "table_f_main.md", text)
-    d = {"per_prompt": {m: per_prompt(runs, m) for m in runs}}
-    sc = scope(cfg)
-    lossy = ("TAS", "Cactus delta=0.75", "Cactus delta=1")
-    # fewer rejections: the claim "1 - Rej ratio > 0", Rej = rejected drafts per emitted token vs SpS
-    ivs = {m: paired_interval(d, "SpS", m, "rejected_per_token", how="ratio") for m in lossy}
-    verdicts = [interval_verdict(iv, scope=sc) if iv is not None else "out of reach" for iv in ivs.values()]
-    v = all_of(verdicts)
-
-    def rej(m):
-        iv = ivs[m]
-        own = f"{m} {100 * nums[m]['all']['rej']:+.0f}%"
-        # SpS / m - 1 > 0 <=> m / SpS - 1 < 0; print the latter's interval: 1 / (1 + x) - 1
-        return own if iv is None else own + f" [{100 * (1 / (1 + iv.hi) - 1):+.0f}%, {100 * (1 / (1 + iv.lo) - 1):+.0f}%]"
-
-    claims = [
-        Claim(key="main-acceptance", claim="TAS and Cactus (delta = 0.75, 1.0) accept more drafts than SpS: higher "
-              "AL, fewer rejections", ref="main table (AL, Rej)", kind="paper",
-              how="rejected drafts per emitted token relative to SpS, paired by prompt, 95% percentile bootstrap "
-                  "over prompts; each of the three must be below SpS",
-              ours="Rej vs SpS: " + ", ".join(rej(m) for m in lossy),
-              paper="GSM8K: TAS -32%, Cactus 0.75 -36%, Cactus 1.0 -34%; GPQA: -46%, -46%, -50%",
-              verdict=v, scope=sc if v == "consistent" else "",
-              detail="k = 4 drafts (paper m = 20) and a different Rej normalisation: directions comparable, sizes not",
-              source=NAME),
-        Claim(key="main-scores", claim="task scores (GSM8K, GPQA strict-match): Cactus matches or beats SpS while TAS "
-              "loses accuracy on GPQA", ref="main table (scores); GPQA with Qwen3-8B", kind="paper", how="not run",
-              ours="-", paper="e.g. GPQA: SpS 40.91, TAS 40.40, Cactus 1.0 45.46; Qwen3-8B: TAS 42.93 -> 38.89",
-              verdict="out of reach", source=NAME,
-              detail=("GSM8K / GPQA with the Qwen3 pair need a GPU and the datasets (not here; step h measures task "
-                       "accuracy on an offline task with the embedded pair)")),
-    ]
-    return StepResult(NAME, {"markdown": text, "numbers": nums}, [], claims, time.perf_counter() - t0)
+    # steps e and f are two views of the same runs: their check of the main table is step e's (one check,
+    # not two), so this step only draws the table
+    return StepResult(NAME, {"markdown": text, "numbers": nums}, [], [], time.perf_counter() - t0)
 
 
 if __name__ == "__main__":

@@ -328,7 +328,7 @@ def claims(d: dict) -> list[Claim]:
         f"exact one-step laws on teacher-forced rows ({mc}); per prompt, the mean mass outside q's support; 95% "
         "bootstrap interval over prompts of the smallest mean over the settings (base sps)",
         "; ".join(f"rate {t['rate']:g}, M = {t['paths']}: {fmt(t['oos'])} on {fmt(100 * t['oos_rows'], 0)}% of rows"
-                  for t in sps) + f"; smallest {iv}", v, scope=scope if v == "consistent" else "",
+                  for t in sps) + f"; smallest {iv}", v, scope=scope if v in ("consistent", "inconclusive", "differs") else "",
         detail="tokens the verifier's own sampler never emits")]
     # 2. where it stays inside q's support: KL against Cactus at equal acceptance
     diffs = [t["per_prompt"]["kl_minus_cactus_finite"] for t in sps if "kl_minus_cactus_finite" in t["per_prompt"]]
@@ -344,7 +344,7 @@ def claims(d: dict) -> list[Claim]:
     iv = bootstrap_interval(np.array(diffs).T, lambda x: float(np.min(x.mean(0))), n_boot=2000)
     v = interval_verdict(iv, scope=scope)
     out.append(Claim("dropmatch-vs-cactus", _CLAIM, ref, "derived", how, ours + f"; smallest KL difference {iv}", v,
-                     scope=scope if v == "consistent" else "",
+                     scope=scope if v in ("consistent", "inconclusive", "differs") else "",
                      detail="per-step divergence of the output law, not task accuracy"))
     return out
 

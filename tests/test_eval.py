@@ -170,7 +170,10 @@ def test_eval_numbers_match_independent_recomputation(tmp_path, monkeypatch):
     assert ab["status"] in ("matched", "unreachable") and len(ab["records"]) == 6
     assert ab["delta"] <= 16.0 and list(ab["probes_first_batch"])
     md = ev.format_table(res)
-    assert md.count("\n") == len(ml) + 2  # header, rule, one row per method, the ablation row
+    table, notes = md.split("\n\n")
+    # header, rule, one row per method, the ablation row, the pooled lossless row (verifier alone + SpS)
+    assert table.count("\n") == len(ml) + 3 and table.splitlines()[-1].startswith("| pooled lossless (verifier alone + SpS")
+    assert "Holm" in table and "Family of the p-values" in notes and "Minimum detectable difference" in notes
 
 
 def test_eval_resumes_from_cache_and_recomputes_only_what_is_missing(tmp_path, monkeypatch):
@@ -210,8 +213,9 @@ def test_evaluate_writes_json_table_and_figure(tmp_path):
     assert (tmp_path / "fig_eval_accuracy_al.png").stat().st_size > 0
     assert len(saved["lawtests"]["step"]) == 2 * (len(res["methods"]) - 1)
     # the saved JSON's keys are sorted; the table keeps the methods' order (verifier alone, SpS, ...)
-    rows = [line.split(" | ")[0].lstrip("| ") for line in ev.format_table(saved).splitlines()[2:]]
-    assert rows == [m["label"] for m in saved["methods"]]
+    table = ev.format_table(saved).split("\n\n")[0]
+    rows = [line.split(" | ")[0].lstrip("| ") for line in table.splitlines()[2:]]
+    assert rows[:-1] == [m["label"] for m in saved["methods"]] and rows[-1].startswith("pooled lossless")
 
 
 # -- distribution tests ---------------------------------------------------------------------------

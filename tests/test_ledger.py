@@ -19,7 +19,12 @@ from cactus_theory.claims import (
     all_of,
     bootstrap_interval,
     combined_verdict,
+    holm,
     interval_verdict,
+    mcnemar_mdd,
+    plural,
+    resolve,
+    t_interval,
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -71,13 +76,71 @@ def test_bootstrap_interval_has_the_normal_width():
 
 
 def test_combining_checks():
-    assert combined_verdict([claim(), claim(verdict="differs")]) == "differs"
-    assert combined_verdict([claim(), claim(verdict="out of reach")]) == "holds"
-    assert combined_verdict([claim(verdict="consistent", scope="s"), claim(verdict="out of reach")]) == "consistent"
+    """The statement's verdict is its primary check's; secondary checks never veto it."""
+    weak = dict(role="underpowered", source="fig_e_lm")
+    # a weak check (underpowered, same runs, other protocol) cannot veto a strong one: it was worst-of before
+    for role in ("underpowered", "same runs", "other protocol"):
+        for v in ("inconclusive", "differs", "out of reach"):
+            assert combined_verdict([claim(), claim(verdict=v, role=role)]) == "holds", (role, v)
+    assert combined_verdict([claim(verdict="consistent", scope="s"), claim(verdict="inconclusive", **weak)]) == "consistent"
+    # and cannot rescue a failing primary either
+    assert combined_verdict([claim(verdict="inconclusive"), claim(**weak)]) == "inconclusive"
     assert combined_verdict([claim(verdict="out of reach")]) == "out of reach"
+    # an independent check of similar power pointing the other way: the checks disagree
+    r = resolve([claim(), claim(verdict="differs", role="independent")])
+    assert (r.verdict, r.reason) == ("inconclusive", "checks disagree")
+    r = resolve([claim(verdict="differs"), claim(verdict="consistent", scope="s", role="independent")])
+    assert (r.verdict, r.reason) == ("inconclusive", "checks disagree")
+    # same-sign independent evidence keeps the primary's verdict
+    assert resolve([claim(), claim(role="independent")]).verdict == "holds"
+    # exactly one primary
+    with pytest.raises(ValueError, match="exactly one primary"):
+        resolve([claim(), claim()])
+    # no primary (its step did not run): a secondary never stands in for it
+    r = resolve([claim(role="independent"), claim(role="underpowered")])
+    assert (r.verdict, r.reason, r.primary) == ("out of reach", "primary check not run", None)
+    with pytest.raises(ValueError, match="role must be one of"):
+        claim(role="weak")
     assert all_of(["consistent", "holds"]) == "consistent"
     assert all_of(["consistent", "inconclusive", "holds"]) == "inconclusive"
     assert all_of(["holds", "out of reach"]) == "out of reach"
+
+
+def test_scope_is_named_for_every_verdict_measured_elsewhere():
+    assert claim(verdict="inconclusive", scope="SmolLM2").label == "inconclusive (on SmolLM2)"
+    assert claim(verdict="differs", scope="SmolLM2").label == "differs (on SmolLM2)"
+    assert claim(verdict="differs").label == "differs"
+
+
+def test_holm_adjustment():
+    """Holm's step-down values: sorted p times (m - rank), made monotone, capped at 1; order kept."""
+    assert holm([0.01, 0.04, 0.03, 0.5]) == pytest.approx([0.04, 0.09, 0.09, 0.5])
+    # the issue's case: TAS's raw p = 0.0088 is the smallest but one of 16 comparisons -> not significant
+    ps = [0.0088] + [1e-30] * 2 + [0.5] * 13
+    assert holm(ps)[0] == pytest.approx(0.0088 * 14) and holm(ps)[0] > 0.05
+    assert holm([0.2]) == [0.2] and holm([0.9, 0.9]) == [1.0, 1.0] and holm([0.3, 0.01]) == pytest.approx([0.3, 0.02])
+
+
+def test_t_interval_is_wider_than_a_percentile_bootstrap_with_ten_units():
+    """With 10 units, the t-interval (9 degrees of freedom) is the right width; a percentile bootstrap is narrower."""
+    x = np.random.default_rng(3).normal(0.1, 0.1, 10)
+    t = t_interval(x)
+    assert t.n == 10 and t.lo < x.mean() < t.hi
+    half = 2.262 * x.std(ddof=1) / np.sqrt(10)  # t_{0.975, 9}
+    assert (t.hi - t.lo) / 2 == pytest.approx(half, rel=1e-3)
+    b = bootstrap_interval(x)
+    assert (b.hi - b.lo) < (t.hi - t.lo)
+
+
+def test_mcnemar_mdd():
+    # (1.96 + 0.84) sqrt(0.267 / 300) = 0.0835: 8.4 points on 300 problems at a 27% discordance rate
+    assert mcnemar_mdd(0.267, 300) == pytest.approx(0.0835, abs=5e-4)
+    assert mcnemar_mdd(0.267, 1200) == pytest.approx(mcnemar_mdd(0.267, 300) / 2)
+
+
+def test_plural():
+    assert plural(1, "holds", "hold") == "1 holds" and plural(2, "holds", "hold") == "2 hold"
+    assert plural(1, "claim") == "1 claim" and plural(0, "claim") == "0 claims"
 
 
 # -- the report: one row per statement, three sections, an honest headline ----------------------
@@ -85,22 +148,38 @@ def test_report_merges_checks_and_counts_distinct_paper_claims():
     from paper_repro.report import claims_tables, counts, headline
 
     rows = [
-        claim(key="thm2", source="fig_b_gamma"), claim(key="thm2", source="verify", ours="o2"),
-        claim(key="main-acceptance", verdict="consistent", scope="SmolLM2, k = 4", source="fig_e_lm"),
-        claim(key="main-acceptance", verdict="inconclusive", source="table_f_main"),
-        claim(key="main-scores", verdict="out of reach"),
+        claim(key="thm2", source="fig_b_gamma"), claim(key="thm2", source="verify", ours="o2", role="independent"),
+        claim(key="main-acceptance", verdict="consistent", scope="SmolLM2, k = 4", source="table_h_eval",
+              units="300 problems"),
+        claim(key="main-acceptance", verdict="inconclusive", source="fig_e_lm", role="underpowered", units="9 prompts"),
+        claim(key="main-scores-tas-gpqa", verdict="out of reach"),
         claim(key="taylor-chi2", kind="derived", paper="", ref="PAPER.md note"),
         claim(key="fast-path", kind="code", paper="", ref="exact.py"),
     ]
     c = counts(rows)
-    assert sum(c.values()) == 3  # thm2 (two checks), main-acceptance (two checks), main-scores
-    assert c == {"holds": 1, "consistent": 0, "inconclusive": 1, "differs": 0, "out of reach": 1}
+    assert sum(c.values()) == 3  # thm2 (two checks), main-acceptance (two checks), main-scores-tas-gpqa
+    # the underpowered check does not veto the 300-problem one
+    assert c == {"holds": 1, "consistent": 1, "inconclusive": 0, "differs": 0, "out of reach": 1}
     h = headline(rows)
-    assert "Of the paper's 3 distinct claims" in h and "1 results we derived" in h and "1 checks of our own code" in h
+    assert h.startswith("**Theory: 1/1 holds; experiments: of 2 claims of the paper's tables, 1 is consistent on "
+                        "another model or task and 1 is out of reach"), h
+    assert "1 result we derived (1 holds)" in h and "1 check of our own code (1 pass)" in h
     t = claims_tables(rows)
     assert t["paper"].count("\n") == 4  # header, rule, three statements
-    assert "*fig_b_gamma*: o<br>*verify*: o2" in t["paper"]
+    assert "*fig_b_gamma* (primary): o (holds)<br>*verify* (secondary: independent): o2 (holds)" in t["paper"]
+    assert "*fig_e_lm* (secondary: underpowered, 9 prompts)" in t["paper"]
     assert "| paper |" not in t["derived"].splitlines()[0] and "| paper |" not in t["code"].splitlines()[0]
+
+
+def test_headline_plurals_and_theory_split():
+    from paper_repro.report import headline
+
+    rows = [claim(key=k) for k in ("thm1", "thm2")] + [claim(key="thm3-gamma", verdict="out of reach")]
+    rows += [claim(key=f"x{i}", verdict="differs") for i in range(2)] + [claim(key="y", verdict="inconclusive")]
+    h = headline(rows)
+    assert "Theory: 2/3 hold (Theorem 3's first bound, Gamma(delta): out of reach)" in h
+    assert "of 3 claims of the paper's tables, 1 is inconclusive and 2 differ" in h
+    assert "1 differ " not in h and "1 are " not in h and "0 results" in h
 
 
 # -- verify: rows that test something ------------------------------------------------------------

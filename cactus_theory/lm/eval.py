@@ -18,7 +18,11 @@ rejected drafts per emitted token relative to SpS (paired bootstrap); mean exact
 ``KL(h_alg || q)`` and verifier NLL (nats/token); speedup = tokens/s over the verifier alone's tokens/s,
 both measured batch by batch in the same run (each batch of problems is decoded by every method
 back to back, so machine load cancels in the ratio). All intervals are 95%, bootstrap over problems
-(over batches for the speedup), seeded.
+(over batches for the speedup), seeded. ``format_table`` re-derives from the per-problem records what a
+reader needs to judge the comparisons (``comparisons``): Holm-adjusted p-values over the declared family,
+strict-match beside the lenient score, the pooled lossless reference and the minimum detectable difference;
+and it prints the speedup as the geometric mean of the per-batch ratios with a t-interval over the batches
+(``speedup_interval``: 10 batches are too few for a percentile bootstrap).
 
 The interpolation ablation (``ablation``): the smallest Cactus ``delta`` on a ladder (x4 steps,
 then bisection in log delta) whose AL on the first batch reaches interpolation alpha = 0.9's AL, run
@@ -396,9 +400,107 @@ def _iv(v, digits: int = 2, pct: bool = False) -> str:
     return f"{f(est)} [{f(lo)}, {f(hi)}]"
 
 
+# the lossless methods: each emits exactly the verifier's law, so their accuracies differ by noise alone
+LOSSLESS = ("verifier alone", "SpS", "SGLang threshold threshold_acc=1")
+
+
+def _strict_or_none(records: list[dict]) -> np.ndarray | None:
+    return np.array([bool(r["strict"]) for r in records]) if records and all("strict" in r for r in records) else None
+
+
+def comparisons(result: dict) -> dict:
+    """The accuracy comparisons against SpS of a saved eval, re-derived from its per-problem records:
+    for each metric (``"lenient"``: ``correct``, the extracted answer; ``"strict"``: the integer after
+    "answer", GSM8K's strict-match), per method its paired difference vs SpS (estimate, 95% percentile
+    bootstrap over problems, McNemar's exact p) and the Holm-adjusted p-value over the declared family:
+    every method of the table compared with SpS (the verifier alone included, the ablation row not).
+    Also the pooled lossless reference (``LOSSLESS``: every problem-run of the methods that emit the
+    verifier's law; interval clustered by problem) and the minimum detectable difference (McNemar,
+    alpha 0.05 two-sided, power 0.8) at the discordance rate of the lossless methods against SpS."""
+    from ..claims import holm, mcnemar_mdd
+
+    labels = [m["label"] for m in result["methods"] if m["label"] in result["summary"]]
+    sps = next(m["label"] for m in result["methods"] if m["key"] == "sps")
+    recs = result.get("records") or {}
+    seed = result["config"].get("seed", 0)
+    family = [lab for lab in labels if lab != sps]
+    out: dict = {"family": family, "reference": sps, "metrics": {}}
+    for metric in ("lenient", "strict"):
+        diffs = {}
+        for lab in family:
+            if metric == "lenient":
+                d = dict(result["summary"][lab]["diff_vs_sps"])
+            else:
+                x, y = _strict_or_none(recs.get(lab, [])), _strict_or_none(recs.get(sps, []))
+                if x is None or y is None or x.size != y.size:
+                    diffs = {}
+                    break
+                d = _paired_dict(paired_difference(x, y, seed=seed))
+            diffs[lab] = d
+        if not diffs:
+            continue
+        adj = holm([diffs[lab]["pvalue"] for lab in family])
+        for lab, a in zip(family, adj, strict=True):
+            diffs[lab]["holm"] = a
+        n = result["summary"][sps]["problems"]
+        lossless = [lab for lab in LOSSLESS if lab in labels and lab != sps]
+        disc = [(diffs[lab]["x_only"] + diffs[lab]["y_only"]) / n for lab in lossless]
+        entry = {"diffs": diffs, "n": n}
+        if disc:
+            rate = float(np.mean(disc))
+            entry["mdd"] = {"discordance": rate, "from": lossless, "alpha": 0.05, "power": 0.8,
+                            "points": mcnemar_mdd(rate, n),
+                            "points_holm_first_step": mcnemar_mdd(rate, n, alpha=0.05 / len(family))}
+        pool = [lab for lab in LOSSLESS if lab in labels]
+        key = "correct" if metric == "lenient" else "strict"
+        if len(pool) >= 2 and all(len(recs.get(lab, [])) == n for lab in pool):
+            from scipy import stats as _st
+
+            per = np.array([[float(r[key]) for r in recs[lab]] for lab in pool]).mean(0)  # per problem
+            est = float(per.mean())
+            half = float(_st.t.ppf(0.975, n - 1) * per.std(ddof=1) / math.sqrt(n))
+            entry["pooled_lossless"] = {"methods": pool, "runs": len(pool) * n, "estimate": est,
+                                        "low": est - half, "high": est + half,
+                                        "each": {lab: float(np.mean([r[key] for r in recs[lab]])) for lab in pool}}
+        out["metrics"][metric] = entry
+    return out
+
+
+def speedup_interval(secs: list[dict], base: list[dict]):
+    """Wall-clock speedup over the verifier alone, batch by batch (each batch decoded by both back to back, so
+    the machine's load cancels): per batch the log of the tokens/s ratio, and a Student-t interval on their
+    mean (n = batches, n - 1 degrees of freedom; a percentile bootstrap over 10 batches is too narrow).
+    Returns a ``claims.Interval`` on the log scale: ``exp`` of it is the geometric-mean speedup."""
+    from ..claims import t_interval
+
+    r = [math.log((a["tokens"] / a["seconds"]) / (b["tokens"] / b["seconds"])) for a, b in zip(secs, base, strict=True)]
+    return t_interval(r)
+
+
+def _speedup_cell(result: dict, label: str, r: dict) -> str:
+    secs = dict(result.get("seconds") or {})
+    ab = result.get("ablation") or {}
+    if ab.get("seconds") and ab.get("method", {}).get("label") == label:
+        secs[label] = ab["seconds"]
+    base = next(m["label"] for m in result["methods"] if m["key"] is None)
+    if label in secs and base in secs and len(secs[label]) == len(secs[base]) >= 2:
+        if label == base:
+            return "1.00"
+        iv = speedup_interval(secs[label], secs[base])
+        return f"{math.exp(iv.estimate):.2f} [{math.exp(iv.lo):.2f}, {math.exp(iv.hi):.2f}]"
+    return _iv(r.get("speedup"))
+
+
+def _diff_cell(d: dict) -> str:
+    return (f"{100 * d['estimate']:+.1f} [{100 * d['low']:+.1f}, {100 * d['high']:+.1f}] "
+            f"(p={d['pvalue']:.2g}; Holm {d['holm']:.2g})")
+
+
 def format_table(result: dict) -> str:
-    """Markdown: one row per method (ablation row last). Cells: accuracy (%) [95% CI]; accuracy minus
-    SpS (points) [95% CI] and McNemar p; AL (bonus included); per-token acceptance; Rej vs SpS;
+    """Markdown: one row per method (ablation row last), then the pooled lossless reference row, then a
+    note on the comparisons' family and the minimum detectable difference (``comparisons``). Cells:
+    accuracy (%) [95% CI]; accuracy minus SpS (points) [95% CI], McNemar p and its Holm-adjusted value
+    over the family; the same for strict-match; AL (bonus included); per-token acceptance; Rej vs SpS;
     mean exact step KL(h_alg || q) (nats); verifier NLL (nats/token); speedup over the verifier alone."""
     order = [m["label"] for m in result["methods"] if m["label"] in result["summary"]]
     rows = {lab: result["summary"][lab] for lab in order}  # the methods' order (a saved JSON's keys are sorted)
@@ -407,23 +509,52 @@ def format_table(result: dict) -> str:
         lab = ab["method"]["label"]
         rows[lab] = dict(ab["summary"][lab])
         rows[lab]["diff_vs_sps"] = None
-    lines = ["| method | accuracy % | vs SpS (points) | AL | acceptance | Rej vs SpS | step KL | NLL | speedup |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    comp = comparisons(result)
+    sps = comp["reference"]
+    strict = comp["metrics"].get("strict")
+    lenient = comp["metrics"]["lenient"]
+    lines = ["| method | accuracy % | vs SpS (points) | strict-match % | strict vs SpS (points) | AL | acceptance | "
+             "Rej vs SpS | step KL | NLL | speedup |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for label, r in rows.items():
-        d = r.get("diff_vs_sps")
-        if d is None:
-            dd = "-"
-        elif label == next(m["label"] for m in result["methods"] if m["key"] == "sps"):
-            dd = "ref"
+        if label == sps:
+            dd = sd = "ref"
+        elif label in lenient["diffs"]:
+            dd = _diff_cell(lenient["diffs"][label])
+            sd = _diff_cell(strict["diffs"][label]) if strict else "-"
         else:
-            dd = f"{100 * d['estimate']:+.1f} [{100 * d['low']:+.1f}, {100 * d['high']:+.1f}] (p={d['pvalue']:.2g})"
+            dd = sd = "-"
         rej = r.get("rej_vs_sps")
         rej_s = "-" if rej is None else ("ref" if dd == "ref" else
                                          f"{100 * rej[0]:+.0f}% [{100 * rej[1]:+.0f}, {100 * rej[2]:+.0f}]")
-        lines.append(f"| {label} | {_iv(r['accuracy'], pct=True)} | {dd} | {_iv(r.get('al'))} | "
+        sa = r.get("strict_accuracy")
+        sa_s = "-" if sa is None else f"{100 * sa:.1f}"
+        lines.append(f"| {label} | {_iv(r['accuracy'], pct=True)} | {dd} | {sa_s} | {sd} | {_iv(r.get('al'))} | "
                      f"{_iv(r.get('acceptance'))} | {rej_s} | {_iv(r.get('step_kl'), 3)} | {_iv(r['nll'])} | "
-                     f"{_iv(r.get('speedup'))} |")
-    return "\n".join(lines)
+                     f"{_speedup_cell(result, label, r)} |")
+    pl = lenient.get("pooled_lossless")
+    if pl is not None:
+        ps = (strict or {}).get("pooled_lossless")
+        pcell = lambda e: f"{100 * e['estimate']:.1f} [{100 * e['low']:.1f}, {100 * e['high']:.1f}]"  # noqa: E731
+        lines.append(f"| pooled lossless ({' + '.join(pl['methods'])}; {pl['runs']} problem-runs) | {pcell(pl)} | - | "
+                     f"{pcell(ps) if ps else '-'} | - | - | - | - | - | - | - |")
+    notes = [f"Family of the p-values: the {len(comp['family'])} comparisons against SpS above "
+             f"({', '.join(comp['family'])}); Holm's step-down adjustment over that family, per metric. "
+             "Accuracy = the extracted answer (the last \"answer\", else \"=\", else last integer); strict-match = "
+             "the integer after the last \"answer\" only."]
+    if pl is not None:
+        notes.append("Pooled lossless: every method that emits exactly the verifier's law, pooled per problem "
+                     "(95% t-interval over problems, so the runs sharing a problem count once); each alone: "
+                     + ", ".join(f"{lab} {100 * v:.1f}" for lab, v in pl["each"].items()) + ".")
+    for metric, e in comp["metrics"].items():
+        if "mdd" in e:
+            m = e["mdd"]
+            notes.append(f"Minimum detectable difference ({metric}; {e['n']} problems, paired, McNemar, alpha 0.05 "
+                         f"two-sided, power 0.8): {100 * m['points']:.1f} points at the discordance rate "
+                         f"{m['discordance']:.3f} of {' and '.join(m['from'])} against SpS "
+                         f"({100 * m['points_holm_first_step']:.1f} points at Holm's first step, alpha 0.05 / "
+                         f"{len(comp['family'])}).")
+    return "\n".join(lines) + "\n\n" + "\n".join(f"- {n}" for n in notes)
 
 
 def plot_accuracy_vs_al(result: dict, path_stem: str | Path | None = None):

@@ -1,0 +1,228 @@
+"""Issue 18's rules for verdicts, each with a test that fails when the rule is broken: one primary check
+per statement (a weak check never vetoes), "matches" as non-inferiority on the metric the claim names,
+Holm over the declared family with a pooled-lossless reference and the minimum detectable difference,
+power only where a test has it (a one-bin law is not testable and not counted), the wall clock over
+batches with a t-interval, and a headline with correct plurals."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from cactus_theory.claims import holm
+from cactus_theory.lm import eval as ev
+from cactus_theory.stats import paired_difference
+
+
+def _diff(x, y):
+    return ev._paired_dict(paired_difference(np.asarray(x), np.asarray(y), seed=0))
+
+
+def fake_eval(n=300, lenient=None, strict=None, al_diff=(0.3, 0.2, 0.4), rej=(-0.2, -0.3, -0.1), batches=10,
+              speed=1.2, noise=0.02, seed=0):
+    """An eval result with per-problem records: ``lenient`` / ``strict`` map a label to its accuracy shift
+    (in problems flipped from wrong to right relative to SpS)."""
+    rng = np.random.default_rng(seed)
+    labels = [("verifier alone", None, {}), ("SpS", "sps", {}), ("SGLang threshold threshold_acc=1", "sglang", {}),
+              ("Cactus delta=0.75", "cactus", {"delta": 0.75}), ("Cactus delta=1", "cactus", {"delta": 1.0}),
+              ("TAS epsilon=0.09", "tas", {"epsilon": 0.09, "alpha": 0.3})]
+    base = rng.random(n) < 0.5
+    sbase = rng.random(n) < 0.1
+    recs, summary, secs = {}, {}, {}
+    lenient, strict = lenient or {}, strict or {}
+    for lab, _, _ in labels:
+        c = base.copy()
+        s = sbase.copy()
+        k = lenient.get(lab, 0)
+        if k > 0:
+            c[np.flatnonzero(~c)[:k]] = True
+        elif k < 0:
+            c[np.flatnonzero(c)[:-k]] = False
+        k = strict.get(lab, 0)
+        if k > 0:
+            s[np.flatnonzero(~s)[:k]] = True
+        elif k < 0:
+            s[np.flatnonzero(s)[:-k]] = False
+        if lab != "SpS":  # some discordance both ways, as real runs have
+            flip = rng.choice(n, 30, replace=False)
+            c[flip[:15]] = ~c[flip[:15]]
+        recs[lab] = [{"id": f"p{i}", "correct": bool(c[i]), "strict": bool(s[i])} for i in range(n)]
+    tok = 1000
+    for lab, key, _ in labels:
+        r = 1.0 if key is None else (speed if key == "cactus" else 0.9)
+        secs[lab] = [{"tokens": tok, "seconds": 10.0 / (r * math.exp(noise * rng.standard_normal()))} for _ in range(batches)]
+    sps_c = [r["correct"] for r in recs["SpS"]]
+    for lab, key, _ in labels:
+        c = [r["correct"] for r in recs[lab]]
+        row = {"problems": n, "accuracy": [float(np.mean(c)), 0, 1], "diff_vs_sps": _diff(c, sps_c),
+               "strict_accuracy": float(np.mean([r["strict"] for r in recs[lab]])), "nll": [1, 1, 1]}
+        if key is not None:
+            row.update(al=[2.0, 1.9, 2.1], al_diff_vs_sps=list(al_diff), rej_vs_sps=list(rej), acceptance=[0.2, 0.1, 0.3],
+                       step_kl=[0.1, 0.1, 0.1], speedup=[1.0, 0.9, 1.1])
+        summary[lab] = row
+    return {"config": {"task": "arith", "problems": n, "k": 4, "seed": 0, "batch_size": 32},
+            "methods": [{"label": lab, "key": key, "params": p} for lab, key, p in labels],
+            "records": recs, "summary": summary, "seconds": secs}
+
+
+def by_key(claims, key, role="primary"):
+    return next(c for c in claims if c.key == key and c.role == role)
+
+
+# -- one claim, one paper statement; "matches" as non-inferiority --------------------------------------
+def test_main_scores_split_and_tested_as_non_inferiority_on_strict_match():
+    from paper_repro import table_h_eval as h
+
+    cl = h.claims(fake_eval(), "full run")
+    keys = [c.key for c in cl]
+    assert "main-scores" not in keys  # the merged claim is gone
+    assert {"main-scores-cactus", "main-scores-tas-gpqa", "tas-arith"} <= set(keys)
+    prim = by_key(cl, "main-scores-cactus")
+    assert "strict-match" in prim.how and "-5 points" in prim.decision
+    assert by_key(cl, "main-scores-cactus", "same runs").how.endswith("last integer)")  # lenient beside it
+    assert by_key(cl, "main-scores-tas-gpqa").verdict == "out of reach"
+    tas = by_key(cl, "tas-arith")
+    assert tas.kind == "derived" and tas.scope  # our arithmetic result is scoped, not the paper's GPQA claim
+    # Cactus a little below SpS (about -1 point, interval across 0) is non-inferior at a 5-point margin:
+    # "matches" is not coded as "beats"
+    res = fake_eval(lenient={"Cactus delta=0.75": -3, "Cactus delta=1": -3}, strict={})
+    d = ev.comparisons(res)["metrics"]["lenient"]["diffs"]["Cactus delta=0.75"]
+    assert d["estimate"] < 0 < d["high"] and -0.05 < d["low"] < 0
+    assert by_key(h.claims(res, "full run"), "main-scores-cactus", "same runs").verdict == "consistent"
+    # Cactus 25 points worse on strict-match: the interval lies below -5: differs (the claim's own metric decides)
+    res = fake_eval(strict={"SpS": 150})
+    assert by_key(h.claims(res, "full run"), "main-scores-cactus").verdict == "differs"
+
+
+def test_eval_table_has_holm_the_pooled_lossless_row_and_the_mdd():
+    res = fake_eval(lenient={"TAS epsilon=0.09": 20})
+    comp = ev.comparisons(res)
+    fam = comp["family"]
+    assert "SpS" not in fam and len(fam) == len(res["methods"]) - 1  # every method against SpS
+    le = comp["metrics"]["lenient"]["diffs"]
+    raw = [le[lab]["pvalue"] for lab in fam]
+    assert [le[lab]["holm"] for lab in fam] == pytest.approx(holm(raw))
+    assert le["TAS epsilon=0.09"]["holm"] > le["TAS epsilon=0.09"]["pvalue"]  # adjusted, not the raw value
+    md = ev.format_table(res)
+    assert "Holm" in md and "| pooled lossless (verifier alone + SpS + SGLang threshold threshold_acc=1; 900 problem-runs)" in md
+    assert "Minimum detectable difference (lenient; 300 problems" in md and "Family of the p-values: the 5 comparisons" in md
+    pl = comp["metrics"]["lenient"]["pooled_lossless"]
+    per = np.mean([[r["correct"] for r in res["records"][lab]] for lab in pl["methods"]], 0)
+    assert pl["estimate"] == pytest.approx(per.mean())
+    # clustered by problem: the interval is wider than a naive one over 900 independent runs would be
+    naive = 1.96 * math.sqrt(per.mean() * (1 - per.mean()) / 900)
+    assert (pl["high"] - pl["low"]) / 2 > naive
+    mdd = comp["metrics"]["lenient"]["mdd"]
+    assert mdd["points"] == pytest.approx(2.8016 * math.sqrt(mdd["discordance"] / 300), rel=1e-3)
+
+
+# -- wall clock: n = batches, a t-interval on the log ratio, per protocol -------------------------------
+def test_wall_clock_is_over_batches_with_a_t_interval():
+    from paper_repro import table_h_eval as h
+
+    res = fake_eval(batches=10, speed=1.2, noise=0.05)
+    w = by_key(h.claims(res, "full run"), "wall-clock")
+    assert w.units == "10 batches" and "t-interval" in w.how and "batch 32" in w.scope
+    iv = ev.speedup_interval(res["seconds"]["Cactus delta=1"], res["seconds"]["verifier alone"])
+    assert iv.n == 10
+    r = [math.log((a["tokens"] / a["seconds"]) / (b["tokens"] / b["seconds"]))
+         for a, b in zip(res["seconds"]["Cactus delta=1"], res["seconds"]["verifier alone"], strict=True)]
+    half = 2.262 * np.std(r, ddof=1) / math.sqrt(10)
+    assert iv.hi - iv.lo == pytest.approx(2 * half, rel=1e-3)
+    assert f"{math.exp(iv.lo):.2f}" in w.ours and w.verdict == "consistent"
+    slow = fake_eval(batches=10, speed=1.0, noise=0.2, seed=1)
+    assert by_key(h.claims(slow, "full run"), "wall-clock").verdict == "inconclusive"
+
+
+def test_batch_1_is_another_protocol_never_a_veto():
+    from cactus_theory.claims import Claim, combined_verdict
+
+    def c(**kw):
+        base = dict(key="wall-clock", claim="faster", ref="wall-clock experiment", kind="paper", how="h", ours="o",
+                    verdict="consistent", paper="p", scope="batch 32")
+        return Claim(**(base | kw))
+
+    checks = [c(), c(verdict="inconclusive", scope="batch 1", role="other protocol")]
+    assert combined_verdict(checks) == "consistent"
+
+
+# -- power only where a test has it ------------------------------------------------------------------
+def _lt(bins_list, reject_one_bin=False):
+    step = [{"method": f"rule{i}", "prompt": 0, "draws": 20000, "bins": b, "pvalue": 1.0 if b < 2 else 0.5,
+             "statistic": 0.0 if b < 2 else 1.0, "reject": False, "detectable_tv": 0.02} for i, b in enumerate(bins_list)]
+    ctl = [{"prompt": 0, "draws": 20000, "bins": 5, "pvalue": 0.0, "reject": True, "tv_between_laws": 0.4,
+            "detectable_tv": 0.02}]
+    loop = {"draws": 1000, "sps_vs_verifier_3_tokens": {"bins": 5, "pvalue": 0.5, "reject": False,
+                                                         "distinct_sequences": 9, "detectable_tv": 0.1},
+            "cactus_second_token": {"bins": 4, "pvalue": 0.5, "reject": False, "draws": 1000, "detectable_tv": 0.1}}
+    return {"alpha": 1e-4, "beta": 0.1, "step": step, "control": ctl, "loop": loop, "untested": {}}
+
+
+def test_one_bin_tests_are_not_counted_and_power_is_on_their_own_bins():
+    from cactus_theory.stats import detectable_tv
+    from paper_repro import table_h_eval as h
+
+    lt = _lt([1, 1, 2, 7])
+    row = h.lawtest_claims(lt)[0]
+    assert row.ours.startswith("0/2 testable tests reject") and "2 not testable" in row.ours
+    assert row.units == "2 testable tests"
+    md = h.lawtest_table(lt)
+    assert "not testable" in md and "power on the pooled bins" in md
+    # a 2-bin test's power on its own bins (1 degree of freedom), not max(bins, 2) of a 1-bin law
+    tv2 = detectable_tv(20000, categories=2, alpha=1e-4, beta=0.1)
+    tv7 = detectable_tv(20000, categories=7, alpha=1e-4, beta=0.1)
+    assert f"{tv2:.3f}" in md and f"{tv7:.3f}" in md
+    rule0 = next(line for line in md.splitlines() if line.startswith("| rule0:"))
+    assert "| 0/1 | 0/0 |" in rule0 and rule0.endswith("| - |")  # no power shown for a test that has none
+    # no testable test at all: nothing was checked, so no "holds" (the old count read "0/2 reject")
+    assert h.lawtest_claims(_lt([1, 1]))[0].verdict == "out of reach"
+
+
+def test_acceptance_verdicts_follow_the_intervals():
+    """Step h's acceptance check: intervals above 0 (AL) / below 0 (Rej) -> consistent (another scale, named);
+    the other side -> differs; across -> inconclusive."""
+    from paper_repro import table_h_eval as h
+
+    def v(al, rej):
+        return by_key(h.claims(fake_eval(al_diff=al, rej=rej), "full run"), "main-acceptance")
+
+    better = v((0.5, 0.4, 0.6), (-0.3, -0.4, -0.2))
+    assert better.verdict == "consistent" and better.scope.startswith("SmolLM2-135M, k = 4")
+    assert better.units == "300 problems"
+    assert v((-0.1, -0.2, -0.05), (0.1, 0.05, 0.2)).verdict == "differs"
+    assert v((0.0, -0.1, 0.1), (0.0, -0.1, 0.1)).verdict == "inconclusive"
+
+
+# -- the committed files follow the rules --------------------------------------------------------------
+def test_committed_eval_md_is_rendered_from_eval_json():
+    import json
+
+    from paper_repro.common import ROOT
+
+    d = ROOT / "paper_repro" / "results" / "eval"
+    assert (d / "eval.md").read_text() == ev.format_table(json.loads((d / "eval.json").read_text())) + "\n"
+
+
+def test_committed_claims_have_one_primary_and_readme_one_line_per_claim():
+    from cactus_theory.claims import group, resolve
+    from paper_repro.common import RESULTS
+    from paper_repro.findings import block, load_claims
+    from paper_repro.report import NAMES
+
+    claims = load_claims(RESULTS)
+    g = group(claims)
+    for cs in g.values():
+        resolve(cs)  # exactly one primary, or ValueError
+    assert "main-scores" not in g and {"main-scores-cactus", "main-scores-tas-gpqa", "tas-arith"} <= set(g)
+    # steps e and f are one check of the main table, not two
+    assert [c.source for c in g["main-acceptance"]] == ["fig_e_lm", "table_h_eval"]
+    assert not any(c.source == "table_f_main" for c in claims)
+    text = block()
+    for key, cs in g.items():
+        if cs[0].kind == "paper":
+            assert text.count(f"* **{NAMES[key]}**") == 1, key
+    # a 1-bin distribution test is never counted
+    lt = next(c for c in claims if c.key == "samplers-real-lm")
+    assert "not testable" in lt.ours and lt.ours.split(" testable")[0] == "0/57"
