@@ -574,8 +574,9 @@ def verify_tree(
             if bool(done.all()):
                 break
             continue
-        for i in torch.unique(rnd[trying]).tolist() if len(rules) > 1 else [None]:
-            idx = trying if i is None else trying[rnd[trying] == i]
+        rnd_now = rnd[trying]  # groups by round fixed before any row moves in this pass
+        for i in torch.unique(rnd_now).tolist() if len(rules) > 1 else [None]:
+            idx = trying if i is None else trying[rnd_now == i]
             rl = rules[0] if i is None else _round_rule(rules, int(i))
             c = child[idx]
             x = tok[idx, c]

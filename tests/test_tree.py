@@ -394,7 +394,8 @@ def test_ragged_batch_blocks_follow_block_law(scheme, mode):
 
 @pytest.mark.parametrize("rule,scheme,mode", [(SpS(), "iid", "rounds"), (Cactus(0.3), "without_replacement", "rounds"),
                                               (TAS(), "deterministic", "rounds"), (Cactus(0.3), "eagle", "rounds"),
-                                              (Cactus(0.3), "iid", "joint")], ids=str)
+                                              (Cactus(0.3), "iid", "joint"),
+                                              ((Cactus(0.5), SpS()), "iid", "rounds")], ids=str)
 def test_tree_decode_follows_sequence_law(rule, scheme, mode):
     """``tree_speculative_decode`` (drafting + ``verify_tree`` in a loop) vs ``tree_sequence_law``:
     first 3 tokens, 27 cells, goodness of fit."""
