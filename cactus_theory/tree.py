@@ -22,8 +22,8 @@ the bonus token from its ``q``. How the candidates were drawn fixes ``p_i`` (``s
                              round's draft law is the point mass ``p_i = e_{x_i}``. With SpS this is
                              ``phi_i = r_{i-1}(x_i)`` and ``r_i = r_{i-1}`` without ``x_i``,
                              renormalised: sampling ``y ~ q`` and reading the candidates in order.
-  ``"eagle"``                deterministic siblings verified with the multi-round rule as often
-                             described for EAGLE-2/3: ``phi_i = rule.accept_prob(p, r_{i-1}, x_i)`` with
+  ``"eagle"``                deterministic siblings verified with EAGLE's multi-round rule read with
+                             the draft's probability: ``phi_i = rule.accept_prob(p, r_{i-1}, x_i)`` with
                              ``p`` the draft's own law (SpS: ``min(1, r(x_i) / p(x_i))``) and, on
                              rejection, ``r_i = r_{i-1}`` with ``r(x_i) = 0``, renormalised, whatever
                              the rule. Its exact law (``tree_step_law``) is NOT ``q`` in general: a
@@ -31,7 +31,9 @@ the bonus token from its ``q``. How the candidates were drawn fixes ``p_i`` (``s
                              accepts it (``p = (.5, .3, .2)``, ``q = (.3, .3, .4)``, two children:
                              law ``(.6, .4, 0)``, ``KL = 0.531``). With SpS, passing one-hot
                              ``draft_probs`` (each candidate's draft probability taken as 1) makes it
-                             ``"deterministic"``, which is lossless.
+                             ``"deterministic"``, which is lossless; copies of EAGLE's public
+                             ``evaluate_posterior`` do exactly that (``qx = 1.0``, then zero the
+                             rejected token and renormalise), so EAGLE-2/3 as released is lossless.
 
 For SpS, ``"iid"``, ``"without_replacement"`` and ``"deterministic"`` are exactly lossless: each
 round is Theorem 1 with the conditional law of its candidate given the earlier rounds, so the node
@@ -46,7 +48,7 @@ drawn after ``p``'s support is exhausted without replacement.
 **Two lossy constructions** (``mode``):
   ``"rounds"``  (default) the rule verifies each round against the previous round's residual, as
                 above. The relaxations compound: with deterministic siblings the node's law can sit
-                well beyond the per-token budget (1.05x to 1.9x ``delta`` in the tests).
+                well beyond the per-token budget (1.05x to 1.93x ``delta`` in the tests).
   ``"joint"``   Theorem 2 applied to the event "the output is one of the candidates": with ``S``
                 the node's candidate set, ``r_0 = set_target(rule, q, S)`` puts the largest mass
                 ``gamma(q(S))`` on ``S`` that the budget allows, scaling inside and outside ``S``
@@ -72,11 +74,17 @@ that decides the whole block jointly (``verify_block``, ``block_verification_law
 Example::
 
     import torch
-    from cactus_theory import SpS, Cactus
-    from cactus_theory.tree import branching_parents, tree_step_law, verify_tree
-    parents = branching_parents((2, 2))          # (-1, -1, 0, 0, 1, 1): 2 children, 2 grandchildren each
-    law, acc = tree_step_law(Cactus(0.5), p, q, num_children=2, scheme="iid")
-    res = verify_tree(tokens, torch.tensor([parents] * B), draft_probs, verifier_probs, SpS())
+    from cactus_theory import Cactus, toy
+    from cactus_theory.tree import branching_parents, draft_tree, tree_block_law, tree_step_law, verify_tree
+
+    draft, verifier = toy.random_pair(4, order=2, seed=0)
+    parents = branching_parents((2, 2))  # (-1, -1, 0, 0, 1, 1): 2 children, 2 grandchildren each
+    law, acc = tree_step_law(Cactus(0.5), draft(()), verifier(()), 2, "iid")  # one node, exactly
+    tokens, p, q = draft_tree(draft, verifier, [()] * 8, parents, "iid")    # 8 drafted trees
+    res = verify_tree(torch.from_numpy(tokens), torch.tensor([parents] * 8), torch.from_numpy(p),
+                      torch.from_numpy(q), Cactus(0.5), "iid", mode="joint")
+    res.tokens, res.num_accepted, res.accepted_nodes  # path + 1 token, path length, node ids
+    block = tree_block_law(draft, verifier, Cactus(0.5), parents, "iid", mode="joint")  # exact block law
 """
 
 from __future__ import annotations

@@ -599,3 +599,13 @@ def test_verify_block_decode_is_lossless_sampled():
                                  sampler=verify_block)
     gof = goodness_of_fit(res.tokens, toy.autoregressive_law(v, 3), alpha=ALPHA, kind="samples")
     assert not gof.reject, (gof.statistic, gof.pvalue)
+
+
+def test_module_docstring_example_runs():
+    import cactus_theory.tree as tree
+
+    code = "\n".join(line[4:] for line in tree.__doc__.split("Example::")[1].splitlines() if line.startswith("    "))
+    scope: dict = {}
+    exec(code, scope)
+    res = scope["res"]
+    assert res.tokens.shape == (8, 7) and abs(sum(scope["block"].values()) - 1) < 1e-12
