@@ -1,0 +1,985 @@
+"""Tree drafts: batched verification for any rule, their exact laws, and block verification of chains.
+
+Notation (the paper's): ``p`` draft law, ``q`` verifier law, ``x`` a drafted candidate, ``r`` the
+current target of a node's verification rounds, ``phi`` acceptance, ``g`` recovery law.
+
+**One node.** A node (the root is the last committed token) has ``K`` ordered children
+``x_1..x_K``. Round ``i`` verifies ``x_i`` against the target left by the previous rounds, with the
+rule's own code and the round's draft law ``p_i``:
+
+    r_0 = q,   accept x_i w.p. phi_i = rule.accept_prob(p_i, r_{i-1}, x_i),
+    on rejection r_i = rule.residual(p_i, r_{i-1}, x_i);   all K rejected: emit y ~ r_K.
+
+An accepted child is entered (its verifier row becomes the new ``q``); a node without children emits
+the bonus token from its ``q``. How the candidates were drawn fixes ``p_i`` (``scheme``):
+
+  ``"iid"``                  siblings i.i.d. from ``p`` (SpecTr / recursive rejection sampling):
+                             ``p_i = p``.
+  ``"without_replacement"``  sibling ``i`` drawn from ``p`` with ``x_1..x_{i-1}`` removed and the rest
+                             renormalised (sequential draws, = Gumbel-top-k): ``p_i = p 1[. not in
+                             {x_<i}] / (1 - p({x_<i}))``.
+  ``"deterministic"``        siblings are a function of the context (e.g. the draft's top-k): the
+                             round's draft law is the point mass ``p_i = e_{x_i}``. With SpS this is
+                             ``phi_i = r_{i-1}(x_i)`` and ``r_i = r_{i-1}`` without ``x_i``,
+                             renormalised: sampling ``y ~ q`` and reading the candidates in order.
+  ``"eagle"``                deterministic siblings verified with EAGLE's multi-round rule read with
+                             the draft's probability: ``phi_i = rule.accept_prob(p, r_{i-1}, x_i)`` with
+                             ``p`` the draft's own law (SpS: ``min(1, r(x_i) / p(x_i))``) and, on
+                             rejection, ``r_i = r_{i-1}`` with ``r(x_i) = 0``, renormalised, whatever
+                             the rule. Its exact law (``tree_step_law``) is NOT ``q`` in general: a
+                             deterministic candidate is not drawn from ``p``, so ``min(1, q/p)`` over-
+                             accepts it (``p = (.5, .3, .2)``, ``q = (.3, .3, .4)``, two children:
+                             law ``(.6, .4, 0)``, ``KL = 0.531``). With SpS, passing one-hot
+                             ``draft_probs`` (each candidate's draft probability taken as 1) makes it
+                             ``"deterministic"``, which is lossless; copies of EAGLE's public
+                             ``evaluate_posterior`` do exactly that (``qx = 1.0``, then zero the
+                             rejected token and renormalise), so EAGLE-2/3 as released is lossless.
+
+For SpS, ``"iid"``, ``"without_replacement"`` and ``"deterministic"`` are exactly lossless: each
+round is Theorem 1 with the conditional law of its candidate given the earlier rounds, so the node
+emits ``r_{i-1}`` given that round ``i`` is reached, hence ``q``; a child's subtree is drawn given
+its token only, so the walk is lossless at every depth (tests: exact laws to 1e-12). A candidate the
+scheme gives probability ``p_i(x_i) = 0`` is skipped (never accepted, ``r`` unchanged): e.g. a sibling
+drawn after ``p``'s support is exhausted without replacement.
+
+``rule`` may be one Rule or a sequence of rules, one per round (round ``i`` uses
+``rules[min(i, len - 1)]``): e.g. ``(Cactus(delta), SpS())`` relaxes only the first round.
+
+**Two lossy constructions** (``mode``):
+  ``"rounds"``  (default) the rule verifies each round against the previous round's residual, as
+                above. The relaxations compound: with deterministic siblings the node's law can sit
+                well beyond the per-token budget (1.05x to 1.93x ``delta`` in the tests).
+  ``"joint"``   Theorem 2 applied to the event "the output is one of the candidates": with ``S``
+                the node's candidate set, ``r_0 = set_target(rule, q, S)`` puts the largest mass
+                ``gamma(q(S))`` on ``S`` that the budget allows, scaling inside and outside ``S``
+                proportionally (optimal for every f-divergence by the same Jensen argument), then
+                lossless SpS rounds verify the candidates towards ``r_0``. With deterministic
+                siblings the node's law is exactly ``r_0``: ``D(law || q) <= delta``, the per-token
+                budget for the whole node. With random siblings ``r_0`` depends on the draws, so no
+                such identity holds (the tests record a case at 1.8x ``delta``). Against the
+                multi-draft optimum at the same step KL (``optimize.solve_target_multi``), it takes a
+                larger share of the optimal acceptance gain than ``"rounds"`` on the toy pairs tested
+                (0.67 / 0.70 / 0.76 against 0.35 / 0.59 / 0.42 for ``Cactus(0.1)``, two i.i.d. drafts).
+
+**Exact laws** (float64 numpy): ``node_parts`` / ``tree_step_law`` for one node; ``tree_block_law``
+(the law of the whole emitted block of a static tree on toy models) and ``tree_sequence_law`` (the
+first ``T`` tokens of the whole tree-decoding loop, comparable with ``toy.autoregressive_law``).
+``tree_speculative_decode`` runs that loop with ``verify_tree``.
+
+**Block verification** (Sun et al., "Block verification accelerates speculative decoding", ICLR
+2025; vLLM's ``rejection_sample_method="block"``): lossless verification of a chain of ``k`` drafts
+that decides the whole block jointly (``verify_block``, ``block_verification_law``,
+``block_sequence_law``); written here from the algorithm's description, checked by exact law.
+
+Example::
+
+    import torch
+    from cactus_theory import Cactus, toy
+    from cactus_theory.tree import branching_parents, draft_tree, tree_block_law, tree_step_law, verify_tree
+
+    draft, verifier = toy.random_pair(4, order=2, seed=0)
+    parents = branching_parents((2, 2))  # (-1, -1, 0, 0, 1, 1): 2 children, 2 grandchildren each
+    law, acc = tree_step_law(Cactus(0.5), draft(()), verifier(()), 2, "iid")  # one node, exactly
+    tokens, p, q = draft_tree(draft, verifier, [()] * 8, parents, "iid")    # 8 drafted trees
+    res = verify_tree(torch.from_numpy(tokens), torch.tensor([parents] * 8), torch.from_numpy(p),
+                      torch.from_numpy(q), Cactus(0.5), "iid", mode="joint")
+    res.tokens, res.num_accepted, res.accepted_nodes  # path + 1 token, path length, node ids
+    block = tree_block_law(draft, verifier, Cactus(0.5), parents, "iid", mode="joint")  # exact block law
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from .rules import Rule, ScalingRule, SpS
+from .sampler import check_common, sample_rows
+from .toy import DecodeResult
+from .validate import check_positive_int, check_probs, check_same_shape, check_token
+
+__all__ = [
+    "SCHEMES", "MODES", "set_target", "chain_parents", "branching_parents", "children_lists", "top_candidates",
+    "node_parts", "tree_step_law", "TreeVerifyResult", "verify_tree",
+    "tree_block_law", "tree_sequence_law", "expected_length", "draft_tree", "tree_speculative_decode",
+    "verify_block", "block_verification_law", "block_sequence_law",
+]
+
+SCHEMES = ("iid", "without_replacement", "deterministic", "eagle")
+MODES = ("rounds", "joint")
+
+Cond = Callable[[tuple], np.ndarray]
+RuleSpec = Rule | Sequence[Rule]
+
+
+# -- tree shapes and small helpers ----------------------------------------------------------------
+
+def _check_scheme(scheme: str) -> None:
+    if scheme not in SCHEMES:
+        raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
+
+
+def _check_rules(rule: RuleSpec) -> tuple[Rule, ...]:
+    """A Rule or a non-empty sequence of Rules (one per round) -> tuple of Rules."""
+    if isinstance(rule, Rule):
+        return (rule,)
+    if isinstance(rule, (list, tuple)) and rule and all(isinstance(r, Rule) for r in rule):
+        return tuple(rule)
+    raise ValueError(f"rule must be a cactus_theory Rule or a non-empty sequence of Rules (one per round), "
+                     f"got {rule!r}")
+
+
+def _round_rule(rules: tuple[Rule, ...], i: int) -> Rule:
+    return rules[min(i, len(rules) - 1)]
+
+
+def _check_mode(mode: str, rules: tuple[Rule, ...]) -> None:
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if mode == "joint" and not (len(rules) == 1 and isinstance(rules[0], ScalingRule)):
+        raise ValueError(f"rule: mode='joint' needs one two-block rule (SpS, Cactus: a gamma(q_n)), got {rules!r}")
+
+
+def set_target(rule: ScalingRule, q, S):
+    """Theorem 2 on a candidate set: the two-block target with block ``S`` (numpy or torch).
+
+    ``q`` (..., V), ``S`` (..., V) boolean mask of the node's candidate tokens. With
+    ``q_S = sum_{i in S} q_i`` and ``gamma = rule.gamma(q_S)``:
+    ``h_i = q_i gamma / q_S`` on ``S``, ``h_i = q_i (1 - gamma) / (1 - q_S)`` off ``S``. By Jensen (as in
+    Theorem 2, with the event ``y in S`` in place of ``y = n``) this is the law of largest ``h(S)``
+    within ``D_f(h || q) <= delta`` for every f-divergence. Conventions: ``q_S = 0`` gives ``h = q``
+    (a set the verifier gives no mass is not boosted); ``q_S = 1`` gives ``h = q``.
+    """
+    if isinstance(q, torch.Tensor):
+        S = S.to(torch.bool)
+        qS = torch.where(S, q, torch.zeros_like(q)).sum(-1, keepdim=True).clamp(0.0, 1.0)
+        g = rule.gamma(qS)
+        inside = torch.where(qS > 0, g / torch.where(qS > 0, qS, torch.ones_like(qS)), torch.ones_like(qS))
+        h = torch.where(S, q * inside, q * rule.scale(qS, g))
+        return torch.where(qS > 0, h, q)
+    q = np.asarray(q, dtype=np.float64)
+    S = np.asarray(S, dtype=bool)
+    qS = np.clip(np.where(S, q, 0.0).sum(-1, keepdims=True), 0.0, 1.0)
+    g = rule.gamma(qS)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        inside = np.where(qS > 0, g / np.where(qS > 0, qS, 1.0), 1.0)
+    h = np.where(S, q * inside, q * rule.scale(qS, g))
+    return np.where(qS > 0, h, q)
+
+
+def chain_parents(k: int) -> tuple[int, ...]:
+    """A chain of ``k`` drafts as a tree: ``parents = (-1, 0, 1, ..., k - 2)``."""
+    check_positive_int(k, "k")
+    return tuple(range(-1, k - 1))
+
+
+def branching_parents(branching: Sequence[int]) -> tuple[int, ...]:
+    """Full tree where every node at depth ``d`` has ``branching[d]`` children, in breadth-first
+    (topological) order: ``(2, 2)`` gives ``(-1, -1, 0, 0, 1, 1)``."""
+    if not branching:
+        raise ValueError("branching must name at least one level")
+    for b in branching:
+        check_positive_int(b, "branching")
+    parents, level = [], [-1]
+    for b in branching:
+        nxt = []
+        for par in level:
+            for _ in range(b):
+                parents.append(par)
+                nxt.append(len(parents) - 1)
+        level = nxt
+    return tuple(parents)
+
+
+def _check_static_parents(parents) -> tuple[int, ...]:
+    try:
+        par = tuple(int(x) for x in parents)
+    except (TypeError, ValueError):
+        raise ValueError(f"parents must be a sequence of integers, got {parents!r}") from None
+    if not par:
+        raise ValueError("parents must hold at least one node")
+    for j, a in enumerate(par):
+        if not -1 <= a < j:
+            raise ValueError(f"parents must be topological (-1 <= parents[j] < j): parents[{j}] = {a}")
+    return par
+
+
+def children_lists(parents: Sequence[int]) -> list[list[int]]:
+    """Children of each slot, in node order (the order of their rounds): slot 0 is the root, slot
+    ``j + 1`` is node ``j``."""
+    par = _check_static_parents(parents)
+    kids: list[list[int]] = [[] for _ in range(len(par) + 1)]
+    for j, a in enumerate(par):
+        kids[a + 1].append(j)
+    return kids
+
+
+def top_candidates(p, K: int) -> np.ndarray:
+    """The ``K`` most likely tokens of ``p`` (..., V), most likely first, ties to the lower id: (..., K)."""
+    p = np.asarray(p, dtype=np.float64)
+    if not (isinstance(K, (int, np.integer)) and 0 <= K <= p.shape[-1]):
+        raise ValueError(f"num_children must be an integer in [0, V = {p.shape[-1]}] for deterministic "
+                         f"candidates, got {K!r}")
+    return np.argsort(-p, axis=-1, kind="stable")[..., :K]
+
+
+def _drop(r, x):
+    """``r`` with ``r(x) = 0``, renormalised (EAGLE's recovery); ``r`` itself if nothing is left. numpy or torch."""
+    if isinstance(r, torch.Tensor):
+        z = r.scatter(-1, x.long().unsqueeze(-1), 0.0)
+        s = z.sum(-1, keepdim=True)
+        return torch.where(s > 0, z / torch.where(s > 0, s, torch.ones_like(s)), r)
+    z = r.copy()
+    z[np.arange(len(x)), x] = 0.0
+    s = z.sum(-1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(s > 0, z / np.where(s > 0, s, 1.0), r)
+
+
+def _without(p, removed):
+    """``p`` without the ``removed`` tokens, renormalised; an all-zero row where nothing is left."""
+    if isinstance(p, torch.Tensor):
+        z = torch.where(removed, torch.zeros_like(p), p)
+        s = z.sum(-1, keepdim=True)
+        return torch.where(s > 0, z / torch.where(s > 0, s, torch.ones_like(s)), torch.zeros_like(z))
+    z = np.where(removed, 0.0, p)
+    s = z.sum(-1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(s > 0, z / np.where(s > 0, s, 1.0), 0.0)
+
+
+# -- one node: exact law ------------------------------------------------------------------------
+
+def node_parts(rule: RuleSpec, p, q, num_children: int, scheme: str = "iid",
+               candidates=None, mode: str = "rounds") -> tuple[np.ndarray, np.ndarray]:
+    """One node's verification split by outcome, exactly (float64): ``acc`` (K, V) and ``rej`` (V,).
+
+    ``acc[i, x]`` = P(round ``i`` accepts and its candidate is ``x``), ``rej[y]`` = P(all ``K``
+    candidates rejected and ``y`` emitted); together they sum to 1. With ``L(r, i)`` the law emitted
+    from round ``i`` on, given target ``r``:
+
+        L(r, K) = r,   L(r, i) = sum_x P_i(x) [phi_i(x) e_x + (1 - phi_i(x)) L(g_i(x), i + 1)]
+
+    where ``P_i`` is the law of candidate ``i`` given the earlier ones (``p``; ``p`` without the earlier
+    candidates, renormalised; or a point mass at the deterministic ``candidates[i]``), ``phi_i`` and
+    ``g_i`` are the round's rule on the round's draft law ``p_i`` (see the module docstring; ``"eagle"``
+    recovers by zeroing ``x``). Expanded breadth-first: ``V^K`` states for random candidates.
+
+    ``candidates`` (K,) int: the deterministic schemes' tokens, default ``top_candidates(p, K)``.
+
+    ``mode="joint"``: the node first sets ``r_0 = set_target(rule, q, S)`` with ``S`` the set of its
+    candidate tokens, then runs SpS rounds (the scheme's draft laws; EAGLE's recovery for ``"eagle"``)
+    towards ``r_0``. As ``r_0`` depends on all candidates, the law is summed over whole candidate
+    tuples (``V^K`` for random candidates; without replacement a tuple ends when ``p``'s support is
+    exhausted): ``L = sum_t P(t) L_SpS(r_0(S(t)) | t)``.
+    """
+    rules = _check_rules(rule)
+    _check_scheme(scheme)
+    _check_mode(mode, rules)
+    p = np.asarray(p, dtype=np.float64)
+    q = np.asarray(q, dtype=np.float64)
+    check_probs(p, "p")
+    check_probs(q, "q")
+    check_same_shape(p, q, "p", "q")
+    if p.ndim != 1:
+        raise ValueError(f"p must be one distribution (shape (V,)), got shape {p.shape}")
+    if isinstance(num_children, (bool, np.bool_)) or not (isinstance(num_children, (int, np.integer))
+                                                         and num_children >= 0):
+        raise ValueError(f"num_children must be an integer >= 0, got {num_children!r}")
+    V, K = p.size, int(num_children)
+    det = scheme in ("deterministic", "eagle")
+    if det:
+        if candidates is None:
+            cands = top_candidates(p, K)
+        else:
+            cands = np.asarray(candidates)
+            if not np.issubdtype(cands.dtype, np.integer):
+                raise ValueError(f"candidates must hold integer token ids, got dtype {cands.dtype}")
+            check_token(cands, V, (K,), "candidates")
+    elif candidates is not None:
+        raise ValueError(f"candidates are only read by the deterministic schemes, not by scheme={scheme!r}")
+    if mode == "joint":
+        return _joint_parts(rules[0], p, q, K, scheme, cands if det else None)
+    acc = np.zeros((K, V))
+    W = np.ones(1)  # weights of the live states
+    R = q[None].copy()  # their targets r
+    Rm = np.zeros((1, V), dtype=bool)  # their removed candidates (without replacement)
+    for i in range(K):
+        rl = _round_rule(rules, i)
+        M = W.size
+        if det:
+            mi = np.arange(M)
+            x = np.full(M, int(cands[i]))
+            w = W.copy()
+            Pi = np.broadcast_to(np.arange(V) == cands[i], (M, V)).astype(np.float64) if scheme == "deterministic" \
+                else np.broadcast_to(p, (M, V))
+            idle = np.zeros(M, dtype=bool)
+        else:
+            Pi = np.broadcast_to(p, (M, V)) if scheme == "iid" else _without(np.broadcast_to(p, (M, V)), Rm)
+            mi, x = np.nonzero(Pi > 0)
+            w = W[mi] * Pi[mi, x]
+            idle = Pi.sum(-1) <= 0  # nothing left to draw: the round does not happen
+        Pp, Rr = np.ascontiguousarray(Pi[mi]), R[mi]
+        phi = rl.accept_prob(Pp, Rr, x, check=False) if mi.size else np.zeros(0)
+        np.add.at(acc[i], x, w * phi)
+        if mi.size:
+            G = _drop(Rr, x) if scheme == "eagle" else rl.residual(Pp, Rr, x, check=False)
+            skip = Pp[np.arange(mi.size), x] <= 0  # impossible candidate: r unchanged
+            G = np.where(skip[:, None], Rr, G)
+        else:
+            G = np.zeros((0, V))
+        Rm_new = Rm[mi].copy()
+        Rm_new[np.arange(mi.size), x] = True
+        W = np.concatenate([w * (1 - phi), W[idle]])
+        R = np.concatenate([G, R[idle]])
+        Rm = np.concatenate([Rm_new, Rm[idle]])
+        live = W > 0
+        W, R, Rm = W[live], R[live], Rm[live]
+    rej = W @ R if W.size else np.zeros(V)
+    return acc, rej
+
+
+def _candidate_tuples(p: np.ndarray, K: int, scheme: str, cands) -> list[tuple[tuple[int, ...], float]]:
+    """Every candidate tuple with its probability: ``p^K`` (i.i.d.), sequential draws without
+    replacement (a tuple stops early once ``p``'s support is exhausted), or the one deterministic tuple."""
+    if cands is not None:
+        return [(tuple(int(c) for c in cands), 1.0)]
+    support = [int(x) for x in np.flatnonzero(p > 0)]
+    out: list[tuple[tuple[int, ...], float]] = []
+    stack: list[tuple[tuple[int, ...], float]] = [((), 1.0)]
+    while stack:
+        t, w = stack.pop()
+        if len(t) == K:
+            out.append((t, w))
+            continue
+        if scheme == "iid":
+            stack.extend((t + (x,), w * p[x]) for x in support)
+            continue
+        left = [x for x in support if x not in t]
+        mass = float(p[left].sum()) if left else 0.0
+        if mass <= 0:
+            out.append((t, w))
+        else:
+            stack.extend((t + (x,), w * p[x] / mass) for x in left)
+    return out
+
+
+def _joint_parts(rule: ScalingRule, p: np.ndarray, q: np.ndarray, K: int, scheme: str, cands):
+    """``node_parts`` for ``mode="joint"`` (see there)."""
+    V = p.size
+    acc, rej = np.zeros((K, V)), np.zeros(V)
+    sps = SpS()
+    eye = np.eye(V)
+    for t, w in _candidate_tuples(p, K, scheme, cands):
+        if w <= 0:
+            continue
+        S = np.zeros(V, dtype=bool)
+        S[list(t)] = True
+        r = set_target(rule, q, S)
+        m = w
+        for i, x in enumerate(t):
+            if scheme in ("iid", "eagle"):
+                pi = p
+            elif scheme == "without_replacement":
+                pi = _without(p, np.isin(np.arange(V), t[:i]))
+            else:
+                pi = eye[x]
+            if pi[x] <= 0:  # impossible candidate: skipped
+                continue
+            phi = float(sps.accept_prob(pi[None], r[None], np.array([x]), check=False)[0])
+            acc[i, x] += m * phi
+            r = _drop(r[None], np.array([x]))[0] if scheme == "eagle" else \
+                sps.residual(pi[None], r[None], np.array([x]), check=False)[0]
+            m *= 1 - phi
+        rej += m * r
+    return acc, rej
+
+
+def tree_step_law(rule: RuleSpec, p, q, num_children: int, scheme: str = "iid",
+                  candidates=None, mode: str = "rounds") -> tuple[np.ndarray, float]:
+    """Exact law ``L(q, 0)`` (V,) of the first token a node with ``num_children`` candidates emits
+    (recursion in ``node_parts``), and its acceptance ``P(some candidate accepted) = sum acc``.
+
+    ``num_children = 1`` with ``"iid"`` is ``exact.induced_distribution``; ``num_children = 0`` is ``q``.
+    """
+    acc, rej = node_parts(rule, p, q, num_children, scheme, candidates, mode)
+    return acc.sum(0) + rej, float(acc.sum())
+
+
+# -- batched sampler ------------------------------------------------------------------------------
+
+class TreeVerifyResult(NamedTuple):
+    """``verify_tree``'s output.
+
+    tokens: ``[B, N + 1]`` int64. The accepted path's tokens (root to leaf), then the one emitted
+        (recovered or bonus) token, then ``-1`` padding.
+    num_accepted: ``[B]`` int64. Accepted drafts (the path's length; the last token not counted).
+    accepted_nodes: ``[B, N]`` int64. Node indices of the accepted path in order, then ``-1``
+        (to compact the KV cache to the accepted branch).
+    """
+
+    tokens: torch.Tensor
+    num_accepted: torch.Tensor
+    accepted_nodes: torch.Tensor
+
+
+def _validate_tree(tokens, parents, draft_probs, verifier_probs, generator):
+    check_common(SpS(), tokens=tokens, parents=parents, draft_probs=draft_probs, verifier_probs=verifier_probs)
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise ValueError(f"generator must be a torch.Generator or None, got {generator!r}")
+    for name, t in (("tokens", tokens), ("parents", parents)):
+        if t.dtype.is_floating_point or t.dtype == torch.bool or t.is_complex():
+            raise ValueError(f"{name} must hold integers, got dtype {t.dtype}")
+        if t.ndim != 2:
+            raise ValueError(f"{name} must have shape (B, N), got {tuple(t.shape)}")
+    B, N = tokens.shape
+    if tuple(parents.shape) != (B, N):
+        raise ValueError(f"parents must have tokens' shape (B, N) = ({B}, {N}), got {tuple(parents.shape)}")
+    if draft_probs.ndim != 3 or tuple(draft_probs.shape[:2]) != (B, N):
+        raise ValueError(f"draft_probs must have shape (B, N, V) = ({B}, {N}, V), got {tuple(draft_probs.shape)}")
+    V = draft_probs.shape[-1]
+    if V < 1:
+        raise ValueError("draft_probs must have a vocabulary axis of size >= 1")
+    if tuple(verifier_probs.shape) != (B, N + 1, V):
+        raise ValueError(f"verifier_probs must have shape (B, N + 1, V) = ({B}, {N + 1}, {V}), got "
+                         f"{tuple(verifier_probs.shape)}")
+    if not draft_probs.is_floating_point():
+        raise ValueError(f"draft_probs must be a floating-point tensor, got dtype {draft_probs.dtype}")
+    tk, pa = tokens.detach().cpu().long(), parents.detach().cpu().long()
+    if tk.numel() and (int(tk.min()) < -1 or int(tk.max()) >= V):
+        bad = tk[(tk < -1) | (tk >= V)]
+        raise ValueError(f"tokens has ids out of range [-1, {V}) (-1: no node): {bad[:8].tolist()}")
+    present = tk >= 0
+    j = torch.arange(N).expand(B, N)
+    bad = present & ((pa < -1) | (pa >= j))
+    if bad.any():
+        b, i = (int(v) for v in torch.nonzero(bad)[0])
+        raise ValueError(f"parents must be topological (-1 <= parents[b, j] < j) for every node: "
+                         f"parents[{b}, {i}] = {int(pa[b, i])}")
+    par_present = torch.where(pa >= 0, present.gather(1, pa.clamp_min(0)), torch.ones_like(present))
+    if (present & ~par_present).any():
+        b, i = (int(v) for v in torch.nonzero(present & ~par_present)[0])
+        raise ValueError(f"parents: node {i} of row {b} hangs under an absent node (tokens = -1) {int(pa[b, i])}")
+    dev_present = present.to(draft_probs.device)
+    check_probs(draft_probs[dev_present], "draft_probs (rows of present nodes)")
+    rows = torch.cat([torch.ones((B, 1), dtype=torch.bool, device=dev_present.device), dev_present], 1)
+    check_probs(verifier_probs[rows], "verifier_probs (root and present nodes)")
+
+
+def _children_table(tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
+    """``[B, N + 1, Kmax]`` node index of each slot's children in node order (slot 0 = root), -1 padded."""
+    B, N = tokens.shape
+    dev = tokens.device
+    present = tokens >= 0
+    slot = torch.where(present, parents.long() + 1, torch.full_like(parents.long(), -1))  # [B, N]
+    earlier = torch.ones(N, N, dtype=torch.bool, device=dev).tril(-1)  # [j, i]: i < j
+    same = (slot.unsqueeze(2) == slot.unsqueeze(1)) & present.unsqueeze(1) & earlier  # [B, j, i]
+    rank = same.sum(-1)  # [B, N] rank among siblings
+    kmax = int(rank[present].max()) + 1 if present.any() else 1
+    table = torch.full((B, N + 1, kmax), -1, dtype=torch.long, device=dev)
+    b, j = torch.nonzero(present, as_tuple=True)
+    table[b, slot[b, j], rank[b, j]] = j
+    return table
+
+
+def _joint_target(rule: ScalingRule, q: torch.Tensor, tok: torch.Tensor, table: torch.Tensor, rows: torch.Tensor,
+                  cur: torch.Tensor, V: int) -> torch.Tensor:
+    """``set_target`` at each row's current node: ``S`` = the tokens of its children (``table``)."""
+    if tok.shape[1] == 0:  # no nodes: nothing to boost
+        return q
+    kids = table[rows, cur]  # [R, Kmax]
+    has = kids >= 0
+    ids = torch.where(has, tok[rows.unsqueeze(-1), kids.clamp_min(0)], torch.zeros_like(kids))
+    counts = torch.zeros((kids.shape[0], V), dtype=torch.long, device=q.device)
+    S = counts.scatter_add_(1, ids, has.long()) > 0  # [R, V] candidate set (padding adds 0)
+    return set_target(rule, q, S)
+
+
+def verify_tree(
+    tokens: torch.Tensor,
+    parents: torch.Tensor,
+    draft_probs: torch.Tensor,
+    verifier_probs: torch.Tensor,
+    rule: RuleSpec,
+    scheme: str = "iid",
+    generator: torch.Generator | None = None,
+    check: bool = True,
+    mode: str = "rounds",
+) -> TreeVerifyResult:
+    """Verify a batch of drafted trees with ``rule``; walk from the root, emit one accepted path + 1 token.
+
+    Args:
+        tokens: ``[B, N]`` int64. Drafted token of each node; ``-1`` marks an absent node, so rows
+            may hold trees of different shapes (ragged batches).
+        parents: ``[B, N]`` int64. Parent node of each node, ``-1`` for children of the root (the
+            last committed token). Topological: ``parents[b, j] < j``; siblings are verified in
+            node order. Ignored where ``tokens = -1``.
+        draft_probs: ``[B, N, V]`` float. For node ``j``: the draft law ``p`` at its parent's
+            position, from which ``j`` was drawn (siblings share one row; per node, so a ragged batch
+            needs no second index). Before any removal: the sampler applies the scheme (removal of
+            earlier siblings, point masses). Rows of absent nodes are not read.
+        verifier_probs: ``[B, N + 1, V]`` float. Row 0: ``q`` at the root; row ``j + 1``: ``q`` after
+            node ``j`` (the next token's law if ``j`` is accepted; the bonus law at a leaf).
+        rule: a Rule, or a sequence of Rules, round ``i`` of every node using ``rules[min(i, len - 1)]``.
+        scheme: how siblings were drawn, one of ``SCHEMES`` (module docstring).
+        generator: ``torch.Generator`` for all draws. Uniforms ``u [B, N + 1]`` float64 are drawn at
+            once: ``u[:, j]`` decides node ``j`` (``u < phi``), ``u[:, N]`` draws the emitted token by
+            inverse CDF (``sampler.sample_rows``). A chain with ``"iid"`` consumes them as
+            ``sampler.verify`` does and emits the same tokens.
+        check: validate inputs (shapes, ids, topological parents, probability rows of present nodes).
+        mode: ``"rounds"`` (each round applies ``rule`` to the previous round's residual) or
+            ``"joint"`` (at each node ``r_0 = set_target(rule, q, S)``, ``S`` the node's candidate
+            tokens, then SpS rounds towards ``r_0``; ``rule`` one two-block rule such as ``Cactus``).
+
+    Returns:
+        ``TreeVerifyResult(tokens [B, N + 1], num_accepted [B], accepted_nodes [B, N])``.
+
+    At each node, round ``i`` accepts child ``x_i`` w.p. ``phi_i = rule.accept_prob(p_i, r_{i-1}, x_i)``
+    (``r_0 = q`` of the node), else ``r_i = rule.residual(p_i, r_{i-1}, x_i)``; an accepted child
+    becomes the node; all children rejected: emit from ``r_K``; no children: emit from ``q``.
+    float16 / bfloat16 are computed in float32.
+    """
+    rules = _check_rules(rule)
+    _check_scheme(scheme)
+    _check_mode(mode, rules)
+    if check:
+        _validate_tree(tokens, parents, draft_probs, verifier_probs, generator)
+    B, N = tokens.shape
+    V = draft_probs.shape[-1]
+    dev = draft_probs.device
+    dt = torch.promote_types(draft_probs.dtype, verifier_probs.dtype)
+    dt = torch.float32 if dt in (torch.float16, torch.bfloat16) else dt
+    tok = tokens.to(dev).long()
+    table = _children_table(tok, parents.to(dev))
+    kmax = table.shape[-1]
+    gdev = generator.device if generator is not None else dev
+    u = torch.rand((B, N + 1), generator=generator, device=gdev, dtype=torch.float64).to(dev)
+
+    rows_all = torch.arange(B, device=dev)
+    cur = torch.zeros(B, dtype=torch.long, device=dev)  # slot: 0 root, j + 1 node j
+    rnd = torch.zeros(B, dtype=torch.long, device=dev)  # round at the current node
+    r = verifier_probs[:, 0].to(dt).clone()  # [B, V] current target
+    joint = mode == "joint"
+    if joint:  # the rule sets each node's target from its candidate set; rounds are SpS
+        set_rule, rules = rules[0], (SpS(),)
+        r = _joint_target(set_rule, r, tok, table, rows_all, cur, V)
+    removed = torch.zeros((B, V), dtype=torch.bool, device=dev)
+    done = torch.zeros(B, dtype=torch.bool, device=dev)
+    depth = torch.zeros(B, dtype=torch.long, device=dev)
+    path = torch.full((B, max(N, 1)), -1, dtype=torch.long, device=dev)
+    last = torch.zeros(B, dtype=torch.long, device=dev)
+    for _ in range(N + 1):  # each row tries one node (each node at most once) or ends, per pass
+        child = torch.where(rnd < kmax, table[rows_all, cur, rnd.clamp_max(kmax - 1)], torch.full_like(rnd, -1))
+        ending = ~done & (child < 0)
+        if ending.any():
+            e = torch.nonzero(ending).squeeze(-1)
+            last[e] = sample_rows(r[e], u[e, N])
+            done |= ending
+        trying = torch.nonzero(~done & (child >= 0)).squeeze(-1)
+        if trying.numel() == 0:
+            if bool(done.all()):
+                break
+            continue
+        rnd_now = rnd[trying]  # groups by round fixed before any row moves in this pass
+        for i in torch.unique(rnd_now).tolist() if len(rules) > 1 else [None]:
+            idx = trying if i is None else trying[rnd_now == i]
+            rl = rules[0] if i is None else _round_rule(rules, int(i))
+            c = child[idx]
+            x = tok[idx, c]
+            p_row = draft_probs[idx, c].to(dt)
+            if scheme == "iid" or scheme == "eagle":
+                p_i = p_row
+            elif scheme == "without_replacement":
+                p_i = _without(p_row, removed[idx])
+            else:
+                p_i = torch.nn.functional.one_hot(x, V).to(dt)
+            r_i = r[idx]
+            phi = rl.accept_prob(p_i, r_i, x, check=False)
+            acc = u[idx, c] < phi.double()
+            g = _drop(r_i, x) if scheme == "eagle" else rl.residual(p_i, r_i, x, check=False)
+            skip = p_i.gather(-1, x.unsqueeze(-1)).squeeze(-1) <= 0
+            g = torch.where(skip.unsqueeze(-1), r_i, g.to(dt))
+            a, ca = idx[acc], c[acc]
+            path[a, depth[a]] = ca
+            depth[a] += 1
+            cur[a] = ca + 1
+            rnd[a] = 0
+            r[a] = verifier_probs[a, ca + 1].to(dt)
+            if joint and a.numel():
+                r[a] = _joint_target(set_rule, r[a], tok[a], table[a], torch.arange(a.numel(), device=dev), cur[a], V)
+            removed[a] = False
+            rj, xj = idx[~acc], x[~acc]
+            r[rj] = g[~acc]
+            rnd[rj] += 1
+            removed[rj, xj] = True
+    ending = ~done  # a row may end exactly on the last pass
+    if ending.any():
+        e = torch.nonzero(ending).squeeze(-1)
+        last[e] = sample_rows(r[e], u[e, N])
+    path = path[:, :N]
+    out = torch.full((B, N + 1), -1, dtype=torch.long, device=dev)
+    if N:
+        out[:, :N] = torch.where(path >= 0, tok.gather(1, path.clamp_min(0)), torch.full_like(path, -1))
+    out.scatter_(1, depth.unsqueeze(-1), last.unsqueeze(-1))
+    return TreeVerifyResult(out, depth, path)
+
+
+# -- exact block and sequence laws on toy models ------------------------------------------------
+
+class _Memo:
+    """Memoised conditional, each row validated once."""
+
+    def __init__(self, cond: Cond, name: str):
+        if not callable(cond):
+            raise ValueError(f"{name} must be a callable prefix -> (V,) probabilities, got {cond!r}")
+        self.cond, self.name, self.rows = cond, name, {}
+
+    def __call__(self, prefix: tuple) -> np.ndarray:
+        row = self.rows.get(prefix)
+        if row is None:
+            row = np.asarray(self.cond(prefix), dtype=np.float64)
+            check_probs(row, f"{self.name}{prefix}")
+            self.rows[prefix] = row
+        return row
+
+
+def _memo(cond, name):
+    return cond if isinstance(cond, _Memo) else _Memo(cond, name)
+
+
+def tree_block_law(draft: Cond, verifier: Cond, rule: RuleSpec, parents: Sequence[int], scheme: str = "iid",
+                   *, prompt: tuple = (), mode: str = "rounds") -> dict[tuple, float]:
+    """Exact law of the block one tree-verification call emits after ``prompt``: ``{block: prob}``,
+    a block being the accepted path's tokens plus the one emitted token.
+
+    The static tree ``parents`` (N,) is drafted from ``draft`` (candidates per ``scheme``) and walked
+    as ``verify_tree`` does. Recursion over nodes: at node ``c`` with context ``s`` and ``K`` children,
+    ``node_parts(rule, p(.|s), q(.|s), K, scheme)`` gives ``acc[i, x]`` (enter child ``i`` with token
+    ``x``, context ``s + (x,)``) and ``rej[y]`` (emit ``y``, stop); a leaf emits ``y ~ q(.|s)``. Exact
+    because a child's subtree is drawn given its token only, independent of the rounds at ``c``.
+    """
+    rules = _check_rules(rule)
+    _check_scheme(scheme)
+    _check_mode(mode, rules)
+    kids = children_lists(parents)
+    P, Q = _memo(draft, "draft"), _memo(verifier, "verifier")
+    prompt = tuple(int(t) for t in prompt)
+    out: dict[tuple, float] = {}
+
+    def add(b, w):
+        out[b] = out.get(b, 0.0) + w
+
+    stack = [(0, (), 1.0)]
+    while stack:
+        slot, em, w = stack.pop()
+        ctx = prompt + em
+        q = Q(ctx)
+        ks = kids[slot]
+        if not ks:
+            for y in np.flatnonzero(q > 0):
+                add(em + (int(y),), w * q[y])
+            continue
+        p = P(ctx)
+        if p.size != q.size:
+            raise ValueError(f"draft and verifier must share one vocabulary, got sizes {p.size} and {q.size}")
+        if scheme in ("deterministic", "eagle") and len(ks) > p.size:
+            raise ValueError(f"a node has {len(ks)} deterministic children but V = {p.size}")
+        acc, rej = node_parts(rules, p, q, len(ks), scheme, mode=mode)
+        for y in np.flatnonzero(rej > 0):
+            add(em + (int(y),), w * rej[y])
+        for i, j in enumerate(ks):
+            for x in np.flatnonzero(acc[i] > 0):
+                stack.append((j + 1, em + (int(x),), w * acc[i, x]))
+    return out
+
+
+def expected_length(block_law: dict[tuple, float]) -> float:
+    """Expected tokens emitted per verifier call (AL, bonus included): ``sum_b len(b) P(b)``."""
+    return float(sum(len(b) * w for b, w in block_law.items()))
+
+
+def _sequence_from_blocks(block_at: Callable[[tuple], dict], V: int, T: int, prompt: tuple) -> np.ndarray:
+    """Law (V,) * T of the first ``T`` tokens of a loop that emits blocks ``block_at(context)``.
+    Dynamic programme over block boundaries (as ``toy.sequence_law``)."""
+    law = np.zeros((V,) * T)
+    frontier: list[dict[tuple, float]] = [{} for _ in range(T)]
+    frontier[0][()] = 1.0
+    for length in range(T):
+        for s, w in frontier[length].items():
+            for b, wb in block_at(prompt + s).items():
+                t = s + b
+                if len(t) >= T:
+                    law[t[:T]] += w * wb
+                else:
+                    frontier[len(t)][t] = frontier[len(t)].get(t, 0.0) + w * wb
+    return law
+
+
+def tree_sequence_law(draft: Cond, verifier: Cond, rule: RuleSpec, parents: Sequence[int], scheme: str,
+                      T: int, *, prompt: tuple = (), mode: str = "rounds") -> np.ndarray:
+    """Exact law ``(V,) * T`` of the first ``T`` tokens emitted by ``tree_speculative_decode``: blocks
+    from ``tree_block_law`` chained by a dynamic programme over block boundaries. SpS with a lossless
+    scheme gives ``toy.autoregressive_law(verifier, T)``; a chain (``chain_parents(k)``, ``"iid"``)
+    gives ``toy.sequence_law(draft, verifier, rule, k, T)`` for every rule."""
+    check_positive_int(T, "T")
+    rules = _check_rules(rule)
+    _check_scheme(scheme)
+    _check_static_parents(parents)
+    P, Q = _memo(draft, "draft"), _memo(verifier, "verifier")
+    prompt = tuple(int(t) for t in prompt)
+    V = Q(prompt).size
+    _check_mode(mode, rules)
+    return _sequence_from_blocks(lambda c: tree_block_law(P, Q, rules, parents, scheme, prompt=c, mode=mode),
+                                 V, T, prompt)
+
+
+def draft_tree(draft: Cond, verifier: Cond, contexts: Sequence[tuple], parents: Sequence[int], scheme: str = "iid",
+               generator: torch.Generator | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Draw the static tree ``parents`` (N,) once after each of the ``B`` ``contexts`` from ``draft``:
+    returns ``verify_tree``'s inputs as numpy, ``tokens`` (B, N) int64, ``draft_probs`` (B, N, V)
+    (``p`` at each node's parent) and ``verifier_probs`` (B, N + 1, V).
+
+    Candidates per ``scheme``: i.i.d. inverse-CDF draws from ``p`` (``"iid"``); draws from ``p``
+    without the earlier siblings, renormalised (``"without_replacement"``; once ``p``'s support is
+    exhausted a placeholder ``x ~ p`` is stored, which ``verify_tree`` skips as it has ``p_i(x) = 0``);
+    the ``rank``-th most likely token of ``p`` for the ``rank``-th sibling (``"deterministic"``,
+    ``"eagle"``, ties to the lower id). One ``[B]`` uniform draw per random node from ``generator``.
+    """
+    _check_scheme(scheme)
+    parents = _check_static_parents(parents)
+    P, Q = _memo(draft, "draft"), _memo(verifier, "verifier")
+    ctxs = [tuple(int(t) for t in c) for c in contexts]
+    if not ctxs:
+        raise ValueError("contexts must hold at least one context")
+    B, N = len(ctxs), len(parents)
+    kids = children_lists(parents)
+    V = Q(ctxs[0]).size
+    tokens = np.full((B, N), -1, dtype=np.int64)
+    dp = np.zeros((B, N, V))
+    vp = np.zeros((B, N + 1, V))
+    node_ctx: list[list[tuple]] = [ctxs] + [None] * N  # per slot
+    vp[:, 0] = np.stack([Q(c) for c in ctxs])
+    dev = generator.device if generator is not None else torch.device("cpu")
+    for slot in range(N + 1):
+        ks = kids[slot]
+        if not ks:
+            continue
+        here = node_ctx[slot]
+        p = np.stack([P(c) for c in here])
+        if p.shape[-1] != V:
+            raise ValueError(f"draft and verifier must share one vocabulary, got sizes {p.shape[-1]} and {V}")
+        removed = np.zeros((B, V), dtype=bool)
+        order = np.argsort(-p, axis=-1, kind="stable") if scheme in ("deterministic", "eagle") else None
+        for rank, j in enumerate(ks):
+            if order is not None:
+                if rank >= V:
+                    raise ValueError(f"a node has {len(ks)} deterministic children but V = {V}")
+                x = order[:, rank]
+            else:
+                u = torch.rand(B, generator=generator, dtype=torch.float64, device=dev).cpu()
+                src = p if scheme == "iid" else _without(p, removed)
+                empty = src.sum(-1) <= 0  # support exhausted: a placeholder the verifier skips
+                src = np.where(empty[:, None], p, src)
+                x = sample_rows(torch.from_numpy(src), u).numpy()
+            tokens[:, j] = x
+            dp[:, j] = p
+            removed[np.arange(B), x] = True
+            node_ctx[j + 1] = [c + (int(t),) for c, t in zip(here, x, strict=True)]
+            vp[:, j + 1] = np.stack([Q(c) for c in node_ctx[j + 1]])
+    return tokens, dp, vp
+
+
+def tree_speculative_decode(draft: Cond, verifier: Cond, rule: RuleSpec, parents: Sequence[int], scheme: str,
+                            T: int, *, num_sequences: int = 1, prompt: tuple = (),
+                            generator: torch.Generator | None = None, mode: str = "rounds") -> DecodeResult:
+    """The tree-decoding loop on toy models until each of ``num_sequences`` sequences has ``T`` tokens:
+    draft the static tree ``parents`` (candidates per ``scheme``, inverse-CDF draws from ``generator``),
+    call ``verify_tree`` once for the batch, append the path and the emitted token; repeat.
+    Returns ``toy.DecodeResult`` (``tokens`` (B, T), ``blocks`` verifier calls, ``accepted`` drafts)."""
+    rules = _check_rules(rule)
+    _check_scheme(scheme)
+    par = _check_static_parents(parents)
+    check_positive_int(T, "T")
+    check_positive_int(num_sequences, "num_sequences")
+    P, Q = _memo(draft, "draft"), _memo(verifier, "verifier")
+    prompt = tuple(int(t) for t in prompt)
+    B, N = int(num_sequences), len(par)
+    seqs: list[tuple] = [()] * B
+    blocks = np.zeros(B, dtype=np.int64)
+    accepted = np.zeros(B, dtype=np.int64)
+    par_t = torch.tensor(par, dtype=torch.long)
+    while True:
+        act = [b for b in range(B) if len(seqs[b]) < T]
+        if not act:
+            break
+        tokens, dp, vp = draft_tree(P, Q, [prompt + seqs[b] for b in act], par, scheme, generator)
+        res = verify_tree(torch.from_numpy(tokens), par_t.expand(len(act), N), torch.from_numpy(dp),
+                          torch.from_numpy(vp), rules, scheme, generator=generator, mode=mode)
+        out, na = res.tokens.numpy(), res.num_accepted.numpy()
+        for i, b in enumerate(act):
+            seqs[b] = seqs[b] + tuple(int(t) for t in out[i, :na[i] + 1])
+            blocks[b] += 1
+            accepted[b] += na[i]
+    return DecodeResult(np.array([s[:T] for s in seqs], dtype=np.int64), blocks, accepted)
+
+
+# -- block verification of chains (Sun et al., ICLR 2025) -------------------------------------------
+
+def _validate_block(draft_tokens, draft_probs, verifier_probs, rule, generator):
+    check_common(SpS(), draft_tokens=draft_tokens, draft_probs=draft_probs, verifier_probs=verifier_probs)
+    if rule is not None and type(rule) is not SpS:
+        raise ValueError(f"rule: block verification is lossless speculative sampling of the whole block; "
+                         f"pass None or SpS(), got {rule!r}")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise ValueError(f"generator must be a torch.Generator or None, got {generator!r}")
+    if draft_tokens.ndim != 2 or draft_tokens.shape[1] < 1:
+        raise ValueError(f"draft_tokens must have shape (B, k) with k >= 1, got {tuple(draft_tokens.shape)}")
+    B, k = draft_tokens.shape
+    if draft_probs.ndim != 3 or tuple(draft_probs.shape[:2]) != (B, k):
+        raise ValueError(f"draft_probs must have shape (B, k, V) = ({B}, {k}, V), got {tuple(draft_probs.shape)}")
+    V = draft_probs.shape[-1]
+    if tuple(verifier_probs.shape) != (B, k + 1, V):
+        raise ValueError(f"verifier_probs must have shape (B, k + 1, V) = ({B}, {k + 1}, {V}), got "
+                         f"{tuple(verifier_probs.shape)}")
+    check_token(draft_tokens, V, (B, k), "draft_tokens")
+    check_probs(draft_probs, "draft_probs")
+    check_probs(verifier_probs, "verifier_probs")
+
+
+def _block_quantities(p_n, q_n, p_rows, q_rows):
+    """Block verification's weights, numpy or torch (batch axes first):
+
+        w_0 = 1,  w_i = min(1, w_{i-1} q_i(X_i) / p_i(X_i))   (0 where p_i(X_i) = 0),
+        rho_{i+1} = (w_i q_{i+1} - p_{i+1})_+  (i = 0..k-1),
+        h_i = |rho_{i+1}| / (|rho_{i+1}| + 1 - w_i)  (i = 1..k-1; 0 where |rho_{i+1}| = 0),  h_k = w_k.
+
+    ``p_n``, ``q_n`` (..., k); ``p_rows``, ``q_rows`` (..., k, V) (positions 1..k). Returns
+    ``w`` (..., k + 1), ``rho`` (..., k, V), ``h`` (..., k + 1) with ``h_0 = 1``."""
+    is_t = isinstance(p_n, torch.Tensor)
+    k = p_n.shape[-1]
+    ws = [p_n[..., 0] * 0 + 1]
+    for i in range(k):
+        pos = p_n[..., i] > 0
+        ratio = q_n[..., i] / (torch.where(pos, p_n[..., i], torch.ones_like(p_n[..., i])) if is_t
+                               else np.where(pos, p_n[..., i], 1.0))
+        wi = ws[-1] * ratio
+        wi = (torch.where(pos, wi.clamp(max=1.0), torch.zeros_like(wi)) if is_t
+              else np.where(pos, np.minimum(wi, 1.0), 0.0))
+        ws.append(wi)
+    w = torch.stack(ws, -1) if is_t else np.stack(ws, -1)
+    rho = w[..., :k, None] * q_rows - p_rows
+    rho = rho.clamp_min(0) if is_t else np.maximum(rho, 0.0)
+    num = rho.sum(-1)  # (..., k): |rho_{i+1}|, i = 0..k-1
+    den = num + 1 - w[..., :k]
+    if is_t:
+        h_mid = torch.where(num > 0, num / torch.where(num > 0, den, torch.ones_like(den)), torch.zeros_like(num))
+        h = torch.cat([torch.ones_like(num[..., :1]), h_mid[..., 1:], w[..., k:]], -1)
+    else:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            h_mid = np.where(num > 0, num / np.where(num > 0, den, 1.0), 0.0)
+        h = np.concatenate([np.ones_like(num[..., :1]), h_mid[..., 1:], w[..., k:]], -1)
+    return w, rho, h
+
+
+def verify_block(
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor,
+    verifier_probs: torch.Tensor,
+    rule: Rule | None = None,
+    generator: torch.Generator | None = None,
+    check: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Block verification of ``k`` chained drafts per sequence (lossless); ``sampler.verify``'s layout.
+
+    Args:
+        draft_tokens: ``[B, k]`` int64. Drafts ``X_1..X_k``.
+        draft_probs: ``[B, k, V]`` float. ``p_i = p(. | X_<i)``, the law ``X_i`` was drawn from.
+        verifier_probs: ``[B, k + 1, V]`` float. ``q_i = q(. | X_<i)``; row ``k`` is the bonus law.
+        rule: ``None`` or ``SpS()`` (accepted so the function plugs into ``toy.speculative_decode``
+            as its ``sampler``); block verification has no lossy variant here.
+        generator: ``torch.Generator``; uniforms ``u [B, k + 1]``: ``u[:, i - 1]`` is ``eta_i``,
+            ``u[:, k]`` draws the emitted token.
+
+    Returns:
+        tokens ``[B, k + 1]`` int64 (``X_1..X_tau``, then ``Y``, then -1) and ``num_accepted = tau`` ``[B]``.
+
+    Algorithm (with ``w``, ``rho``, ``h`` of ``_block_quantities``): ``tau`` is the LAST ``i`` in
+    ``1..k`` with ``eta_i < h_i`` (0 if none), so a late success rescues earlier "rejections";
+    ``Y ~ q_{k+1}`` if ``tau = k``, else ``Y ~ rho_{tau+1} / |rho_{tau+1}|``. ``w_i`` is the mass of
+    ``q``'s law of ``X^i`` not yet spent, relative to ``p``'s; ``h_i`` the chance that the block stops at
+    ``i`` given it does not stop later. Lossless by exact sequence law (tests), and its expected
+    block length is never below SpS's (Sun et al. prove it optimal among on-path verifiers).
+    """
+    if check:
+        _validate_block(draft_tokens, draft_probs, verifier_probs, rule, generator)
+    B, k = draft_tokens.shape
+    dev = draft_probs.device
+    dt = torch.promote_types(draft_probs.dtype, verifier_probs.dtype)
+    dt = torch.float32 if dt in (torch.float16, torch.bfloat16) else dt
+    n = draft_tokens.to(dev).long()
+    p_rows, q_rows = draft_probs.to(dt), verifier_probs[:, :k].to(dt)
+    p_n = p_rows.gather(-1, n.unsqueeze(-1)).squeeze(-1)
+    q_n = q_rows.gather(-1, n.unsqueeze(-1)).squeeze(-1)
+    w, rho, h = _block_quantities(p_n, q_n, p_rows, q_rows)
+    gdev = generator.device if generator is not None else dev
+    u = torch.rand((B, k + 1), generator=generator, device=gdev, dtype=torch.float64).to(dev)
+    fire = u[:, :k] < h[:, 1:].double()  # [B, k]: eta_i < h_i
+    idx = torch.arange(1, k + 1, device=dev)
+    tau = (fire.long() * idx).max(-1).values  # [B] last success, 0 if none
+    rows = torch.arange(B, device=dev)
+    res = rho[rows, tau.clamp_max(k - 1)]  # [B, V]
+    res = torch.where(res.sum(-1, keepdim=True) > 0, res, q_rows[rows, tau.clamp_max(k - 1)])  # a 0-prob event
+    dist = torch.where((tau == k).unsqueeze(-1), verifier_probs[:, k].to(dt), res)
+    y = sample_rows(dist, u[:, k])
+    pos = torch.arange(k + 1, device=dev)
+    n_pad = torch.cat([n, n.new_full((B, 1), -1)], 1)
+    out = torch.where(pos < tau.unsqueeze(-1), n_pad, torch.full_like(n_pad, -1))
+    out.scatter_(1, tau.unsqueeze(-1), y.unsqueeze(-1))
+    return out, tau
+
+
+def block_verification_law(draft: Cond, verifier: Cond, k: int, *, prompt: tuple = ()) -> dict[tuple, float]:
+    """Exact law ``{block: prob}`` of one ``verify_block`` call after ``prompt`` on toy models, by
+    enumerating all ``V^k`` draft blocks ``X^k ~ p``: given ``X^k``,
+    ``P(tau = i) = h_i prod_{j > i} (1 - h_j)`` (``h_0 = 1``), and the block is ``X^i`` then
+    ``y ~ rho_{i+1}`` normalised (``i < k``) or ``y ~ q(. | X^k)`` (``i = k``)."""
+    check_positive_int(k, "k")
+    P, Q = _memo(draft, "draft"), _memo(verifier, "verifier")
+    prompt = tuple(int(t) for t in prompt)
+    out: dict[tuple, float] = {}
+    stack = [((), 1.0)]
+    while stack:
+        xs, px = stack.pop()
+        if len(xs) < k:
+            p = P(prompt + xs)
+            stack.extend((xs + (int(x),), px * p[x]) for x in np.flatnonzero(p > 0))
+            continue
+        ctxs = [prompt + xs[:i] for i in range(k)]
+        p_rows = np.stack([P(c) for c in ctxs])
+        q_rows = np.stack([Q(c) for c in ctxs])
+        ar = np.arange(k)
+        x = np.array(xs)
+        w, rho, h = _block_quantities(p_rows[ar, x], q_rows[ar, x], p_rows, q_rows)
+        surv = 1.0  # prod_{j > i} (1 - h_j)
+        for i in range(k, -1, -1):
+            pt = px * h[i] * surv
+            surv *= 1 - h[i]
+            if pt <= 0:
+                continue
+            law = Q(prompt + xs) if i == k else rho[i] / rho[i].sum()
+            for y in np.flatnonzero(law > 0):
+                b = xs[:i] + (int(y),)
+                out[b] = out.get(b, 0.0) + pt * law[y]
+    return out
+
+
+def block_sequence_law(draft: Cond, verifier: Cond, k: int, T: int, *, prompt: tuple = ()) -> np.ndarray:
+    """Exact law ``(V,) * T`` of the first ``T`` tokens of the chain loop verified by ``verify_block``
+    (``toy.speculative_decode(..., sampler=verify_block)``)."""
+    check_positive_int(T, "T")
+    P, Q = _memo(draft, "draft"), _memo(verifier, "verifier")
+    prompt = tuple(int(t) for t in prompt)
+    V = Q(prompt).size
+    return _sequence_from_blocks(lambda c: block_verification_law(P, Q, k, prompt=c), V, T, prompt)
