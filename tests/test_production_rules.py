@@ -216,6 +216,22 @@ def test_medusa_matches_medusa_and_shares_tas_step():
     assert truncated_differs
 
 
+def test_tas_matches_vllm_typical_acceptance_sampler():
+    """vllm/model_executor/layers/typical_acceptance_sampler.py @ vLLM 0.9.2 (the last release with it):
+    accept iff q_n > min(posterior_threshold, posterior_alpha exp(-H)), H = -sum q log(q + 1e-5);
+    _get_recovered_token_ids = argmax q; the bonus comes from the target's sampler (q)."""
+    for seed in range(4):
+        p, q = rows(seed + 30, concentration=0.3)
+        for eps in (0.03, 0.09, 0.3):
+            alpha = math.sqrt(eps)
+            H = -sum(float(x) * math.log(float(x) + 1e-5) for x in q)
+            A = np.array([float(x > min(eps, alpha * math.exp(-H))) for x in q])
+            G = np.tile(np.eye(V)[first_argmax(q)], (V, 1))
+            rule = ct.TAS(eps, alpha, entropy_eps=1e-5)
+            np.testing.assert_allclose(ct.induced_distribution(rule, p, q), law_from(A, G, p), atol=1e-14)
+            assert rule.bonus_from_q and ct.exact.bonus_distribution(rule, q) == pytest.approx(q, abs=0)
+
+
 def test_medusa_argmax_ties_take_the_first_id():
     """torch.argmax (Medusa's generate_candidates) returns the first maximum: recovery and bonus pick
     the lowest tied id, in numpy and torch."""
