@@ -576,8 +576,8 @@ class SGLangThreshold(Rule):
     (``TreeSpeculativeSamplingTargetOnly``, reached through ``sglang/kernels/ops/speculative/sampling.py``
     and ``srt/speculative/eagle_utils.py``, ``draft_probs = zeros``) @ sglang 0.5.23. Since SGLang PR
     #35798 a draft with ``q_n = 0`` (``has_target_mass`` false) is never accepted, even at
-    ``threshold_single = 0``; earlier kernels (e.g. sgl-kernel's) accepted it there, which no current
-    SGLang runs on CUDA. Match: yes (chain).
+    ``threshold_single = 0``, where kernels before it accepted it (sglang 0.5.23 runs this JIT kernel on
+    CUDA; only its MUSA path still imports sgl-kernel's, not read here). Match: yes (chain).
     """
 
     threshold_single: float = 1.0
