@@ -25,8 +25,8 @@ import torch
 
 import cactus_theory as ct
 from cactus_theory import registry
-from cactus_theory.stats import goodness_of_fit, samples_needed
 from cactus_theory.sampler import verify, verify_flat
+from cactus_theory.stats import goodness_of_fit, samples_needed
 from cactus_theory.toy import one_step_test, random_pair, sequence_law, sequence_test
 
 ALPHA, BETA, EPS = 1e-4, 1e-3, 0.01
