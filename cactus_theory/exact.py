@@ -7,6 +7,9 @@ token from ``g_n``; its output law is
 
 ``induced_distribution`` evaluates this for any rule (generic path: all ``V`` recovery rows,
 chunked) or, for the two-block family (SpS, Cactus with any divergence), in O(V log V) by sorting.
+``bonus_distribution`` is the law of the bonus token a block emits when all its drafts pass: ``q``
+itself, or the rule's own (``rule.bonus``, e.g. Medusa's ``argmax q``); ``toy.sequence_law`` chains
+both into the exact law of whole blocks.
 """
 
 from __future__ import annotations
@@ -14,9 +17,10 @@ from __future__ import annotations
 import numpy as np
 
 from .rules import Rule, ScalingRule
-from .validate import check_pqn, check_rule
+from .validate import check_pqn, check_probs, check_rule
 
-__all__ = ["induced_distribution", "acceptance_rate", "induced_generic", "induced_scaling", "step_divergence"]
+__all__ = ["induced_distribution", "acceptance_rate", "induced_generic", "induced_scaling", "step_divergence",
+           "bonus_distribution"]
 
 CHUNK_ELEMENTS = 1 << 22  # residual rows held at once by the generic path: ~32 MiB of float64
 
@@ -34,6 +38,16 @@ def acceptance_rate(rule: Rule, p, q, *, check: bool = True) -> np.ndarray:
     if check:
         check_pqn(p, q)
     return np.sum(p * rule.accept_prob_all(p, q), axis=-1)
+
+
+def bonus_distribution(rule: Rule, q, *, check: bool = True) -> np.ndarray:
+    """Law of the bonus token, (..., V) -> (..., V), from the verifier's law ``q`` at the position after
+    the last draft: ``q`` if ``rule.bonus_from_q``, else ``rule.bonus(q)`` (float64)."""
+    check_rule(rule)
+    q = np.asarray(q, dtype=np.float64)
+    if check:
+        check_probs(q, "q")
+    return q.copy() if rule.bonus_from_q else np.asarray(rule.bonus(q), dtype=np.float64)
 
 
 def induced_generic(rule: Rule, p, q, *, check: bool = True, chunk_elements: int = CHUNK_ELEMENTS) -> np.ndarray:

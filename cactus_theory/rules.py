@@ -8,6 +8,9 @@ Every rule exposes
     ``residual(p, q, n)``     recovery law g_n on rejection, shape (..., V), sums to 1
     ``target(p, q, n)``       h, for rules defined by a target distribution (SpS, Cactus, Interpolation)
 and the one-step output law is ``sum_n p_n [phi_n e_n + (1 - phi_n) g_n]`` (see ``exact``).
+    ``bonus(q)``              law of the bonus token drawn after all ``k`` drafts of a block are
+                              accepted, from the verifier's row ``q`` at the bonus position; ``q``
+                              itself unless the rule declares ``bonus_from_q = False`` (Medusa: argmax q)
 
 Conventions shared by all rules (tested): a drafted token with ``p_n = 0`` is never accepted
 (the draft could not have sampled it); acceptance only reads ``p_n``, ``q_n`` and, for TAS, TopK
@@ -37,7 +40,7 @@ from .validate import check_pqn as _check_inputs
 __all__ = [
     "Rule", "TargetRule", "ScalingRule", "SpS", "Cactus", "TAS", "TopK", "Interpolation", "EARS",
     "two_block_divergence", "two_block_root", "taylor_gamma",
-    "SGLangThreshold", "RelaxedAcceptance", "MedusaTypical", "FLy", "DropMatch", "DropMatchAt",
+    "SGLangThreshold", "RelaxedAcceptance", "MedusaTypical", "FLy", "DropMatch", "DropMatchAt", "descending_rank",
 ]
 
 
@@ -65,8 +68,10 @@ _VOUCHED = {
     # phi_n = min(1, gamma(q_n) / p_n), g_n = (h - p)_+ with the two-block h (safe value: False)
     "two_block": ("phi", "accept_from", "accept_prob", "accept_prob_all", "residual", "h_n", "target_rows",
                   "scale"),
+    # the bonus token is drawn from q itself (safe value: False, the engines call ``bonus``)
+    "bonus_from_q": ("bonus",),
 }
-_SAFE = {"needs_row_stats": True, "two_block": False}
+_SAFE = {"needs_row_stats": True, "two_block": False, "bonus_from_q": False}
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,10 @@ class Rule:
                              ``q_n``; False lets ``sampler.verify`` read one probability per position.
         ``two_block``        the law is fixed by ``gamma(q_n)`` (Theorem 2's shape, ``ScalingRule``);
                              True lets ``exact.induced_distribution`` take its O(V log V) path.
+        ``bonus_from_q``     the bonus token (all ``k`` drafts accepted) is drawn from the verifier's
+                             row ``q`` itself, as every lossless scheme and most servers do; False: the
+                             engines (``sampler.verify`` / ``verify_flat``, ``toy.sequence_law``) draw it
+                             from ``bonus(q)`` (Medusa emits ``argmax q``).
     A subclass overriding a method that a property vouches for, without declaring the property again
     in its own class body, gets the safe value (row statistics computed; generic exact path).
     """
@@ -85,6 +94,7 @@ class Rule:
     name: ClassVar[str] = "rule"
     needs_row_stats: ClassVar[bool] = False
     two_block: ClassVar[bool] = False
+    bonus_from_q: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -136,6 +146,11 @@ class Rule:
 
     def target(self, p: Array, q: Array, n: Array, *, check: bool = True) -> Array:
         raise TypeError(f"{type(self).__name__} is not defined by a target distribution h")
+
+    def bonus(self, q: Array) -> Array:
+        """Law of the bonus token, (..., V) -> (..., V), from the verifier's row ``q`` at the position
+        after the ``k``-th draft. Default: ``q`` itself (the paper's and SpS's bonus)."""
+        return q
 
 
 @dataclass(frozen=True)
@@ -354,7 +369,16 @@ class Interpolation(TargetRule):
 @dataclass(frozen=True)
 class TAS(Rule):
     """Typical acceptance sampling (Medusa / vLLM): accept ``n`` deterministically iff
-    ``q_n > min(epsilon, alpha exp(-H(q)))``; on rejection emit ``argmax q`` (as vLLM does).
+    ``q_n > min(epsilon, alpha exp(-H(q)))``; on rejection emit ``argmax q`` (as vLLM does); the bonus
+    token is drawn from ``q``.
+
+    Upstream: vLLM ``vllm/model_executor/layers/typical_acceptance_sampler.py`` @ vLLM 0.9.2, the last
+    release that ships it (V0 speculative decoding was removed before 0.10.0; 0.33.0 has no typical
+    acceptance). It accepts iff ``q_n > min(posterior_threshold, posterior_alpha exp(-H))`` with
+    ``H = -sum_i q_i log(q_i + 1e-5)``, recovers ``argmax q`` (``_get_recovered_token_ids``: first
+    maximum on ties, as ``argmax`` here) and takes the bonus token from the target's ordinary sampler
+    (``q``). Match: yes with ``entropy_eps=1e-5``; the default ``entropy_eps=0`` is Proposition 4's
+    exact entropy (the documented API default), not vLLM's constant.
 
     ``entropy_eps``: the entropy is ``H(q) = -sum_i q_i log(q_i + entropy_eps)``. ``0`` (default) is
     the exact Shannon entropy (Proposition 4's reading); ``1e-5`` is what vLLM's typical acceptance
@@ -419,6 +443,11 @@ class TopK(Rule):
                   emits ``argmax q``). If ``q_(k) = 0`` (fewer than ``k`` tokens with ``q > 0``) the
                   set ``q >= q_(k)`` is the whole vocabulary, as the formula says.
     ``k`` must not exceed the vocabulary size (checked where ``q`` is first seen).
+
+    Upstream: the paper's definition (accept iff ``q_n >= q_(k)``); the authors' reference code (a
+    monkey-patch of vLLM 0.7.3's rejection sampler) was not found in any public repository this project
+    can read, so ``recovery="topk"`` follows the paper's description of it, not a read of its code.
+    Unlike ``RelaxedAcceptance`` (a server's ``top_k`` call), this test accepts every tie at ``q_(k)``.
     """
 
     k: int = 1
@@ -458,7 +487,11 @@ class TopK(Rule):
 @dataclass(frozen=True)
 class EARS(Rule):
     """EARS (arXiv 2512.13194): accept iff ``u < min(1, q_n / p_n + beta (1 - max q))``;
-    on rejection sample from ``(q - p)_+`` normalised (``q`` if that is zero). ``beta = 0`` is SpS."""
+    on rejection sample from ``(q - p)_+`` normalised (``q`` if that is zero). ``beta = 0`` is SpS.
+
+    Upstream: the paper (arXiv 2512.13194 v1: a tolerance ``beta (1 - max q)`` added to the ratio test);
+    no released code of it was found, so recovery and bonus are SpS's (``(q - p)_+``, bonus from ``q``).
+    """
 
     beta: float = 0.5
     name: ClassVar[str] = "ears"
@@ -492,6 +525,24 @@ class EARS(Rule):
 # ``exact.induced_distribution`` / ``exact.step_divergence`` like every other rule's.
 
 
+def descending_rank(q: Array) -> Array:
+    """Position of each token in ``q``'s descending order, ties broken by lower token id first:
+    ``rank_n = #{i: q_i > q_n} + #{i < n: q_i = q_n}``, (..., V) int. Computed by a stable sort of
+    ``-q`` (numpy ``argsort(kind="stable")``, torch ``sort(stable=True)``), so both backends give the
+    same ranks; the ``topk`` indices of ``top_k`` in this order are ``{n: rank_n < topk}``."""
+    if is_torch_array(q):
+        import torch
+
+        order = torch.sort(-q, dim=-1, stable=True).indices
+        pos = torch.arange(q.shape[-1], device=q.device).expand_as(order)
+        return torch.empty_like(order).scatter_(-1, order, pos)
+    q = np.asarray(q)
+    order = np.argsort(-q, axis=-1, kind="stable")
+    rank = np.empty_like(order)
+    np.put_along_axis(rank, order, np.broadcast_to(np.arange(q.shape[-1]), order.shape), axis=-1)
+    return rank
+
+
 def _check_prob_param(value, name: str, *, low_open: bool = False) -> None:
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     if not ok or not ((0 < value) if low_open else (0 <= value)) or value > 1:
@@ -508,15 +559,25 @@ def _without_n(q: Array, n: Array) -> Array:
 class SGLangThreshold(Rule):
     """SGLang's threshold acceptance (``--speculative-accept-threshold-single`` / ``-acc``), chain case.
 
-    SGLang's target-only verification (sgl-kernel ``tree_speculative_sampling_target_only``) reads no
-    draft probability: a drafted token is accepted iff ``u <= q_n / threshold_acc`` or
-    ``q_n >= threshold_single``, so ``phi_n = 1`` if ``q_n >= threshold_single`` else
-    ``min(1, q_n / threshold_acc)``; on rejection it samples ``relu(q - p')`` where ``p'`` is zero but
-    for ``p'_n = q_n``, i.e. ``q`` without ``n``, renormalised. With both thresholds 1 the step's law is
-    exactly ``q`` for every draft law (``q_n e_n + (q - q_n e_n) = q``): lossless, acceptance
+    SGLang's target-only verification (``tree_speculative_sampling_target_only``) reads no draft
+    probability: a drafted token is accepted iff ``q_n > 0`` and (``u < q_n / threshold_acc`` or
+    ``q_n >= threshold_single``), so
+
+        ``phi_n = 1[q_n > 0] (1 if q_n >= threshold_single else min(1, q_n / threshold_acc))``;
+
+    on rejection it samples ``relu(q - p')`` where ``p'`` is zero but for ``p'_n = q_n``, i.e. ``q``
+    without ``n``, renormalised; the bonus token is drawn from ``q``. With both thresholds 1 the step's
+    law is exactly ``q`` for every draft law (``q_n e_n + (q - q_n e_n) = q``): lossless, acceptance
     ``sum_n p_n q_n``; thresholds below 1 are lossy. Modelled exactly for a chain (one candidate per
     depth, EAGLE ``topk = 1``); in a tree SGLang shares one uniform among siblings and accumulates
     their ``q`` (``prob_acc``), which this one-candidate law does not cover.
+
+    Upstream: ``sglang/kernels/jit/include/sgl_kernel/speculative/sampling.cuh``
+    (``TreeSpeculativeSamplingTargetOnly``, reached through ``sglang/kernels/ops/speculative/sampling.py``
+    and ``srt/speculative/eagle_utils.py``, ``draft_probs = zeros``) @ sglang 0.5.23. Since SGLang PR
+    #35798 a draft with ``q_n = 0`` (``has_target_mass`` false) is never accepted, even at
+    ``threshold_single = 0``, where kernels before it accepted it (sglang 0.5.23 runs this JIT kernel on
+    CUDA; only its MUSA path still imports sgl-kernel's, not read here). Match: yes (chain).
     """
 
     threshold_single: float = 1.0
@@ -530,7 +591,8 @@ class SGLangThreshold(Rule):
 
     def phi(self, p_n, q_n, *stats):
         xp = xp_of(q_n)
-        return xp.where(q_n >= self.threshold_single, xp.ones_like(q_n), q_n / self.threshold_acc)
+        phi = xp.where(q_n >= self.threshold_single, xp.ones_like(q_n), q_n / self.threshold_acc)
+        return where0(q_n > 0, phi)  # no target mass: never accepted, whatever the thresholds
 
     def residual(self, p, q, n, *, check=True):
         """``g_n = (q - q_n e_n) / (1 - q_n)``."""
@@ -543,15 +605,32 @@ class SGLangThreshold(Rule):
 class RelaxedAcceptance(Rule):
     """Relaxed acceptance of Modular MAX and TensorRT-LLM (``relaxed_topk``, ``relaxed_delta``).
 
-    MAX's ``_relaxed_thinking_verdict`` (max.nn.sampling.rejection_sampler) accepts a drafted token
-    deterministically iff it is among the target's ``topk`` most likely tokens and
-    ``q_n >= max q - delta``; on rejection it emits the target's argmax. So
-    ``phi_n = 1[q_n >= q_(topk)] 1[q_n >= max q - delta]`` (ties at the k-th value accepted, as
-    ``TopK``), ``g_n = e_{argmax q}``. ``topk = 1`` accepts the argmax only; ``delta >= 1`` leaves the
-    rank test alone. MAX applies it only to rows inside a ``<think>`` span (a per-request flag: rows
-    outside are verified losslessly) and only with argmax drafts, reading the untempered softmax of
-    the target's logits: pass that row as ``q`` to reproduce its decision. Defaults: the values of
-    TensorRT-LLM's DeepSeek-R1 example (10, 0.6).
+    Both servers call ``top_k(q, k = topk)`` and accept a drafted token deterministically iff it is one
+    of the ``topk`` indices returned and ``q_n >= max q - delta``; on rejection they emit the target's
+    argmax (the first index ``top_k`` returns). With ``rank_n`` the position of ``n`` in the order
+    ``top_k`` returns,
+
+        ``phi_n = 1[rank_n < topk] 1[q_n >= max q - delta]``,   ``g_n = e_{argmax q}``.
+
+    Exactly ``min(topk, V)`` tokens pass the rank test, so an exact tie at the k-th value does not
+    widen the set (unlike ``TopK``). Tie order (ours, deterministic): lower token id first, i.e.
+    ``rank`` is the position in a stable sort of ``-q`` (numpy ``argsort(kind="stable")``, torch
+    ``sort(stable=True)``: both backends agree); ``g_n``'s argmax is the first maximum, the rank-0 token.
+    Upstream's tie order is that of its ``top_k`` kernel, which neither server specifies (torch.topk
+    on CUDA, MAX's ``ops.top_k``). ``topk = 1`` accepts the argmax only; ``delta >= 1`` leaves the rank
+    test alone. The bonus token is drawn from ``q`` (MAX: the row's ordinary sample; TensorRT-LLM, greedy
+    only: the argmax of that row, which is its ``q``'s sample at temperature 0). MAX applies the rule
+    only to rows inside a ``<think>`` span (a per-request flag: rows outside are verified losslessly)
+    and only with argmax drafts, reading the untempered softmax of the target's logits: pass that row
+    as ``q`` to reproduce its decision. Defaults: the values of TensorRT-LLM's DeepSeek-R1 example
+    (10, 0.6).
+
+    Upstream: MAX ``max/nn/sampling/rejection_sampler.py`` (``_relaxed_thinking_verdict``) @ max 26.7.0;
+    TensorRT-LLM ``tensorrt_llm/_torch/speculative/mtp.py`` (``topk_kernel``: ``torch.topk`` of the
+    softmax) and ``cpp/tensorrt_llm/kernels/speculativeDecoding/mtpKernels.cu``
+    (``mtpRelaxedAcceptanceKernel``: accept iff the draft is one of the ``topk`` ids with value
+    ``>= top1 - delta``; the emitted token after the accepted ones is the top-1 id) in the repository
+    copy this project read (main, 2026; the 1.2.1 wheel was not unpacked). Match: yes, ties aside.
     """
 
     topk: int = 10
@@ -563,14 +642,25 @@ class RelaxedAcceptance(Rule):
         check_positive_int(self.topk, "topk")
         check_nonneg(self.delta, "delta")
 
-    def row_stats(self, q):
+    def stats_all(self, q):
+        """``(1[rank_n < topk], max q - delta)``: the membership in ``top_k``'s index set, (..., V) (a
+        per-token statistic: which of several tied tokens is in depends on its id), and the floor
+        (..., 1)."""
         xp = xp_of(q)
-        kth = TopK(min(self.topk, q.shape[-1])).row_stats(q)[0]  # topk > V: every token is in the top set
-        return (xp.maximum(kth, xp.max(q, axis=-1, keepdims=True) - self.delta),)
+        in_top = xp.astype(descending_rank(q) < self.topk, q.dtype)  # topk > V: every token is in
+        return in_top, xp.max(q, axis=-1, keepdims=True) - self.delta
 
-    def phi(self, p_n, q_n, floor):
+    def stats_at(self, q, n):
+        in_top, floor = self.stats_all(q)
+        return gather(in_top, n), floor[..., 0]
+
+    def row_stats(self, q):
+        raise ValueError("RelaxedAcceptance's top-k membership is a per-token statistic: use stats_all / stats_at")
+
+    def phi(self, p_n, q_n, in_top, floor):
         xp = xp_of(q_n)
-        return xp.where(q_n >= floor, xp.ones_like(q_n), xp.zeros_like(q_n))
+        ok = (in_top > 0) & (q_n >= floor)
+        return xp.where(ok, xp.ones_like(q_n), xp.zeros_like(q_n))
 
     def residual(self, p, q, n, *, check=True):
         """``g_n = e_{argmax q}``."""
@@ -582,19 +672,36 @@ class RelaxedAcceptance(Rule):
 
 @dataclass(frozen=True)
 class MedusaTypical(Rule):
-    """Medusa's typical acceptance (Cai et al. 2024, ``evaluate_posterior`` / ``get_typical_one_token``).
+    """Medusa's typical acceptance (Cai et al. 2024), as Medusa's runnable path runs it.
 
     Accept iff ``q_n > tau(q) = min(epsilon, alpha exp(-H_eps(q)))`` with Medusa's entropy
-    ``H_eps(q) = -sum_i q_i log(q_i + entropy_eps)``; the next token after a rejection is Medusa's
-    typical sample from ``q`` restricted to ``{i: q_i >= tau(q)}``, renormalised. Medusa's defaults
-    are ``posterior_threshold = 0.09``, ``posterior_alpha = 0.3``, ``1e-5`` in the log.
+    ``H_eps(q) = -sum_i q_i log(q_i + entropy_eps)``; the token emitted after the accepted drafts is
+    ``argmax q`` of that position, both after a rejection and as the bonus (all drafts accepted):
+
+        ``phi_n = 1[q_n > tau(q)]``,   ``g_n = e_{argmax q}``,   ``bonus(q) = e_{argmax q}``
+
+    (``bonus_from_q = False``: ``sampler.verify`` / ``verify_flat`` and ``toy.sequence_law`` draw the
+    bonus from ``bonus(q)``). Medusa's defaults are ``posterior_threshold = 0.09``,
+    ``posterior_alpha = 0.3``, ``1e-5`` in the log. Argmax ties: the first maximum (lowest id), as
+    ``torch.argmax``.
+
+    Upstream: FasterDecoding/Medusa ``medusa/model/utils.py`` (``evaluate_posterior`` with
+    ``fast=True``, ``generate_candidates``) and ``medusa/model/medusa_model.py`` (``medusa_generate``,
+    ``fast=True`` by default) @ commit e2a5d20 (2024-04-18, the repository's newest; package version 1.0,
+    never released; the one release, medusa-llm 0.1, always takes ``argmax`` of the verifier's logits
+    as the next token). ``fast=True`` accepts by the test above and makes the next step's first
+    candidate ``argmax`` of the verifier's logits at the first unaccepted position (so recovery and
+    bonus are ``argmax q``; the temperature does not move an argmax). The ``fast=False`` path, which
+    would sample the truncated ``q``, raises a TypeError upstream (``evaluate_posterior`` passes six
+    arguments to the five-parameter ``get_typical_posterior_mask``), so no released or runnable Medusa
+    samples the truncated ``q`` and this class no longer does. Match: yes for a chain; Medusa verifies
+    a tree of candidates from its heads and keeps the longest accepted path, not modelled.
 
     Relation to ``TAS``: vLLM's typical acceptance sampler took Medusa's test with these constants
-    (``alpha = sqrt(epsilon)``), so ``TAS(epsilon, alpha)`` accepts exactly when
-    ``MedusaTypical(epsilon, alpha, entropy_eps=0)`` does; the two differ in recovery (vLLM emits
-    ``argmax q``, Medusa samples the truncated ``q``) and in the ``1e-5`` in the entropy. Not
-    modelled: Medusa also draws its bonus token from the truncated ``q`` (``sampler.verify`` draws it
-    from ``q``), and verifies a tree of candidates from its heads rather than a sampled chain.
+    (``alpha = sqrt(epsilon)``), so ``TAS(epsilon, alpha, entropy_eps)`` accepts and recovers exactly
+    as ``MedusaTypical(epsilon, alpha, entropy_eps)`` does; they differ only in the bonus token (vLLM
+    samples it from ``q``, Medusa emits ``argmax q``), which changes the law of a whole chain, not of
+    one step.
     """
 
     epsilon: float = 0.09
@@ -602,6 +709,7 @@ class MedusaTypical(Rule):
     entropy_eps: float = 1e-5
     name: ClassVar[str] = "medusa"
     needs_row_stats: ClassVar[bool] = True
+    bonus_from_q: ClassVar[bool] = False  # the bonus is argmax q
 
     def __post_init__(self):
         for k in ("epsilon", "alpha"):
@@ -624,12 +732,15 @@ class MedusaTypical(Rule):
         return xp_of(q_n).astype(q_n > tau, q_n.dtype)
 
     def residual(self, p, q, n, *, check=True):
-        """``g_n = q 1[q >= tau(q)] / sum_i q_i 1[q_i >= tau(q)]`` for every ``n``."""
+        """``g_n = e_{argmax q}`` for every ``n``."""
         if check:
             _check_inputs(p, q, n)
+        return self.bonus(q + 0 * p)
+
+    def bonus(self, q):
+        """``e_{argmax q}`` (first maximum on ties), (..., V)."""
         xp = xp_of(q)
-        kept = xp.where(q >= self.threshold(q)[..., None], q, xp.zeros_like(q))
-        return _normalise(kept + 0 * p, q + 0 * p)
+        return xp.astype(one_hot_like(q, xp.argmax(q, axis=-1)), q.dtype)
 
 
 @dataclass(frozen=True)
@@ -651,6 +762,14 @@ class FLy(Rule):
     which is exact for a position whose window is accepted with probability ``f`` whatever ``n`` is
     (``f = 1``: the most FLy can defer, an upper bound of its acceptance and cost; ``f = 0``, or a
     position among the last ``W``, is SpS). The greedy (temperature 0) path is not modelled.
+
+    Upstream: vLLM ``vllm/v1/spec_decode/fly.py`` (``compute_fly_entropy``,
+    ``apply_fly_random_acceptance_kernel``) and ``vllm/config/speculative.py`` @ vLLM 0.33.0: native
+    acceptance ``q_n / p_n >= u``; deferral iff not natively accepted, ``p_n > 0``, ``q_n > 0``,
+    ``pos + W < k``, top-k entropy of the processed target probabilities ``>= fly_entropy_threshold``,
+    and the next ``W`` drafts natively accepted; recovery and bonus are the native ones (``(q - p)_+``,
+    ``q``). Defaults ``fly_entropy_threshold = 0.3``, ``fly_entropy_top_k = 3``. Match: yes (one position,
+    ``f`` a parameter as above).
     """
 
     entropy_threshold: float = 0.3

@@ -6,8 +6,9 @@ rule's own code from ``p_n = draft_probs[b, j, n]``, ``q_n = verifier_probs[b, j
 rule's row statistics of ``q`` (none for SpS / Cactus, so only one probability per position is
 read). The first rejection ends the row: a token is drawn there from the rule's recovery law
 ``g_n = rule.residual(p, q, n)``, built for that one position only (B rows, never B*k*V). If all
-``k`` drafts are accepted, a bonus token is drawn from the verifier's row ``k`` (plain ``q``, not
-any ``h``).
+``k`` drafts are accepted, a bonus token is drawn from the verifier's row ``k``: plain ``q``, not any
+``h``, unless the rule declares ``bonus_from_q = False`` (then from ``rule.bonus(q)``: Medusa's
+``argmax q``).
 
 Draws use ``torch.rand`` (uniforms for acceptance, ``u < phi_n``) and an inverse-CDF draw for the
 emitted token, all from ``generator`` on the generator's device, so a seeded generator reproduces
@@ -101,7 +102,8 @@ def verify(
         draft_tokens: ``[B, k]`` int64. Token ``n`` drafted at each position.
         draft_probs: ``[B, k, V]`` float. Draft law ``p`` each drafted token was sampled from.
         verifier_probs: ``[B, k + 1, V]`` float. Verifier law ``q`` at each drafted position;
-            row ``k`` is the law of the bonus token after all ``k`` drafts.
+            row ``k`` is the verifier's law after all ``k`` drafts: the bonus token is drawn from it
+            (from ``rule.bonus(row k)`` for a rule with ``bonus_from_q = False``).
         rule: any ``cactus_theory`` rule (``SpS()``, ``Cactus(delta)``, ``TAS(...)``, ...).
         generator: ``torch.Generator`` for all random draws (uniforms are drawn on its device).
         check: validate inputs (shapes, ids in [0, V), finite normalised rows within
@@ -141,8 +143,10 @@ def verify(
     p_r, q_r, n_r = p_all[rows, j].to(dt), q_all[rows, j].to(dt), n[rows, j]  # [B, V], [B, V], [B]
     g = rule.residual(p_r, q_r, n_r, check=False)  # [B, V]
     full = (num_accepted == k).unsqueeze(-1)
+    q_bonus = q_all[:, k].to(dt)
+    bonus = q_bonus if rule.bonus_from_q else rule.bonus(q_bonus)  # the rule's bonus law (default q)
     own = g.dtype == dt and g.is_contiguous()  # g is built from our row copies: safe to overwrite
-    dist = torch.where(full, q_all[:, k].to(dt), g, out=g if own else None)  # [B, V]
+    dist = torch.where(full, bonus, g, out=g if own else None)  # [B, V]
     last = sample_rows(dist, u[:, k])  # [B]
 
     pos = torch.arange(k + 1, device=n.device)
@@ -211,6 +215,7 @@ def verify_flat(
     *,
     max_spec_len: int | None = None,
     check: bool = True,
+    bonus_probs: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``verify`` in vLLM V1's flat, ragged layout (the layout of its ``rejection_sample``).
 
@@ -224,7 +229,8 @@ def verify_flat(
         target_probs: ``[T, V]`` float. Verifier law ``q`` at each drafted position (after the
             sampling transforms).
         bonus_token_ids: ``[B, 1]`` int. Drawn by the caller from each request's bonus position
-            (vLLM samples them with the request's own top-k / top-p); used when all drafts pass.
+            (vLLM samples them with the request's own top-k / top-p); used when all drafts pass, for a
+            rule whose bonus is drawn from ``q`` (``rule.bonus_from_q``).
         rule: any ``cactus_theory`` rule.
         generator: ``None`` (torch's default generator), one ``torch.Generator`` for the batch, or
             ``{request index: torch.Generator}`` as vLLM's ``sampling_metadata.generators`` (requests
@@ -233,6 +239,10 @@ def verify_flat(
             drafts draws none, so its tokens do not depend on the rest of the batch.
         max_spec_len: output width minus one; default the longest draft in the batch.
         check: validate inputs (as ``verify``); ``False`` skips it for trusted callers.
+        bonus_probs: ``[B, V]`` float, the verifier's law at each request's bonus position. Required
+            by a rule that draws its own bonus (``rule.bonus_from_q`` False, e.g. ``MedusaTypical``):
+            a request whose drafts all pass then emits a draw from ``rule.bonus(bonus_probs)`` (with
+            the uniform its recovery would have used) instead of ``bonus_token_ids``. Ignored otherwise.
 
     Returns:
         ``[B, max_spec_len + 1]`` int32 (vLLM's ``sampled_token_ids`` dtype): each request's accepted
@@ -289,6 +299,14 @@ def verify_flat(
     rejected = num_accepted < counts
     rows = torch.nonzero(rejected).squeeze(-1)
     last = bonus_token_ids.reshape(B).to(dev, torch.long).clone()
+    if not rule.bonus_from_q:  # the rule's own bonus law (Medusa: argmax q), drawn here
+        if bonus_probs is None or tuple(bonus_probs.shape) != (B, V):
+            got = None if bonus_probs is None else tuple(bonus_probs.shape)
+            raise ValueError(f"{rule!r} draws its own bonus token (rule.bonus): pass bonus_probs, the verifier's "
+                             f"law at each bonus position, of shape (B, V) = ({B}, {V}); got {got}")
+        full = torch.nonzero(~rejected).squeeze(-1)
+        if full.numel():
+            last[full] = sample_rows(rule.bonus(bonus_probs[full].to(dev, dt)), u[full, last_col[full]])
     if rows.numel():
         t = starts[rows] + num_accepted[rows]  # flat index of each first rejection
         q_r = target_probs[t].to(dt)

@@ -12,10 +12,11 @@ the accepted drafts and the one recovered or bonus token are appended; repeat.
 
 Its exact law (``sequence_law``) is a dynamic programme over block boundaries: a block starting at
 prefix ``s`` accepts drafts ``d_1..d_a`` with probability ``prod_j p(d_j) phi(d_j)`` and then emits
-``y`` with probability ``sum_n p_n (1 - phi_n) g_n(y)`` (a rejection, ``a < k``) or ``q(y)`` (the
+``y`` with probability ``sum_n p_n (1 - phi_n) g_n(y)`` (a rejection, ``a < k``) or ``b(y)`` (the
 bonus, ``a = k``), with ``phi`` and ``g`` taken from the rule's own ``accept_prob_all`` and
-``residual``. With a lossy rule the bonus comes from ``q`` while other tokens come from the
-rule's mixture, so the law depends on where boundaries fall (on ``k``); SpS gives ``q``'s own law.
+``residual`` and ``b = exact.bonus_distribution(rule, q)`` (``q`` itself unless the rule draws its own
+bonus, as Medusa's ``argmax q``). With a lossy rule the bonus follows ``b`` while other tokens come
+from the rule's mixture, so the law depends on where boundaries fall (on ``k``); SpS gives ``q``'s own law.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .exact import bonus_distribution
 from .rules import Rule
 from .sampler import sample_rows, verify
 from .validate import check_positive_int, check_probs
@@ -274,10 +276,10 @@ def sequence_law(draft: Cond | None, verifier: Cond, rule: Rule, k: int, T: int,
                     emit(s + d, wd)
                     continue
                 c = prompt + s + d
-                if len(d) == k:
-                    q = Q(c)
-                    for y in np.flatnonzero(q > 0):
-                        emit(s + d + (int(y),), wd * q[y])
+                if len(d) == k:  # all k drafts accepted: the bonus token, from the rule's bonus law
+                    b = bonus_distribution(rule, Q(c), check=False)
+                    for y in np.flatnonzero(b > 0):
+                        emit(s + d + (int(y),), wd * b[y])
                     continue
                 key = c if P is not None else (prompt + s, d)
                 if key not in parts:
