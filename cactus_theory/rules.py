@@ -89,9 +89,14 @@ class Rule:
                              from ``bonus(q)`` (Medusa emits ``argmax q``).
     A subclass overriding a method that a property vouches for, without declaring the property again
     in its own class body, gets the safe value (row statistics computed; generic exact path).
+
+    ``revision`` numbers the definition of the rule's law: it goes up whenever the law that the same
+    parameters give changes, and ``identity`` (the repr plus the revision) is what caches of measured
+    results key on, so a result measured under an earlier definition is never reused as the current one.
     """
 
     name: ClassVar[str] = "rule"
+    revision: ClassVar[int] = 1
     needs_row_stats: ClassVar[bool] = False
     two_block: ClassVar[bool] = False
     bonus_from_q: ClassVar[bool] = True
@@ -102,6 +107,11 @@ class Rule:
         for prop, methods in _VOUCHED.items():
             if prop not in own and any(m in own for m in methods):
                 setattr(cls, prop, _SAFE[prop])
+
+    @property
+    def identity(self) -> str:
+        """``repr(self)``, then ``@r<revision>`` past the first revision: what result caches key on."""
+        return repr(self) if self.revision == 1 else f"{self!r}@r{self.revision}"
 
     # -- the two pieces each rule defines ------------------------------------------------
     def row_stats(self, q: Array) -> tuple:
@@ -585,6 +595,12 @@ class SGLangThreshold(Rule):
     name: ClassVar[str] = "sglang"
     needs_row_stats: ClassVar[bool] = False  # phi_n reads q_n only
 
+    @property
+    def revision(self) -> int:
+        """2 at ``threshold_single = 0``, where a draft with ``q_n = 0`` is no longer accepted; every other
+        setting's law is unchanged (there ``q_n = 0`` already gave ``phi_n = q_n / threshold_acc = 0``)."""
+        return 2 if self.threshold_single == 0 else 1
+
     def __post_init__(self):
         _check_prob_param(self.threshold_single, "threshold_single")
         _check_prob_param(self.threshold_acc, "threshold_acc", low_open=True)
@@ -636,6 +652,7 @@ class RelaxedAcceptance(Rule):
     topk: int = 10
     delta: float = 0.6
     name: ClassVar[str] = "relaxed"
+    revision: ClassVar[int] = 2  # r2: exactly the k indices top_k returns (r1: every q_n >= the k-th value)
     needs_row_stats: ClassVar[bool] = True
 
     def __post_init__(self):
@@ -708,6 +725,7 @@ class MedusaTypical(Rule):
     alpha: float = 0.3
     entropy_eps: float = 1e-5
     name: ClassVar[str] = "medusa"
+    revision: ClassVar[int] = 2  # r2: recovery and bonus argmax q (r1: the truncated q, bonus from q)
     needs_row_stats: ClassVar[bool] = True
     bonus_from_q: ClassVar[bool] = False  # the bonus is argmax q
 

@@ -226,3 +226,27 @@ def test_committed_claims_have_one_primary_and_readme_one_line_per_claim():
     # a 1-bin distribution test is never counted
     lt = next(c for c in claims if c.key == "samplers-real-lm")
     assert "not testable" in lt.ours and lt.ours.split(" testable")[0] == "0/57"
+
+
+# -- a row measured under an earlier definition of its rule is marked, never passed off as current ----------
+def test_rows_measured_with_an_earlier_rule_definition_are_marked():
+    from cactus_theory.rules import MedusaTypical, RelaxedAcceptance, SGLangThreshold
+
+    res = fake_eval()
+    res["methods"] = [dict(m) for m in res["methods"]]
+    tas = next(m for m in res["methods"] if m["label"] == "TAS epsilon=0.09")
+    tas["rule"] = ev._build(tas["key"], tas["params"]).identity
+    assert ev.stale_methods(res) == {}  # current identity: not stale
+    assert "earlier definition" not in ev.format_table(res)
+    tas["rule"] = tas["rule"] + "@r0"  # as if measured under another revision
+    assert list(ev.stale_methods(res)) == ["TAS epsilon=0.09"]
+    assert "| TAS epsilon=0.09 (earlier definition) |" in ev.format_table(res)
+    # the revised rules carry their revision in the identity that caches key on; SGLang only where its law moved
+    assert MedusaTypical().identity.endswith("@r2") and RelaxedAcceptance().identity.endswith("@r2")
+    assert SGLangThreshold().identity == repr(SGLangThreshold())
+    assert SGLangThreshold(threshold_single=0.0).identity.endswith("@r2")
+
+
+def test_eval_grid_refuses_a_parameter_the_rule_does_not_take():
+    with pytest.raises(ValueError, match="not parameters of rule 'tas'"):
+        ev._build("tas", {"epsilon": 0.09, "delta": 1.0})

@@ -84,16 +84,24 @@ class Method:
     @property
     def slug(self) -> str:
         s = "".join(c if c.isalnum() or c in "-_." else "_" for c in self.label)
-        return f"{s[:48]}-{hashlib.sha256(repr(self.rule).encode()).hexdigest()[:8]}"
+        return f"{s[:48]}-{hashlib.sha256(self.rule_id.encode()).hexdigest()[:8]}"
+
+    @property
+    def rule_id(self) -> str:
+        """The rule's ``identity`` (its repr and the revision of its law): what cached batches key on."""
+        return "None" if self.rule is None else self.rule.identity
 
 
 def _build(key: str, params: dict):
-    """A rule from its registry key and parameters; a parameter the constructor does not take yet
-    (``TopK(recovery=...)`` before it lands) is dropped, so the grid can name it ahead of time."""
+    """A rule from its registry key and parameters; a parameter the rule does not take is a
+    ``ValueError`` naming it (never dropped: the grid would silently run another rule)."""
     from dataclasses import fields
 
     known = {f.name for f in fields(registry.spec(key).cls)}
-    return registry.make(key, **{k: v for k, v in params.items() if k in known})
+    unknown = sorted(set(params) - known)
+    if unknown:
+        raise ValueError(f"grid parameters {unknown} are not parameters of rule {key!r} (it takes {sorted(known)})")
+    return registry.make(key, **params)
 
 
 def methods(grid: dict[str, list[dict]] | None = None, only: list[str] | None = None) -> list[Method]:
@@ -182,7 +190,7 @@ def _batch_record(pair, batch: list[tasks.Problem], method: Method, cfg: EvalCon
         pred = tasks.extract_answer(t)
         recs.append({"id": p.id, "answer": p.answer, "pred": pred, "correct": pred == p.answer,
                      "strict": tasks.strict_answer(t) == p.answer, "text": t, **c})
-    return {"rule": repr(method.rule), "seconds": secs, "records": recs}
+    return {"rule": method.rule_id, "seconds": secs, "records": recs}
 
 
 class _Cache:
@@ -197,7 +205,7 @@ class _Cache:
         path = None if self.dir is None else self.dir / method.slug / f"b{b:04d}.json"
         if path is not None:
             got = _read_json(path)
-            if got is not None and got.get("rule") == repr(method.rule):
+            if got is not None and got.get("rule") == method.rule_id:
                 return got, True
         val = compute()
         if path is not None:
@@ -246,7 +254,7 @@ def _timing(batch_value: dict) -> dict:
 
 
 def _method_info(m: Method) -> dict:
-    return {"label": m.label, "key": m.key, "params": m.params, "rule": repr(m.rule), "colour": m.colour}
+    return {"label": m.label, "key": m.key, "params": m.params, "rule": m.rule_id, "colour": m.colour}
 
 
 # -- the interpolation ablation -------------------------------------------------------------------
@@ -496,6 +504,19 @@ def _diff_cell(d: dict) -> str:
             f"(p={d['pvalue']:.2g}; Holm {d['holm']:.2g})")
 
 
+def stale_methods(result: dict) -> dict[str, tuple[str, str]]:
+    """``{label: (measured identity, current identity)}`` for the methods of a saved result whose rule was
+    measured under an earlier definition of its law (``Rule.revision``)."""
+    out = {}
+    for m in result["methods"]:
+        if m.get("key") is None or "rule" not in m:  # the verifier alone; a result that records no rule
+            continue
+        now = _build(m["key"], m.get("params", {})).identity
+        if m["rule"] != now:
+            out[m["label"]] = (m["rule"], now)
+    return out
+
+
 def format_table(result: dict) -> str:
     """Markdown: one row per method (ablation row last), then the pooled lossless reference row, then a
     note on the comparisons' family and the minimum detectable difference (``comparisons``). Cells:
@@ -513,6 +534,7 @@ def format_table(result: dict) -> str:
     sps = comp["reference"]
     strict = comp["metrics"].get("strict")
     lenient = comp["metrics"]["lenient"]
+    stale = stale_methods(result)
     lines = ["| method | accuracy % | vs SpS (points) | strict-match % | strict vs SpS (points) | AL | acceptance | "
              "Rej vs SpS | step KL | NLL | speedup |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -529,7 +551,7 @@ def format_table(result: dict) -> str:
                                          f"{100 * rej[0]:+.0f}% [{100 * rej[1]:+.0f}, {100 * rej[2]:+.0f}]")
         sa = r.get("strict_accuracy")
         sa_s = "-" if sa is None else f"{100 * sa:.1f}"
-        lines.append(f"| {label} | {_iv(r['accuracy'], pct=True)} | {dd} | {sa_s} | {sd} | {_iv(r.get('al'))} | "
+        lines.append(f"| {label}{' (earlier definition)' if label in stale else ''} | {_iv(r['accuracy'], pct=True)} | {dd} | {sa_s} | {sd} | {_iv(r.get('al'))} | "
                      f"{_iv(r.get('acceptance'))} | {rej_s} | {_iv(r.get('step_kl'), 3)} | {_iv(r['nll'])} | "
                      f"{_speedup_cell(result, label, r)} |")
     pl = lenient.get("pooled_lossless")
@@ -542,6 +564,10 @@ def format_table(result: dict) -> str:
              f"({', '.join(comp['family'])}); Holm's step-down adjustment over that family, per metric. "
              "Accuracy = the extracted answer (the last \"answer\", else \"=\", else last integer); strict-match = "
              "the integer after the last \"answer\" only."]
+    for label, (then, now) in stale.items():
+        notes.append(f"{label} (earlier definition): measured with {then}, whose law differs from the current rule's "
+                     f"({now}); its row is kept as measured, and `cactus-theory eval` recomputes it (its cached "
+                     "batches key on the rule's identity).")
     if pl is not None:
         notes.append("Pooled lossless: every method that emits exactly the verifier's law, pooled per problem "
                      "(95% t-interval over problems, so the runs sharing a problem count once); each alone: "
