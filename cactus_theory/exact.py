@@ -44,8 +44,8 @@ def induced_generic(rule: Rule, p, q, *, check: bool = True, chunk_elements: int
         check_pqn(p, q)
     batch, V = p.shape[:-1], p.shape[-1]
     p2, q2 = p.reshape(-1, V), q.reshape(-1, V)
-    phi = rule.accept_prob_all(p2, q2)
-    out = p2 * phi
+    phi = rule.accept_prob_all(p, q).reshape(-1, V)  # on the caller's shape: a per-token statistic bound to
+    out = p2 * phi                                    # these rows (DropMatch's hit) is matched, never reshaped
     w = p2 * (1 - phi)  # (R, V): weight of each candidate's recovery row
     step = max(1, chunk_elements // V)
     for r in range(p2.shape[0]):
