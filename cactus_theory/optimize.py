@@ -19,7 +19,13 @@ from scipy.special import softmax
 from .divergences import F_DIVERGENCES
 from .exact import induced_distribution
 from .rules import Cactus, Rule
-from .validate import check_int, check_nonneg, check_positive_int, check_probs, check_same_shape, check_token
+from .validate import (
+    check_nonneg,
+    check_positive_int,
+    check_probs,
+    check_same_shape,
+    check_token,
+)
 
 __all__ = ["TargetResult", "CouplingResult", "GammaSearchResult", "solve_target", "max_acceptance",
            "MultiCouplingResult", "MultiBoundResult", "MultiTargetResult", "multi_draft_acceptance",

@@ -31,7 +31,14 @@ from array_api_compat import is_torch_array
 
 from ._array import Array, errstate, gather, one_hot_like, scatter, where0, xlogy, xp_of
 from .divergences import F_DIVERGENCES
-from .validate import FLOAT16_MAX, check_int, check_nonneg, check_number, check_positive_int, check_prob_param
+from .validate import (
+    FLOAT16_MAX,
+    check_int,
+    check_nonneg,
+    check_number,
+    check_positive_int,
+    check_prob_param,
+)
 from .validate import check_pqn as _check_inputs
 
 __all__ = [

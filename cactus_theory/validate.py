@@ -224,15 +224,16 @@ def _kind(x) -> str | None:
     return None
 
 
-def check_array_kind(p, q, n=None) -> None:
+def check_array_kind(p, q, n=None, *, names: tuple[str, str] = ("p", "q")) -> None:
     """Raise ``ValueError`` unless ``p`` and ``q`` are both numpy arrays or both torch tensors (a
     Python list is refused, not guessed), and a torch ``n`` goes with torch ``p`` / ``q``."""
-    for name, x in (("p", p), ("q", q)):
+    a, b = names
+    for name, x in ((a, p), (b, q)):
         if _kind(x) is None:
             raise ValueError(f"{name} must be a numpy array or a torch tensor, got {type(x).__name__}")
     if _kind(p) != _kind(q):
-        raise ValueError(f"p and q must both be numpy arrays or both torch tensors, got a {_kind(p)} p "
-                         f"and a {_kind(q)} q")
+        raise ValueError(f"{a} and {b} must both be numpy arrays or both torch tensors, got a {_kind(p)} {a} "
+                         f"and a {_kind(q)} {b}")
     if n is not None and _kind(p) == "torch" and _kind(n) != "torch":
         raise ValueError(f"n must be a torch tensor when p and q are, got {type(n).__name__}")
 
