@@ -33,6 +33,7 @@ from ._array import Array, errstate, gather, one_hot_like, scatter, where0, xlog
 from .divergences import F_DIVERGENCES
 from .validate import (
     FLOAT16_MAX,
+    FLOAT16_TINY,
     check_int,
     check_nonneg,
     check_number,
@@ -582,6 +583,10 @@ class SGLangThreshold(Rule):
     def __post_init__(self):
         _check_prob_param(self, "threshold_single")
         _check_prob_param(self, "threshold_acc", low_open=True)
+        if self.threshold_acc < FLOAT16_TINY:  # phi divides q_n by it in the probabilities' dtype
+            raise ValueError(f"threshold_acc must be >= 2^-24 ~ 5.96e-08 (float16's smallest positive value: phi = "
+                             f"q_n / threshold_acc is computed in the probabilities' dtype, where a smaller value "
+                             f"rounds to 0 and q_n = 0 gives 0/0 = NaN), got {self.threshold_acc!r}")
 
     def phi(self, p_n, q_n, *stats):
         xp = xp_of(q_n)

@@ -16,9 +16,10 @@ from ._array import Array
 
 __all__ = ["prob_atol", "check_probs", "check_same_shape", "check_token", "check_pqn", "check_nonneg",
            "check_positive_int", "check_array_kind", "check_rule", "check_number", "check_int", "check_prob_param",
-           "InputTypeError", "FLOAT16_MAX", "FLOAT32_MAX"]
+           "InputTypeError", "FLOAT16_MAX", "FLOAT16_TINY", "FLOAT32_MAX"]
 
 FLOAT16_MAX = 65504.0  # the largest finite float16
+FLOAT16_TINY = 2.0 ** -24  # the smallest positive float16 (a subnormal, about 5.96e-08)
 FLOAT32_MAX = float(np.finfo(np.float32).max)  # about 3.4e38
 
 

@@ -167,6 +167,7 @@ def test_verify_reads_requires_grad_inputs_detached():
     (lambda: ct.TopK(2.0), "^k must be an integer >= 1, got 2.0"),
     (lambda: DropMatch(num_paths=np.float64(2)), "^num_paths must be an integer >= 0"),
     (lambda: ct.SGLangThreshold(threshold_acc=0.0), "^threshold_acc must be a number in \\(0, 1\\]"),
+    (lambda: ct.SGLangThreshold(threshold_acc=1e-300), "^threshold_acc must be >= 2\\^-24"),  # NaN in float32
     (lambda: ct.FLy(window_accept=np.float32(1.5)), "^window_accept must be a number in \\[0, 1\\]"),
 ])
 def test_rule_parameters_refused_by_name(make, needle):
@@ -602,3 +603,86 @@ def test_transformers_speculative_sampling_tokens_in_range(k, V, scale, seed, ru
     assert toks.shape == (1, int(a) + 1) and 0 <= int(a) <= k
     assert ((toks >= 0) & (toks < V)).all()
     assert torch.equal(toks[0, : int(a)], ids[0, -k:][: int(a)]) if k else int(a) == 0
+
+
+# every numeric parameter at the ends of its valid range, in every dtype, on the adversarial cases
+
+def _extremes():
+    out = []
+    for key, name, kind in _numeric_params():
+        lo = 1 if kind is int else 0.0
+        if (key, name) in (("sglang", "threshold_acc"),):
+            lo = 2.0 ** -24  # its smallest valid value (float16's smallest positive number)
+        if kind is int:
+            vals = [lo, 10**6]
+        else:
+            probe = [lo, 1e-300, 1.0, 65504.0, 1e300]
+            vals = []
+            for v in probe:
+                try:
+                    registry.make(key, **{name: v})
+                    vals.append(v)
+                except ValueError:
+                    pass
+        out += [(key, name, v) for v in vals]
+    return out
+
+
+@pytest.mark.parametrize("key, name, value", _extremes())
+def test_extreme_valid_parameters_stay_finite_in_every_dtype(key, name, value):
+    from cactus_theory.report import make_pair
+
+    base = registry.make(key, **{name: value})
+    if key == "cactus" and value != 1.0:  # every divergence of the exact solver too, at the ends
+        rules = [base] + [ct.Cactus(value, d, "exact") for d in ct.F_DIVERGENCES]
+    else:
+        rules = [base]
+    rng = np.random.default_rng(0)
+    for kind_case in ("onehot_q", "disjoint", "zeros_in_p", "qn_one", "tiny_qn", "topk_tie"):
+        p64, q64, n0 = make_pair(kind_case, 5, rng)
+        P, Q, N = np.stack([p64, q64]), np.stack([q64, p64]), np.array([n0, 4])
+        for i, rule in enumerate(rules):
+            if i and kind_case not in ("qn_one", "tiny_qn"):
+                continue  # the exact solvers (about 20 ms a call: a bracketing solve) on the two hardest cases
+            rule = fitted(rule, 5)
+            if isinstance(rule, DropMatch):
+                rule = rule.at(np.stack([np.linspace(0, 1, 5), np.zeros(5)]))
+            for dk in (DTYPES if i == 0 else ("np32", "t16", "tbf16")):
+                p, q = _convert(P, dk), _convert(Q, dk)
+                n = torch.tensor(N) if isinstance(p, torch.Tensor) else N
+                phi = _np(rule.accept_prob(p, q, n))
+                assert np.all(np.isfinite(phi)) and np.all((phi >= 0) & (phi <= 1)), (rule, dk, kind_case, phi)
+                _assert_law(rule.residual(p, q, n), p, f"{rule!r} {dk} {kind_case} residual")
+                if isinstance(rule, TargetRule):
+                    _assert_law(rule.target(p, q, n), p, f"{rule!r} {dk} {kind_case} target")
+                if isinstance(p, torch.Tensor):
+                    tokens, a = verify(torch.stack([n, n.flip(0)], 1), torch.stack([p, p.flip(0)], 1),
+                                       torch.stack([q, q.flip(0), q], 1), rule, generator=_gen())
+                    _assert_tokens(tokens, a, 5, 2)
+            _assert_law(ct.induced_distribution(rule, P, Q), P, f"{rule!r} {kind_case} induced")
+
+
+def test_transformers_helpers_name_the_argument():
+    ct_tf = pytest.importorskip("cactus_theory.integrations.transformers")
+    with pytest.raises(ValueError, match="^generator must be a torch.Generator or None, got 5"):
+        with ct_tf.use_rule(ct.SpS(), generator=5):
+            pass  # pragma: no cover
+    with pytest.raises(ValueError, match="^rule must be a cactus_theory Rule"):
+        with ct_tf.use_rule("cactus"):
+            pass  # pragma: no cover
+    for bad in (0.0, 1.0, math.nan, True, "0.3"):
+        with pytest.raises(ERRORS, match="^assistant_ensemble_weight must be in \\(0, 1\\)"):
+            ct_tf.ensemble_weight_rule(bad)
+    assert ct_tf.ensemble_weight_rule(np.float64(0.7)) == ct_tf.ensemble_weight_rule(0.7) == ct.Interpolation(0.3)
+
+
+@settings(max_examples=4, derandomize=True, deadline=None)
+@given(cases(max_V=3), st.sampled_from([0.0, 0.05, 1e6]), st.integers(1, 2), st.sampled_from(["coupling", "dual"]))
+def test_solve_target_multi_valid_inputs_give_laws(case, delta, K, method):
+    from cactus_theory.optimize import multi_draft_acceptance, solve_target_multi
+
+    p, q, _ = case
+    res = solve_target_multi(p, q, np.float32(delta), np.int64(K), method=method, max_cuts=np.int64(100))
+    _assert_law(res.h, np.zeros(1), "solve_target_multi")
+    # the budget only helps: never below the lossless optimum with h = q (an independent O(V log V) value)
+    assert multi_draft_acceptance(p, q, K).value - 1e-6 <= res.value <= 1 + 1e-9
