@@ -292,7 +292,7 @@ def test_numpy_scalars_are_accepted_by_every_rule(key, name, kind):
 
 # -- properties over the public entry points -------------------------------------------------------------
 
-DTYPES = ("np64", "np32", "t64", "t32", "t16", "tbf16")
+DTYPES = ("np64", "np32", "np16", "t64", "t32", "t16", "tbf16")
 FLOAT_VALUES = [0.0, 1e-300, 1e-12, 0.09, 0.3, 0.5, 1.0, 2.5, 1e4, 65504.0, 1e30, 3.4e38, 1e39, 1e300,
                 -0.5, math.nan, math.inf, True, "0.5", None, np.float32(0.3), np.float64(0.7), np.int64(1),
                 np.float16(0.25)]
@@ -322,6 +322,8 @@ def _convert(x: np.ndarray, kind: str):
         return x.astype(np.float64)
     if kind == "np32":
         return x.astype(np.float32)
+    if kind == "np16":
+        return x.astype(np.float16)
     dt = {"t64": torch.float64, "t32": torch.float32, "t16": torch.float16, "tbf16": torch.bfloat16}[kind]
     return torch.tensor(x).to(dt)
 
@@ -349,6 +351,8 @@ def _build(key, params):
         return None
 
 
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # numpy float16 / float32 saturate
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # in an untaken where() branch
 @settings(max_examples=150, derandomize=True, deadline=None)  # about 60 of them build a rule (the rest: refusals)
 @given(rule_params(), cases(max_V=8), st.sampled_from(DTYPES), st.integers(0, 2**31 - 1))
 def test_every_rule_valid_or_named_and_finite_in_every_dtype(kp, case, kind, seed):
@@ -628,6 +632,8 @@ def _extremes():
     return out
 
 
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # numpy float16 / float32 saturate
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # in an untaken where() branch
 @pytest.mark.parametrize("key, name, value", _extremes())
 def test_extreme_valid_parameters_stay_finite_in_every_dtype(key, name, value):
     from cactus_theory.report import make_pair
