@@ -180,7 +180,11 @@ def check_number(value, name: str, *, low: float | None = None, high: float | No
     what = what or (f"a finite number {_interval(low, high, low_open, high_open)}" if low is not None or high is not None
                      else "a finite number")
     v = _scalar(value, name, False, what)
-    if not math.isfinite(v):
+    try:
+        finite = math.isfinite(v)
+    except OverflowError:  # a Python int beyond float64's range
+        finite = False
+    if not finite:
         raise ValueError(f"{name} must be {what}, got {value!r}")
     if low is not None and (v <= low if low_open else v < low):
         raise ValueError(f"{name} must be {what}, got {value!r}")

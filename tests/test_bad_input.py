@@ -163,6 +163,8 @@ def test_verify_reads_requires_grad_inputs_detached():
     (lambda: MedusaTypical(alpha=float("nan")), "^alpha must be a positive number, got nan"),
     (lambda: ct.TAS(alpha=np.bool_(True)), "^alpha must be a positive number, got"),
     (lambda: ct.Cactus(delta="0.5"), "^delta must be finite and >= 0, got '0.5'"),
+    (lambda: ct.Cactus(delta=10**400), "^delta must be finite and >= 0, got 1000"),  # beyond float64: not an OverflowError
+    (lambda: ct.EARS(beta=-10**400), "^beta must be finite and >= 0"),
     (lambda: ct.Cactus(0.5, divergence=["kl"]), "^divergence must be one of"),
     (lambda: ct.TopK(2.0), "^k must be an integer >= 1, got 2.0"),
     (lambda: DropMatch(num_paths=np.float64(2)), "^num_paths must be an integer >= 0"),
