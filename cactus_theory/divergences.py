@@ -19,7 +19,7 @@ name           generator ``f(t)``           formula
 from __future__ import annotations
 
 from ._array import Array, errstate, where0, xlogy, xp_of
-from .validate import check_probs, check_same_shape
+from .validate import check_array_kind, check_probs, check_same_shape
 
 __all__ = [
     "kl", "reverse_kl", "chi2", "tv", "hellinger", "js", "cross_entropy", "entropy",
@@ -90,9 +90,10 @@ def divergence(h: Array, q: Array, name: str = "kl", *, check: bool = True) -> A
 
     With ``check`` (default) both arguments are validated as probability rows of equal shape.
     """
-    if name not in DIVERGENCES:
+    if not isinstance(name, str) or name not in DIVERGENCES:
         raise ValueError(f"divergence must be one of {sorted(DIVERGENCES)}, got {name!r}")
     if check:
+        check_array_kind(h, q, names=("h", "q"))
         check_same_shape(h, q, "h", "q")
         check_probs(h, "h")
         check_probs(q, "q")

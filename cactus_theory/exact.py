@@ -15,6 +15,7 @@ both into the exact law of whole blocks.
 from __future__ import annotations
 
 import numpy as np
+from array_api_compat import is_torch_array
 
 from .rules import Rule, ScalingRule
 from .validate import check_pqn, check_probs, check_rule
@@ -25,18 +26,34 @@ __all__ = ["induced_distribution", "acceptance_rate", "induced_generic", "induce
 CHUNK_ELEMENTS = 1 << 22  # residual rows held at once by the generic path: ~32 MiB of float64
 
 
-def _as_f64(p, q):
-    p = np.asarray(p, dtype=np.float64)
-    q = np.asarray(q, dtype=np.float64)
-    return p, q
+def _as_f64(p, q, check: bool = True):
+    """float64 numpy copies of ``p`` and ``q``, validated (with ``check``) in their own dtype.
+
+    Arrays and tensors are checked as given (``check_pqn``: a float16 row may stray from 1 by its dtype's
+    tolerance, 1e-2), then read in float64 (a torch tensor of any dtype, bfloat16 included, detached, from
+    any device); rows given in a precision below float64 are renormalised there, so the exact laws sum to
+    1 in float64. Other array-likes (lists, integer rows) are read as float64 first and checked as float64."""
+    arrays = all(x.is_floating_point() if is_torch_array(x) else isinstance(x, np.ndarray)
+                 and np.issubdtype(x.dtype, np.floating) for x in (p, q)) and is_torch_array(p) == is_torch_array(q)
+    if check and arrays:
+        check_pqn(p, q)
+    out = []
+    for x in (p, q):
+        low = arrays and str(x.dtype).replace("torch.", "") != "float64"
+        x = x.detach().cpu().double().numpy() if is_torch_array(x) else np.asarray(x, dtype=np.float64)
+        if low and x.size and bool(np.all(np.isfinite(x))):
+            z = x.sum(-1, keepdims=True)
+            x = np.where(z > 0, x / np.where(z > 0, z, 1.0), x)
+        out.append(x)
+    if check and not arrays:
+        check_pqn(*out)
+    return tuple(out)
 
 
 def acceptance_rate(rule: Rule, p, q, *, check: bool = True) -> np.ndarray:
     """Probability that the drafted token is accepted: ``sum_n p_n phi_n``; (..., V) -> (...)."""
     check_rule(rule)
-    p, q = _as_f64(p, q)
-    if check:
-        check_pqn(p, q)
+    p, q = _as_f64(p, q, check)
     return np.sum(p * rule.accept_prob_all(p, q), axis=-1)
 
 
@@ -53,13 +70,11 @@ def bonus_distribution(rule: Rule, q, *, check: bool = True) -> np.ndarray:
 def induced_generic(rule: Rule, p, q, *, check: bool = True, chunk_elements: int = CHUNK_ELEMENTS) -> np.ndarray:
     """``h_alg`` for any rule by summing ``p_n (1 - phi_n) g_n`` over ``n``; memory O(chunk) not O(V^2)."""
     check_rule(rule)
-    p, q = _as_f64(p, q)
-    if check:
-        check_pqn(p, q)
+    p, q = _as_f64(p, q, check)
     batch, V = p.shape[:-1], p.shape[-1]
     p2, q2 = p.reshape(-1, V), q.reshape(-1, V)
-    phi = rule.accept_prob_all(p2, q2)
-    out = p2 * phi
+    phi = rule.accept_prob_all(p, q).reshape(-1, V)  # on the caller's shape: a per-token statistic bound to
+    out = p2 * phi                                    # these rows (DropMatch's hit) is matched, never reshaped
     w = p2 * (1 - phi)  # (R, V): weight of each candidate's recovery row
     step = max(1, chunk_elements // V)
     for r in range(p2.shape[0]):
@@ -118,9 +133,7 @@ def induced_scaling(rule: ScalingRule, p, q, *, check: bool = True) -> np.ndarra
     """Fast path of ``induced_distribution`` for SpS / Cactus (any divergence, any solver)."""
     if not isinstance(rule, ScalingRule):
         raise ValueError(f"the fast path needs a two-block rule (SpS, Cactus), got {rule!r}")
-    p, q = _as_f64(p, q)
-    if check:
-        check_pqn(p, q)
+    p, q = _as_f64(p, q, check)
     V = p.shape[-1]
     p2, q2 = p.reshape(-1, V), q.reshape(-1, V)
     out = np.stack([_induced_scaling_row(rule, a, b) for a, b in zip(p2, q2, strict=True)])

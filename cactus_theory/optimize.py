@@ -19,7 +19,13 @@ from scipy.special import softmax
 from .divergences import F_DIVERGENCES
 from .exact import induced_distribution
 from .rules import Cactus, Rule
-from .validate import check_nonneg, check_positive_int, check_probs, check_same_shape, check_token
+from .validate import (
+    check_nonneg,
+    check_positive_int,
+    check_probs,
+    check_same_shape,
+    check_token,
+)
 
 __all__ = ["TargetResult", "CouplingResult", "GammaSearchResult", "solve_target", "max_acceptance",
            "MultiCouplingResult", "MultiBoundResult", "MultiTargetResult", "multi_draft_acceptance",
@@ -139,8 +145,8 @@ def solve_target(q, n: int, delta: float, divergence: str = "kl", p=None) -> Tar
     if q.ndim != 1:
         raise ValueError(f"q must be one distribution (shape (V,)), got shape {q.shape}")
     check_token(np.asarray(n), q.size, (), "n")
-    check_nonneg(delta, "delta")
-    if divergence not in CVX_DIVERGENCES:
+    delta = check_nonneg(delta, "delta")
+    if not isinstance(divergence, str) or divergence not in CVX_DIVERGENCES:
         raise ValueError(f"divergence must be one of {sorted(CVX_DIVERGENCES)}, got {divergence!r}")
     if p is not None:
         p = np.asarray(p, dtype=np.float64)
@@ -305,8 +311,7 @@ def _check_multi(p, h, num_drafts, name_h="h"):
     check_same_shape(p, h, "p", name_h)
     if p.ndim != 1:
         raise ValueError(f"p must be one distribution (shape (V,)), got shape {p.shape}")
-    check_positive_int(num_drafts, "num_drafts")
-    return p, h, int(num_drafts)
+    return p, h, check_positive_int(num_drafts, "num_drafts")
 
 
 def multi_draft_acceptance(p, h, num_drafts: int) -> MultiBoundResult:
@@ -353,6 +358,7 @@ def _hits(V: int, K: int) -> np.ndarray:
 
 
 def _check_cells(V: int, K: int, max_cells: int) -> None:
+    max_cells = check_positive_int(max_cells, "max_cells")
     if V ** (K + 1) > max_cells:
         raise ValueError(f"the coupling of K = {K} drafts over V = {V} tokens has V^(K + 1) = {V ** (K + 1)} cells, "
                          f"above max_cells = {max_cells}; use a smaller vocabulary or num_drafts, raise max_cells, "
@@ -400,10 +406,13 @@ def solve_target_multi(p, q, delta: float, num_drafts: int, divergence: str = "k
     ``"auto"``: coupling when the plan has at most ``max_cells`` cells, else dual.
     """
     p, q, K = _check_multi(p, q, num_drafts, "q")
-    check_nonneg(delta, "delta")
-    if divergence not in CVX_DIVERGENCES:
+    delta = check_nonneg(delta, "delta")
+    if not isinstance(divergence, str) or divergence not in CVX_DIVERGENCES:
         raise ValueError(f"divergence must be one of {sorted(CVX_DIVERGENCES)}, got {divergence!r}")
-    if method not in ("auto", "coupling", "dual"):
+    tol = check_nonneg(tol, "tol")
+    max_cuts = check_positive_int(max_cuts, "max_cuts")
+    check_positive_int(max_cells, "max_cells")
+    if not isinstance(method, str) or method not in ("auto", "coupling", "dual"):
         raise ValueError(f"method must be 'auto', 'coupling' or 'dual', got {method!r}")
     V = p.size
     if method == "auto":

@@ -34,7 +34,15 @@ from array_api_compat import is_torch_array
 
 from ._array import Array, errstate, gather, one_hot_like, scatter, where0, xlogy, xp_of
 from .divergences import F_DIVERGENCES
-from .validate import check_nonneg, check_positive_int
+from .validate import (
+    FLOAT16_MAX,
+    FLOAT16_TINY,
+    check_int,
+    check_nonneg,
+    check_number,
+    check_positive_int,
+    check_prob_param,
+)
 from .validate import check_pqn as _check_inputs
 
 __all__ = [
@@ -42,6 +50,62 @@ __all__ = [
     "two_block_divergence", "two_block_root", "taylor_gamma",
     "SGLangThreshold", "RelaxedAcceptance", "MedusaTypical", "FLy", "DropMatch", "DropMatchAt", "descending_rank",
 ]
+
+
+def _set(rule, **values) -> None:
+    """Store validated (converted) constructor values on a frozen rule: a numpy scalar parameter becomes
+    the Python number it equals, so every rule holds, compares and prints Python numbers."""
+    for k, v in values.items():
+        object.__setattr__(rule, k, v)
+
+
+def _check_choice(value, name: str, choices: tuple) -> None:
+    """A string parameter that must be one of ``choices`` (a non-string, even unhashable, is named too)."""
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(f"{name} must be one of {sorted(choices)}, got {value!r}")
+
+
+def _check_hit(hit) -> None:
+    """DropMatch's ``hit`` (..., V): a real (or boolean: a realised 0/1 indicator) numpy array, torch
+    tensor or nested list, finite, in [0, 1], with a vocabulary axis; its shape is matched to ``q`` where
+    it is used (equal, or a trailing part broadcast over leading axes; never reshaped)."""
+    if is_torch_array(hit):
+        if hit.is_complex():
+            raise ValueError(f"hit must hold real probabilities, got dtype {hit.dtype}")
+        ok_range = bool(((hit >= 0) & (hit <= 1)).all()) if hit.numel() else True
+        shape = tuple(hit.shape)
+    else:
+        try:
+            arr = np.asarray(hit)
+        except Exception as e:  # ragged nested lists
+            raise ValueError(f"hit must be an array of probabilities, got {type(hit).__name__}: {e}") from None
+        if arr.dtype != np.bool_ and not (np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)):
+            raise ValueError(f"hit must hold probabilities (real numbers), got dtype {arr.dtype}")
+        with np.errstate(invalid="ignore"):
+            ok_range = bool(np.all((arr >= 0) & (arr <= 1)))
+        shape = arr.shape
+    if len(shape) < 1:
+        raise ValueError(f"hit must have a vocabulary axis last (q's shape), got shape {shape}")
+    if not ok_range:
+        raise ValueError("hit must hold probabilities in [0, 1] (no NaN): the chance that each token is among the "
+                         "dropout paths, or its 0/1 indicator")
+
+
+def _check_typical(rule) -> None:
+    """``epsilon``, ``alpha`` > 0 and ``entropy_eps`` >= 0 of the typical-acceptance rules (TAS, Medusa).
+
+    ``epsilon`` caps the threshold ``min(epsilon, alpha exp(-H(q)))`` and is applied as a clip bound in
+    the probabilities' own dtype, so it must be representable there: at most 65504 (float16's largest
+    value; above float32's 3.4e38 float32 decoding crashed). Nothing is lost: the threshold is compared
+    with ``q_n <= 1``, so every ``epsilon >= 1`` acts exactly as ``epsilon = 1``. ``alpha`` and
+    ``entropy_eps`` only need to be finite (a huge value saturates to ``inf`` or 0, never NaN)."""
+    _set(rule,
+         epsilon=check_number(rule.epsilon, "epsilon", low=0.0, low_open=True, high=FLOAT16_MAX,
+                              what="a positive number",
+                              why_high="at most 65504, float16's largest value: it is a clip bound applied in the "
+                                       "probabilities' dtype, and every epsilon >= 1 acts as 1"),
+         alpha=check_number(rule.alpha, "alpha", low=0.0, low_open=True, what="a positive number"),
+         entropy_eps=check_nonneg(rule.entropy_eps, "entropy_eps"))
 
 
 def _normalise(r: Array, fallback: Array) -> Array:
@@ -340,11 +404,9 @@ class Cactus(ScalingRule):
     name: ClassVar[str] = "cactus"
 
     def __post_init__(self):
-        check_nonneg(self.delta, "delta")
-        if self.divergence not in F_DIVERGENCES:
-            raise ValueError(f"divergence must be one of {sorted(F_DIVERGENCES)}, got {self.divergence!r}")
-        if self.solver not in ("taylor", "exact"):
-            raise ValueError(f"solver must be 'taylor' or 'exact', got {self.solver!r}")
+        _set(self, delta=check_nonneg(self.delta, "delta"))
+        _check_choice(self.divergence, "divergence", tuple(F_DIVERGENCES))
+        _check_choice(self.solver, "solver", ("taylor", "exact"))
         if self.solver == "taylor" and self.divergence != "kl":
             raise ValueError(
                 f"solver='taylor' (Corollary 5) is defined for divergence='kl' only, got "
@@ -366,8 +428,7 @@ class Interpolation(TargetRule):
     name: ClassVar[str] = "interpolation"
 
     def __post_init__(self):
-        if not (isinstance(self.alpha, (int, float)) and 0 <= self.alpha <= 1):
-            raise ValueError(f"alpha must be in [0, 1], got {self.alpha!r}")
+        _set(self, alpha=check_number(self.alpha, "alpha", low=0.0, high=1.0, what="in [0, 1]"))
 
     def h_n(self, p_n, q_n):
         return self.alpha * p_n + (1 - self.alpha) * q_n
@@ -405,11 +466,7 @@ class TAS(Rule):
     name: ClassVar[str] = "tas"
 
     def __post_init__(self):
-        for k in ("epsilon", "alpha"):
-            v = getattr(self, k)
-            if isinstance(v, bool) or not (isinstance(v, (int, float)) and v > 0 and math.isfinite(v)):
-                raise ValueError(f"{k} must be a positive number, got {v!r}")
-        check_nonneg(self.entropy_eps, "entropy_eps")
+        _check_typical(self)
 
     def entropy(self, q: Array) -> Array:
         """``H(q) = -sum_i q_i log(q_i + entropy_eps)`` per row: (..., V) -> (...)."""
@@ -465,9 +522,8 @@ class TopK(Rule):
     name: ClassVar[str] = "topk"
 
     def __post_init__(self):
-        check_positive_int(self.k, "k")
-        if self.recovery not in TOPK_RECOVERIES:
-            raise ValueError(f"recovery must be one of {TOPK_RECOVERIES}, got {self.recovery!r}")
+        _set(self, k=check_positive_int(self.k, "k"))
+        _check_choice(self.recovery, "recovery", TOPK_RECOVERIES)
 
     def row_stats(self, q):
         V = q.shape[-1]
@@ -507,7 +563,7 @@ class EARS(Rule):
     name: ClassVar[str] = "ears"
 
     def __post_init__(self):
-        check_nonneg(self.beta, "beta")
+        _set(self, beta=check_nonneg(self.beta, "beta"))
 
     def row_stats(self, q):
         xp = xp_of(q)
@@ -553,10 +609,10 @@ def descending_rank(q: Array) -> Array:
     return rank
 
 
-def _check_prob_param(value, name: str, *, low_open: bool = False) -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or not ((0 < value) if low_open else (0 <= value)) or value > 1:
-        raise ValueError(f"{name} must be a number in {'(0' if low_open else '[0'}, 1], got {value!r}")
+def _check_prob_param(rule, name: str, *, low_open: bool = False, high_open: bool = False) -> None:
+    """``rule.<name>`` must be a probability-valued parameter (``validate.check_prob_param``); a numpy
+    scalar is stored back as a Python number."""
+    _set(rule, **{name: check_prob_param(getattr(rule, name), name, low_open=low_open, high_open=high_open)})
 
 
 def _without_n(q: Array, n: Array) -> Array:
@@ -602,8 +658,12 @@ class SGLangThreshold(Rule):
         return 2 if self.threshold_single == 0 else 1
 
     def __post_init__(self):
-        _check_prob_param(self.threshold_single, "threshold_single")
-        _check_prob_param(self.threshold_acc, "threshold_acc", low_open=True)
+        _check_prob_param(self, "threshold_single")
+        _check_prob_param(self, "threshold_acc", low_open=True)
+        if self.threshold_acc < FLOAT16_TINY:  # phi divides q_n by it in the probabilities' dtype
+            raise ValueError(f"threshold_acc must be >= 2^-24 ~ 5.96e-08 (float16's smallest positive value: phi = "
+                             f"q_n / threshold_acc is computed in the probabilities' dtype, where a smaller value "
+                             f"rounds to 0 and q_n = 0 gives 0/0 = NaN), got {self.threshold_acc!r}")
 
     def phi(self, p_n, q_n, *stats):
         xp = xp_of(q_n)
@@ -656,8 +716,7 @@ class RelaxedAcceptance(Rule):
     needs_row_stats: ClassVar[bool] = True
 
     def __post_init__(self):
-        check_positive_int(self.topk, "topk")
-        check_nonneg(self.delta, "delta")
+        _set(self, topk=check_positive_int(self.topk, "topk"), delta=check_nonneg(self.delta, "delta"))
 
     def stats_all(self, q):
         """``(1[rank_n < topk], max q - delta)``: the membership in ``top_k``'s index set, (..., V) (a
@@ -730,11 +789,7 @@ class MedusaTypical(Rule):
     bonus_from_q: ClassVar[bool] = False  # the bonus is argmax q
 
     def __post_init__(self):
-        for k in ("epsilon", "alpha"):
-            v = getattr(self, k)
-            if not (isinstance(v, (int, float)) and v > 0 and math.isfinite(v)):
-                raise ValueError(f"{k} must be a positive number, got {v!r}")
-        check_nonneg(self.entropy_eps, "entropy_eps")
+        _check_typical(self)
 
     def threshold(self, q: Array) -> Array:
         """``tau(q) = min(epsilon, alpha exp(sum_i q_i log(q_i + entropy_eps)))`` per row: (..., V) -> (...)."""
@@ -797,9 +852,9 @@ class FLy(Rule):
     needs_row_stats: ClassVar[bool] = True
 
     def __post_init__(self):
-        check_nonneg(self.entropy_threshold, "entropy_threshold")
-        check_positive_int(self.entropy_top_k, "entropy_top_k")
-        _check_prob_param(self.window_accept, "window_accept")
+        _set(self, entropy_threshold=check_nonneg(self.entropy_threshold, "entropy_threshold"),
+             entropy_top_k=check_positive_int(self.entropy_top_k, "entropy_top_k"))
+        _check_prob_param(self, "window_accept")
 
     def top_entropy(self, q: Array) -> Array:
         """``H_k(q) = -sum over the k largest q_i of q_i log q_i`` (not renormalised, as vLLM): (..., V) -> (...)."""
@@ -883,13 +938,10 @@ class DropMatch(Rule):
     reads_head: ClassVar[bool] = True  # needs the verifier's final hidden state and LM head
 
     def __post_init__(self):
-        v = self.rate
-        if isinstance(v, bool) or not (isinstance(v, (int, float)) and 0 <= v < 1):
-            raise ValueError(f"rate must be a dropout probability in [0, 1), got {v!r}")
-        if isinstance(self.num_paths, bool) or not (isinstance(self.num_paths, int) and self.num_paths >= 0):
-            raise ValueError(f"num_paths must be an integer >= 0, got {self.num_paths!r}")
-        if self.base not in DROPMATCH_BASES:
-            raise ValueError(f"base must be one of {DROPMATCH_BASES}, got {self.base!r}")
+        _set(self, rate=check_number(self.rate, "rate", low=0.0, high=1.0, high_open=True,
+                                     what="a dropout probability in [0, 1)"),
+             num_paths=check_int(self.num_paths, "num_paths", low=0))
+        _check_choice(self.base, "base", DROPMATCH_BASES)
 
     def at(self, hit: Array) -> DropMatchAt:
         """This rule bound to one step's ``hit`` (..., V): the probability (or the realised 0/1
@@ -945,6 +997,11 @@ class DropMatchAt(DropMatch):
 
     hit: Any = None
 
+    def __post_init__(self):
+        super().__post_init__()
+        if self.hit is not None:
+            _check_hit(self.hit)
+
     def _hit_like(self, q):
         hit = self.hit
         if hit is None:
@@ -961,9 +1018,7 @@ class DropMatchAt(DropMatch):
             k = len(hit.shape)
             if k <= len(q.shape) and tuple(q.shape[len(q.shape) - k:]) == tuple(hit.shape):
                 hit = hit + 0 * q  # one row's hit, broadcast over leading axes (e.g. repeated samples)
-            elif math.prod(hit.shape) == math.prod(q.shape):
-                hit = hit.reshape(q.shape)  # the flattened rows of exact.induced_generic
-            else:
+            else:  # never reshaped: a hit of another shape belongs to other rows
                 raise ValueError(f"hit must have q's shape {tuple(q.shape)}, got {tuple(hit.shape)}")
         return hit
 

@@ -17,10 +17,11 @@ the output exactly on a given device.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from .rules import Rule
-from .validate import check_probs, check_token
+from .validate import check_int, check_probs, check_token
 
 __all__ = ["verify", "verify_flat", "sample_rows", "check_common", "PLACEHOLDER_TOKEN_ID"]
 
@@ -66,6 +67,31 @@ def _validate(draft_tokens, draft_probs, verifier_probs, rule, generator) -> Non
     check_token(draft_tokens, V, (B, k), "draft_tokens")
     check_probs(draft_probs, "draft_probs")
     check_probs(verifier_probs, "verifier_probs")
+
+
+def _detached(t):
+    """``t.detach()`` for a tensor (verification is not differentiable); anything else as it is (validated later)."""
+    return t.detach() if isinstance(t, torch.Tensor) else t
+
+
+def _check_generators(generator, B: int) -> None:
+    """``verify_flat``'s ``generator``: None, one ``torch.Generator``, or ``{request index: torch.Generator}``
+    with every key an integer in ``[0, B)`` (no negative index: ``-1`` is not "the last request") and
+    every value a ``torch.Generator`` (uniforms are drawn on its own device, as ``verify`` does)."""
+    if generator is None or isinstance(generator, torch.Generator):
+        return
+    if not isinstance(generator, dict):
+        raise ValueError(f"generator must be None, a torch.Generator or a dict {{request index: torch.Generator}}, "
+                         f"got {type(generator).__name__}")
+    for b, g in generator.items():
+        if isinstance(b, (bool, np.bool_)) or not isinstance(b, (int, np.integer)):
+            raise ValueError(f"generator: key {b!r} must be a request index, an integer in [0, {B})")
+        i = int(b)
+        if not 0 <= i < B:
+            raise ValueError(f"generator: key {b!r} is not a request index in [0, {B}) (B = {B} requests)")
+        if not isinstance(g, torch.Generator):
+            raise ValueError(f"generator: the value for request {b!r} must be a torch.Generator, got "
+                             f"{type(g).__name__}")
 
 
 def _compute_dtype(*ts: torch.Tensor) -> torch.dtype:
@@ -118,7 +144,11 @@ def verify(
 
     Acceptance: ``u_j < phi_n`` with ``u_j ~ U[0, 1)``, so ``phi_n = 0`` (e.g. ``p_n = 0``) never
     accepts and ``phi_n = 1`` always does. float16 / bfloat16 inputs are computed in float32.
+
+    Not differentiable: verification samples tokens, so probabilities that require grad are read
+    detached (no graph is built, and none is needed to call it).
     """
+    draft_probs, verifier_probs = _detached(draft_probs), _detached(verifier_probs)
     if check:
         _validate(draft_tokens, draft_probs, verifier_probs, rule, generator)
     B, k = draft_tokens.shape
@@ -187,12 +217,9 @@ def _validate_flat(draft_token_ids, cu_num_draft_tokens, draft_probs, target_pro
     if B == 0 and T:
         raise ValueError(f"cu_num_draft_tokens is empty but draft_token_ids holds {T} tokens")
     longest = int(counts.max()) if B else 0
-    if max_spec_len is not None and (not isinstance(max_spec_len, int) or max_spec_len < longest):
-        raise ValueError(f"max_spec_len must be an int >= the longest draft ({longest}), got {max_spec_len!r}")
-    if not (generator is None or isinstance(generator, torch.Generator) or (
-            isinstance(generator, dict) and all(isinstance(g, torch.Generator) for g in generator.values()))):
-        raise ValueError(f"generator must be None, a torch.Generator or a dict {{request index: torch.Generator}}, "
-                         f"got {type(generator).__name__}")
+    if max_spec_len is not None:
+        check_int(max_spec_len, "max_spec_len", low=longest)  # "an integer >= <the longest draft>"
+    _check_generators(generator, B)
     ids = draft_token_ids.detach().cpu()
     if ids.numel() and (int(ids.min()) < PLACEHOLDER_TOKEN_ID or int(ids.max()) >= V):
         bad = ids[(ids < PLACEHOLDER_TOKEN_ID) | (ids >= V)]
@@ -251,7 +278,9 @@ def verify_flat(
 
     With one ``torch.Generator`` and equal draft counts ``k`` the uniforms are drawn exactly as
     ``verify`` draws them (one ``[B, k + 1]`` call), so the two functions emit the same tokens.
+    Not differentiable, as ``verify``: probabilities that require grad are read detached.
     """
+    draft_probs, target_probs = _detached(draft_probs), _detached(target_probs)
     if check:
         _validate_flat(draft_token_ids, cu_num_draft_tokens, draft_probs, target_probs, bonus_token_ids, rule,
                        generator, max_spec_len)

@@ -39,6 +39,7 @@ import numpy as np
 from scipy import stats as sps
 
 from .divergences import kl, tv
+from .validate import check_nonneg, check_number, check_positive_int
 
 __all__ = [
     "GoodnessOfFitResult", "HomogeneityResult", "EstimateResult", "to_counts", "pool_bins",
@@ -119,9 +120,8 @@ class EstimateResult:
         return (self.estimate, self.low, self.high)[i]
 
 
-def _check_alpha(alpha: float, name: str = "alpha") -> None:
-    if not (isinstance(alpha, (int, float)) and 0 < alpha < 1):
-        raise ValueError(f"{name} must be in (0, 1), got {alpha!r}")
+def _check_alpha(alpha: float, name: str = "alpha") -> float:
+    return check_number(alpha, name, low=0.0, high=1.0, low_open=True, high_open=True, what="in (0, 1)")
 
 
 def _check_expected(expected) -> np.ndarray:
@@ -230,9 +230,11 @@ def goodness_of_fit(
     A draw in a category of expected probability 0 is impossible under H0: p-value 0.
     """
     _check_alpha(alpha)
-    if method not in ("auto", "asymptotic", "exact", "montecarlo"):
+    check_nonneg(min_expected, "min_expected")
+    check_positive_int(n_sim, "n_sim")
+    if not isinstance(method, str) or method not in ("auto", "asymptotic", "exact", "montecarlo"):
         raise ValueError(f"method must be 'auto', 'asymptotic', 'exact' or 'montecarlo', got {method!r}")
-    if statistic not in _LAMBDAS:
+    if not isinstance(statistic, str) or statistic not in _LAMBDAS:
         raise ValueError(f"statistic must be 'chi2' or 'gtest', got {statistic!r}")
     e = _check_expected(expected_probs)
     counts = to_counts(x, e.shape, kind=kind).ravel()
@@ -292,7 +294,7 @@ def homogeneity(
     every cell's expected count is at least ``min_expected``; dof = bins - 1.
     """
     _check_alpha(alpha)
-    if statistic not in _LAMBDAS:
+    if not isinstance(statistic, str) or statistic not in _LAMBDAS:
         raise ValueError(f"statistic must be 'chi2' or 'gtest', got {statistic!r}")
     shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
     a = to_counts(x, shape, kind=kind, name="x").ravel()

@@ -15,7 +15,18 @@ from array_api_compat import is_torch_array
 from ._array import Array
 
 __all__ = ["prob_atol", "check_probs", "check_same_shape", "check_token", "check_pqn", "check_nonneg",
-           "check_positive_int", "check_array_kind", "check_rule"]
+           "check_positive_int", "check_array_kind", "check_rule", "check_number", "check_int", "check_prob_param",
+           "InputTypeError", "FLOAT16_MAX", "FLOAT16_TINY", "FLOAT32_MAX"]
+
+FLOAT16_MAX = 65504.0  # the largest finite float16
+FLOAT16_TINY = 2.0 ** -24  # the smallest positive float16 (a subnormal, about 5.96e-08)
+FLOAT32_MAX = float(np.finfo(np.float32).max)  # about 3.4e38
+
+
+class InputTypeError(TypeError, ValueError):
+    """An argument of the wrong type (a bool, a string, an array where a number goes). A ``TypeError``,
+    and a ``ValueError`` too, so callers that catch either (the CLI's one-line errors catch
+    ``ValueError``) see it."""
 
 
 def prob_atol(x: Array) -> float:
@@ -134,18 +145,80 @@ def check_pqn(p: Array, q: Array, n: Array | None = None) -> None:
         check_token(n, p.shape[-1], tuple(p.shape[:-1]), "n")
 
 
-def check_nonneg(value: float, name: str) -> None:
-    """Raise ``ValueError`` unless ``value`` is a finite number >= 0."""
-    if not isinstance(value, (int, float, np.floating, np.integer)) or isinstance(value, bool):
-        raise ValueError(f"{name} must be a number, got {value!r}")
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"{name} must be finite and >= 0, got {value!r}")
+def _scalar(value, name: str, integer: bool, what: str):
+    """``value`` as a Python ``int`` / ``float``: Python and numpy numbers (and 0-d numpy arrays) are
+    accepted alike; bools, strings, arrays and everything else are refused (``InputTypeError``)."""
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        value = value[()]
+    if isinstance(value, (bool, np.bool_)):
+        raise InputTypeError(f"{name} must be {what}, got {value!r} (a bool)")
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.floating) and not integer:
+        return float(value)
+    if isinstance(value, int) or (isinstance(value, float) and not integer):
+        return value
+    raise InputTypeError(f"{name} must be {what}, got {value!r} ({type(value).__name__})")
 
 
-def check_positive_int(value, name: str) -> None:
-    """Raise ``ValueError`` unless ``value`` is an integer (Python or numpy, not a bool) >= 1."""
-    if isinstance(value, (bool, np.bool_)) or not (isinstance(value, (int, np.integer)) and value >= 1):
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+def _interval(low, high, low_open: bool, high_open: bool) -> str:
+    if high is None:
+        return f"{'>' if low_open else '>='} {low:g}"
+    lo = "-inf" if low is None else f"{low:g}"
+    return f"in {'(' if low_open or low is None else '['}{lo}, {high:g}{')' if high_open else ']'}"
+
+
+def check_number(value, name: str, *, low: float | None = None, high: float | None = None, low_open: bool = False,
+                 high_open: bool = False, what: str | None = None, why_high: str = "") -> int | float:
+    """The one validator of a real parameter: return ``value`` as a Python number or raise naming ``name``
+    and the value. Python and numpy numbers are accepted alike (a numpy scalar comes back as ``int`` /
+    ``float``; a Python ``int`` stays an ``int``, so reprs do not change); a bool or a non-number raises
+    ``InputTypeError``; NaN, an infinity, or a value outside ``[low, high]`` (``(`` / ``)`` where open)
+    raises ``ValueError``. ``what`` describes the domain in the message (default from the bounds);
+    ``why_high`` explains an upper bound that is a limit of the arithmetic, not of the definition
+    (a parameter that must stay representable in the dtype it is applied in)."""
+    what = what or (f"a finite number {_interval(low, high, low_open, high_open)}" if low is not None or high is not None
+                     else "a finite number")
+    v = _scalar(value, name, False, what)
+    try:
+        finite = math.isfinite(v)
+    except OverflowError:  # a Python int beyond float64's range
+        finite = False
+    if not finite:
+        raise ValueError(f"{name} must be {what}, got {value!r}")
+    if low is not None and (v <= low if low_open else v < low):
+        raise ValueError(f"{name} must be {what}, got {value!r}")
+    if high is not None and (v >= high if high_open else v > high):
+        why = f" ({why_high})" if why_high else ""
+        raise ValueError(f"{name} must be {what}{why}, got {value!r}")
+    return v
+
+
+def check_int(value, name: str, *, low: int | None = None) -> int:
+    """An integer parameter (Python or numpy integer, not a bool, not a float) ``>= low``: returned as a
+    Python ``int``."""
+    what = "an integer" if low is None else f"an integer >= {low}"
+    v = _scalar(value, name, True, what)
+    if low is not None and v < low:
+        raise ValueError(f"{name} must be {what}, got {value!r}")
+    return v
+
+
+def check_nonneg(value, name: str, *, high: float | None = None, why_high: str = "") -> int | float:
+    """A finite number >= 0 (``check_number``); returns it as a Python number."""
+    what = "finite and >= 0" if high is None else f"a finite number in [0, {high:g}]"
+    return check_number(value, name, low=0.0, high=high, what=what, why_high=why_high)
+
+
+def check_positive_int(value, name: str) -> int:
+    """An integer (Python or numpy, not a bool) >= 1; returns it as a Python ``int``."""
+    return check_int(value, name, low=1)
+
+
+def check_prob_param(value, name: str, *, low_open: bool = False, high_open: bool = False) -> float:
+    """A probability-valued parameter in [0, 1] (``(0`` with ``low_open``, ``1)`` with ``high_open``)."""
+    return check_number(value, name, low=0.0, high=1.0, low_open=low_open, high_open=high_open,
+                        what=f"a number {_interval(0.0, 1.0, low_open, high_open)}")
 
 
 def _kind(x) -> str | None:
@@ -156,15 +229,16 @@ def _kind(x) -> str | None:
     return None
 
 
-def check_array_kind(p, q, n=None) -> None:
+def check_array_kind(p, q, n=None, *, names: tuple[str, str] = ("p", "q")) -> None:
     """Raise ``ValueError`` unless ``p`` and ``q`` are both numpy arrays or both torch tensors (a
     Python list is refused, not guessed), and a torch ``n`` goes with torch ``p`` / ``q``."""
-    for name, x in (("p", p), ("q", q)):
+    a, b = names
+    for name, x in ((a, p), (b, q)):
         if _kind(x) is None:
             raise ValueError(f"{name} must be a numpy array or a torch tensor, got {type(x).__name__}")
     if _kind(p) != _kind(q):
-        raise ValueError(f"p and q must both be numpy arrays or both torch tensors, got a {_kind(p)} p "
-                         f"and a {_kind(q)} q")
+        raise ValueError(f"{a} and {b} must both be numpy arrays or both torch tensors, got a {_kind(p)} {a} "
+                         f"and a {_kind(q)} {b}")
     if n is not None and _kind(p) == "torch" and _kind(n) != "torch":
         raise ValueError(f"n must be a torch tensor when p and q are, got {type(n).__name__}")
 

@@ -54,6 +54,7 @@ import torch
 
 from ..rules import Rule
 from ..sampler import verify
+from ..validate import check_int, check_number, check_rule
 
 __all__ = ["use_rule", "assisted_generate", "speculative_sampling", "ensemble_weight_rule"]
 
@@ -78,8 +79,8 @@ def ensemble_weight_rule(w: float) -> Rule:
     """The project rule equal to transformers' ``assistant_ensemble_weight = w``: ``Interpolation(1 - w)``."""
     from ..rules import Interpolation
 
-    if not (isinstance(w, (int, float)) and 0 < w < 1):
-        raise ValueError(f"assistant_ensemble_weight must be in (0, 1), got {w!r}")
+    w = check_number(w, "assistant_ensemble_weight", low=0.0, high=1.0, low_open=True, high_open=True,
+                     what="in (0, 1)")
     return Interpolation(round(1.0 - w, 12))  # 1 - 0.7 reads 0.3, not 0.30000000000000004
 
 
@@ -100,23 +101,49 @@ def speculative_sampling(rule: Rule, candidate_input_ids: torch.Tensor, candidat
     Returns:
         ``valid_tokens`` ``[1, a + 1]`` int64 (accepted candidates, then the recovered or bonus
         token) and ``n_matches`` ``a`` (0-d int64 tensor), as transformers expects.
+
+    Batch 1 only, as transformers' own ``_speculative_sampling`` (its assisted loop decodes one
+    sequence; ``n_matches`` is one number): a batch of several rows raises ``ValueError``.
     """
+    check_rule(rule)
     if assistant_ensemble_weight is not None:
         raise ValueError(
             f"assistant_ensemble_weight={assistant_ensemble_weight!r} is set while a cactus_theory rule "
             f"({rule!r}) verifies; use the rule ct.Interpolation({1 - assistant_ensemble_weight:g}) instead")
-    k = int(candidate_length)
+    for name, t in (("candidate_input_ids", candidate_input_ids), ("candidate_logits", candidate_logits),
+                    ("new_logits", new_logits)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    k = check_int(candidate_length, "candidate_length", low=0)
+    if candidate_input_ids.ndim != 2 or new_logits.ndim != 3 or candidate_logits.ndim != 3:
+        raise ValueError(f"candidate_input_ids must be [1, L + k], candidate_logits [1, k, V] and new_logits "
+                         f"[1, k + 1, V], got shapes {tuple(candidate_input_ids.shape)}, "
+                         f"{tuple(candidate_logits.shape)} and {tuple(new_logits.shape)}")
+    if candidate_input_ids.shape[0] != 1 or new_logits.shape[0] != 1:
+        raise ValueError(f"speculative_sampling verifies one sequence (batch 1, as transformers' assisted decoding); "
+                         f"got candidate_input_ids of batch {candidate_input_ids.shape[0]} and new_logits of batch "
+                         f"{new_logits.shape[0]}")
+    if new_logits.shape[1] != k + 1 or (k and tuple(candidate_logits.shape[:2]) != (1, k)) or \
+            candidate_input_ids.shape[1] < k:
+        raise ValueError(f"candidate_length = {k} does not match the shapes: candidate_input_ids "
+                         f"{tuple(candidate_input_ids.shape)} (needs >= {k} tokens), candidate_logits "
+                         f"{tuple(candidate_logits.shape)} (needs [1, {k}, V]), new_logits {tuple(new_logits.shape)} "
+                         f"(needs [1, {k + 1}, V])")
     if candidate_logits.shape[-1] != new_logits.shape[-1]:
         raise ValueError(
             f"the assistant's vocabulary ({candidate_logits.shape[-1]} logits) differs from the target's "
             f"({new_logits.shape[-1]}): speculative sampling needs one shared vocabulary")
-    q = new_logits.float().softmax(-1)  # [1, k + 1, V]
+    q = new_logits.detach().float().softmax(-1)  # [1, k + 1, V]
+    if not bool(torch.isfinite(q).all()):
+        raise ValueError("new_logits has NaN, +inf, or a row with no finite logit: no verifier law to sample from")
     if k == 0:
         u = torch.rand(1, generator=generator, dtype=torch.float64, device=q.device)
         from ..sampler import sample_rows
 
         return sample_rows(q[:, 0], u).view(1, 1), torch.zeros((), dtype=torch.long)
-    p = candidate_logits.to(q.device).float().softmax(-1)  # [1, k, V]
+    p = candidate_logits.detach().to(q.device).float().softmax(-1)  # [1, k, V]
+    if not bool(torch.isfinite(p).all()):
+        raise ValueError("candidate_logits has NaN, +inf, or a row with no finite logit: no draft law")
     drafts = candidate_input_ids[:, -k:].to(q.device)
     tokens, num_accepted = verify(drafts, p, q, rule, generator=generator)
     a = num_accepted[0]
@@ -132,6 +159,8 @@ def use_rule(rule: Rule, generator: torch.Generator | None = None):
     """
     if not isinstance(rule, Rule):
         raise ValueError(f"rule must be a cactus_theory Rule (ct.SpS(), ct.Cactus(0.5), ...), got {rule!r}")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise ValueError(f"generator must be a torch.Generator or None, got {generator!r}")
 
     def patched(candidate_input_ids, candidate_logits, candidate_length, new_logits,
                 assistant_ensemble_weight=None):
@@ -148,7 +177,14 @@ def use_rule(rule: Rule, generator: torch.Generator | None = None):
 
 
 def assisted_generate(model, assistant_model, rule: Rule, generator: torch.Generator | None = None, **kwargs):
-    """``model.generate(assistant_model=assistant_model, do_sample=True, **kwargs)`` verified by ``rule``."""
+    """``model.generate(assistant_model=assistant_model, do_sample=True, **kwargs)`` verified by ``rule``.
+
+    ``assistant_model`` is required (a draft model): without one transformers samples plainly and
+    never calls the rule (nor with prompt lookup, which has no draft law), so ``None`` raises
+    ``ValueError`` instead of silently ignoring ``rule``."""
+    if assistant_model is None:
+        raise ValueError("assistant_model is None: without a draft model transformers samples plainly and never "
+                         "calls the rule; pass the draft model (or call model.generate inside use_rule(rule))")
     if kwargs.get("do_sample") is False:
         raise ValueError("do_sample=False never calls a verification rule (greedy assisted decoding "
                          "compares argmaxes); leave do_sample=True")

@@ -18,9 +18,9 @@ import sys
 import time
 import warnings
 
-from ..cli import positive_int
+from ..cli import check_writable_file, positive_int
 
-__all__ = ["DESCRIPTION", "configure", "check", "run", "quiet_transformers", "MIN_TIMED_TOKENS"]
+__all__ = ["DESCRIPTION", "configure", "check", "check_model", "run", "quiet_transformers", "MIN_TIMED_TOKENS"]
 
 DESCRIPTION = ("Speculative decoding with a (draft, verifier) pair under any acceptance rule: prints the "
                "texts, AL and per-token acceptance, the exact per-step KL and the verifier's NLL; with "
@@ -60,7 +60,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                    help="keep transformers' warnings and model-loading progress bars")
 
 
-def _check_model(spec: str, flag: str) -> None:
+def check_model(spec: str, flag: str) -> None:
+    """A model argument (``--draft`` / ``--verifier``) names the embedded pair, an existing .gguf file or
+    local folder, or a hub id ("org/name"): a path that does not exist is refused before anything loads."""
     if not spec:
         raise ValueError(f"{flag} must name a model, got {spec!r}")
     if spec in ("smollm2", "embedded"):
@@ -92,15 +94,13 @@ def check(args: argparse.Namespace) -> None:
 
     args.rule_obj = rule_from_args(args)
     args.prompts = _prompts(args)
-    _check_model(args.verifier, "--verifier")
-    _check_model(args.draft, "--draft")
+    check_model(args.verifier, "--verifier")
+    check_model(args.draft, "--draft")
     if args.draft == "embedded" and args.verifier != "smollm2":
         raise ValueError(f"--draft embedded is built for --verifier smollm2, got --verifier {args.verifier!r}; "
                          "give a --draft model that shares the verifier's tokenizer")
     if args.json:
-        parent = os.path.dirname(os.path.abspath(args.json))
-        if not os.path.isdir(parent):
-            raise ValueError(f"--json {args.json!r}: folder {parent!r} does not exist")
+        check_writable_file(args.json, "--json")
 
 
 @contextlib.contextmanager

@@ -33,6 +33,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..atomic import atomic_path
+from ..cli import positive_int
 from .draft import FORMAT_VERSION, DraftConfig, FeatureDraft, draft_path, head_args
 from .llama import Llama
 from .transforms import sampling_probs
@@ -510,13 +511,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--epochs", type=int, default=d.epochs, help=f"training epochs (default {d.epochs})")
     parser.add_argument("--shortlist", type=int, default=d.shortlist, help=f"draft vocabulary (default {d.shortlist})")
     parser.add_argument("--seed", type=int, default=d.seed, help=f"seed (default {d.seed})")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--force", action="store_true", help="rebuild even if cached")
 
 
 def args_config(args) -> DraftConfig:
     return replace(DraftConfig(), onpolicy_prompts=args.prompts, wiki_docs=args.wiki_docs, epochs=args.epochs,
                    shortlist=args.shortlist, seed=args.seed)
+
+
+def check(args) -> None:
+    """Every check that needs no model (``ValueError`` naming the field), before ``run``."""
+    args_config(args)
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be an integer >= 1, got {args.threads!r}")
 
 
 def run(args) -> int:

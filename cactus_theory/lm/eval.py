@@ -48,6 +48,7 @@ import numpy as np
 
 from .. import registry
 from ..atomic import atomic_path, atomic_write_json, atomic_write_text
+from ..cli import positive_int
 from ..stats import paired_difference, proportion_interval
 from . import tasks
 
@@ -660,7 +661,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft-path", default=None,
                         help="with --draft embedded: this checkpoint of the embedded draft instead of the cached build")
     parser.add_argument("--device", default=None, help="torch device (default cpu)")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
     parser.add_argument("--no-ablation", action="store_true", help="skip the interpolation ablation")
     parser.add_argument("--no-lawtests", action="store_true", help="skip the distribution tests")
     parser.add_argument("--lawtest-prompts", type=int, default=5, help="prompts of the verification-step law tests")
@@ -670,6 +671,26 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=str(DEFAULT_OUT), help="folder for eval.json, eval.md and the figure")
     parser.add_argument("--cache", default=None, help="per-batch cache folder (default <out>/cache)")
     parser.add_argument("--no-progress", action="store_true")
+
+
+def check(args) -> None:
+    """Every check that needs no model (``ValueError`` naming the flag), run by the CLI before ``run``:
+    the configuration, ``--rules``, the model arguments, ``--out`` / ``--cache`` writable, and ``--device``
+    a torch device present here (this imports torch, no model)."""
+    from ..cli import check_device, check_writable_dir
+    from .cli import check_model
+
+    _check_args(args)
+    only = [s.strip() for s in args.rules.split(",") if s.strip()] if args.rules else None
+    methods(only=only)
+    check_model(args.verifier, "--verifier")
+    check_model(args.draft, "--draft")
+    if args.draft == "embedded" and args.verifier != "smollm2":
+        raise ValueError(f"--draft embedded is built for --verifier smollm2, got --verifier {args.verifier!r}; "
+                         "give a --draft model that shares the verifier's tokenizer")
+    check_writable_dir(args.out, "--out")
+    check_writable_dir(args.cache, "--cache")
+    check_device(args.device)
 
 
 def _check_args(args) -> EvalConfig:
