@@ -26,7 +26,9 @@ from cactus_theory.claims import (
     exact_verdict,
     interval_verdict,
 )
-from cactus_theory.stats import detectable_tv
+from cactus_theory.lm.lawtests import format_lawtests as lawtest_table
+from cactus_theory.lm.lawtests import own_tv as _own_tv
+from cactus_theory.lm.lawtests import testable
 
 from .common import ROOT, Ctx, StepResult, cached, save_figure, standalone
 from .lm_runs import get_pair, set_threads
@@ -299,61 +301,6 @@ def claims(res: dict, which: str) -> list[Claim]:
                         f"no Cactus budget reaches interpolation alpha = 0.9's AL ({ab['target_al']:.2f}); the largest "
                         f"Cactus AL (delta = {ab['delta']:.4g}) is {ab['summary'][lab_ab]['al'][0]:.2f}"))
     return out
-
-
-def _own_tv(r: dict, lt: dict) -> float:
-    """The TV a test detects with probability 1 - beta on its own pooled bins (call it on a testable test)."""
-    return detectable_tv(r["draws"], categories=r["bins"], alpha=lt["alpha"], beta=lt["beta"])
-
-
-def testable(r: dict) -> bool:
-    """A chi-square test has power only with at least two pooled bins (one bin: statistic 0, p = 1 always)."""
-    return r["bins"] >= 2
-
-
-def lawtest_table(lt: dict, stale: dict | None = None) -> str:
-    """The distribution tests, power per test on its own pooled bins; tests whose law has fewer than two
-    pooled bins are "not testable", counted apart (never among the tests that could reject)."""
-    step = [r for r in lt["step"] if testable(r)]
-    n_tests = len(step) + 2
-    lines = [f"Distribution tests at alpha = {lt['alpha']:g} each; power on the pooled bins of each test (categories "
-             f"with expected count < 5 pooled), as the TV detected with probability {1 - lt['beta']:.2g}. A law with "
-             "fewer than two pooled bins gives a test with no power (statistic 0, p = 1 whatever the draws): "
-             "\"not testable\", counted apart. Family: the "
-             f"{n_tests} testable tests (verification step and decode loop; the controls excluded), Bonferroni: "
-             f"P(any false rejection) <= {min(1.0, n_tests * lt['alpha']):.3g}.", "",
-             "| test | kind | draws | testable | rejections (testable) | min p-value (testable) | detectable TV (own bins) |",
-             "|---|---|---|---|---|---|---|"]
-    by: dict[str, list] = {}
-    for r in lt["step"]:
-        by.setdefault(r["method"], []).append(r)
-    for m, rs in by.items():
-        ok = [r for r in rs if testable(r)]
-        tv = [_own_tv(r, lt) for r in ok]
-        tvs = "-" if not tv else (f"{min(tv):.3f}" if min(tv) == max(tv) else f"{min(tv):.3f}-{max(tv):.3f}")
-        tag = " (earlier definition: tested against that rule's exact law)" if m in (stale or {}) else ""
-        lines.append(f"| {m}{tag}: first token vs exact law, {len(rs)} prompts | verification step | {rs[0]['draws']} | "
-                     f"{len(ok)}/{len(rs)} | {sum(r['reject'] for r in ok)}/{len(ok)} | "
-                     f"{min((r['pvalue'] for r in ok), default=float('nan')):.3g} | {tvs} |")
-    c = lt["control"]
-    lines.append(f"| control: SpS draws vs Cactus delta=1's law (TV between laws {min(r['tv_between_laws'] for r in c):.3f}"
-                 f"-{max(r['tv_between_laws'] for r in c):.3f}) | verification step | {c[0]['draws']} | "
-                 f"{sum(testable(r) for r in c)}/{len(c)} | {sum(r['reject'] for r in c if testable(r))}/"
-                 f"{sum(testable(r) for r in c)} | {min(r['pvalue'] for r in c):.3g} | "
-                 f"{max(_own_tv(r, lt) for r in c if testable(r)):.3f} |")
-    lo = lt["loop"]
-    h, g = lo["sps_vs_verifier_3_tokens"], lo["cactus_second_token"]
-    n_eff = lo["draws"] / 2
-    h_tv = detectable_tv(n_eff, categories=h["bins"], alpha=lt["alpha"], beta=lt["beta"]) if testable(h) else None
-    lines.append(f"| SpS vs verifier alone, first 3 tokens (homogeneity, {h['distinct_sequences']} sequences seen) | "
-                 f"decode loop | {lo['draws']} each | {int(testable(h))}/1 | {int(h['reject'])}/{int(testable(h))} | "
-                 f"{h['pvalue']:.3g} | {'-' if h_tv is None else f'{h_tv:.3f}'} |")
-    lines.append(f"| Cactus delta=1 second token (the first one verified) vs exact law, given the most frequent "
-                 f"first token | decode loop | {g['draws']} | {int(testable(g))}/1 | {int(g['reject'])}/{int(testable(g))} | "
-                 f"{g['pvalue']:.3g} | {f'{_own_tv(g, lt):.3f}' if testable(g) else '-'} |")
-    for label, why in lt.get("untested", {}).items():
-        lines.append(f"| {label}: not tested here ({why}) | - | - | - | - | - | - |")
-    return "\n".join(lines)
 
 
 def lawtest_claims(lt: dict) -> list[Claim]:

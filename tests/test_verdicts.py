@@ -250,3 +250,24 @@ def test_rows_measured_with_an_earlier_rule_definition_are_marked():
 def test_eval_grid_refuses_a_parameter_the_rule_does_not_take():
     with pytest.raises(ValueError, match="not parameters of rule 'tas'"):
         ev._build("tas", {"epsilon": 0.09, "delta": 1.0})
+
+
+def test_a_one_bin_step_test_reports_no_power():
+    """The library's own step test (what `cactus-theory eval` prints) gives a one-bin law no detectable TV,
+    and its table counts it apart (the old code showed a TV computed with max(bins, 2))."""
+    from cactus_theory.lm.lawtests import format_lawtests, verify_step_test
+    from cactus_theory.rules import SpS
+
+    q = np.array([0.0, 1.0, 0.0, 0.0])
+    one = verify_step_test(SpS(), q.copy(), q, draws=500, seed=0)
+    assert one["bins"] == 1 and one["detectable_tv"] is None and one["pvalue"] == 1.0
+    p2 = np.array([0.25, 0.25, 0.25, 0.25])
+    two = verify_step_test(SpS(), p2, p2, draws=2000, seed=1)
+    assert two["bins"] >= 2 and 0 < two["detectable_tv"] < 1
+    ctl = dict(two, prompt=0, tv_between_laws=0.5)
+    lt = {"alpha": 1e-4, "beta": 0.1, "step": [dict(one, method="SpS"), dict(two, method="SpS")], "control": [ctl],
+          "loop": {"draws": 100, "sps_vs_verifier_3_tokens": {"bins": 1, "pvalue": 1.0, "reject": False,
+                                                               "distinct_sequences": 1},
+                   "cactus_second_token": {"bins": 3, "pvalue": 0.5, "reject": False, "draws": 1000}}}
+    md = format_lawtests(lt)
+    assert "| 1/2 | 0/1 |" in md  # one of two step tests testable, none of the testable ones rejects

@@ -37,7 +37,8 @@ from ..rules import Cactus, SpS, TopK
 from ..sampler import verify
 from ..stats import detectable_tv, goodness_of_fit, homogeneity
 
-__all__ = ["ALPHA", "BETA", "HORIZON", "LOOP_PROMPT", "step_position", "verify_step_test", "run_lawtests", "format_lawtests"]
+__all__ = ["ALPHA", "BETA", "HORIZON", "LOOP_PROMPT", "step_position", "verify_step_test", "run_lawtests", "format_lawtests",
+           "testable", "own_tv"]
 
 ALPHA = 1e-4
 BETA = 0.1
@@ -97,7 +98,7 @@ def verify_step_test(rule, p: np.ndarray, q: np.ndarray, draws: int, seed: int, 
     res = goodness_of_fit(toks[:, 0].numpy(), law, alpha=ALPHA)
     return {"rule": repr(rule), "law_of": repr(law_rule), "draws": draws, "statistic": res.statistic,
             "pvalue": res.pvalue, "reject": res.reject, "bins": res.bins,
-            "detectable_tv": detectable_tv(draws, categories=max(res.bins, 2), alpha=ALPHA, beta=BETA),
+            "detectable_tv": detectable_tv(draws, categories=res.bins, alpha=ALPHA, beta=BETA) if res.bins >= 2 else None,
             "support": int(idx.size)}
 
 
@@ -126,8 +127,8 @@ def loop_tests(pair, k: int, sampling: dict, draws: int, seed: int) -> dict:
     out = {"prompt": LOOP_PROMPT if pair.tokenizer is not None else [1, 2, 3], "draws": draws,
            "sps_vs_verifier_3_tokens": {"statistic": h.statistic, "pvalue": h.pvalue, "reject": h.reject,
                                         "bins": h.bins, "distinct_sequences": len(cats),
-                                        "detectable_tv": detectable_tv(n_eff, categories=max(h.bins, 2),
-                                                                       alpha=ALPHA, beta=BETA)}}
+                                        "detectable_tv": detectable_tv(n_eff, categories=h.bins, alpha=ALPHA,
+                                                                       beta=BETA) if h.bins >= 2 else None}}
     rule = Cactus(1.0)
     c = speculative_generate(pair, prompts, rule, k=k, seed=seed + 2, track_kl=False, **{**kw, "max_new_tokens": 2})
     firsts = [t[0] for t in c.tokens if len(t) == 2]
@@ -144,8 +145,8 @@ def loop_tests(pair, k: int, sampling: dict, draws: int, seed: int) -> dict:
     g = goodness_of_fit(np.array([pos[int(t)] for t in second]), law, alpha=ALPHA)
     out["cactus_second_token"] = {"rule": repr(rule), "given_first_token": int(t1), "draws": len(second),
                                   "statistic": g.statistic, "pvalue": g.pvalue, "reject": g.reject, "bins": g.bins,
-                                  "detectable_tv": detectable_tv(len(second), categories=max(g.bins, 2),
-                                                                 alpha=ALPHA, beta=BETA)}
+                                  "detectable_tv": detectable_tv(len(second), categories=g.bins, alpha=ALPHA,
+                                                                 beta=BETA) if g.bins >= 2 else None}
     return out
 
 
@@ -189,36 +190,63 @@ def run_lawtests(pair, method_list, problems, draws: int = 20_000, loop_draws: i
     loop = loop_tests(pair, k, sampling, loop_draws, seed)
     bar.update()
     bar.close()
-    n_tests = len(step) + 2
+    n_tests = sum(r["bins"] >= 2 for r in step) + 2  # one pooled bin: no power, not counted (``testable``)
     return {"alpha": ALPHA, "beta": BETA, "tests": n_tests, "familywise_bound": min(1.0, n_tests * ALPHA),
             "prompts": [p.id for p in problems], "step": step, "control": control, "loop": loop,
             "untested": untested}
 
 
-def format_lawtests(lt: dict) -> str:
-    """Markdown summary: per rule, how many prompts reject, the smallest p-value, the detectable TV."""
-    lines = [f"Distribution tests at alpha = {lt['alpha']:g} each ({lt['tests']} tests; P(any false rejection) "
-             f"<= {lt['familywise_bound']:.3g}); power: the TV detected with probability {1 - lt['beta']:.2g}.", "",
-             "| test | kind | draws | rejections | min p-value | detectable TV |", "|---|---|---|---|---|---|"]
+def own_tv(r: dict, lt: dict) -> float:
+    """The TV a test detects with probability 1 - beta on its own pooled bins (call it on a testable test)."""
+    return detectable_tv(r["draws"], categories=r["bins"], alpha=lt["alpha"], beta=lt["beta"])
+
+
+def testable(r: dict) -> bool:
+    """A chi-square test has power only with at least two pooled bins (one bin: statistic 0, p = 1 always)."""
+    return r["bins"] >= 2
+
+
+def format_lawtests(lt: dict, stale: dict | None = None) -> str:
+    """The distribution tests, power per test on its own pooled bins; tests whose law has fewer than two
+    pooled bins are "not testable", counted apart (never among the tests that could reject). ``stale``: the
+    labels of methods measured under an earlier definition of their rule (``eval.stale_methods``), marked."""
+    step = [r for r in lt["step"] if testable(r)]
+    n_tests = len(step) + 2
+    lines = [f"Distribution tests at alpha = {lt['alpha']:g} each; power on the pooled bins of each test (categories "
+             f"with expected count < 5 pooled), as the TV detected with probability {1 - lt['beta']:.2g}. A law with "
+             "fewer than two pooled bins gives a test with no power (statistic 0, p = 1 whatever the draws): "
+             "\"not testable\", counted apart. Family: the "
+             f"{n_tests} testable tests (verification step and decode loop; the controls excluded), Bonferroni: "
+             f"P(any false rejection) <= {min(1.0, n_tests * lt['alpha']):.3g}.", "",
+             "| test | kind | draws | testable | rejections (testable) | min p-value (testable) | detectable TV (own bins) |",
+             "|---|---|---|---|---|---|---|"]
     by: dict[str, list] = {}
     for r in lt["step"]:
         by.setdefault(r["method"], []).append(r)
     for m, rs in by.items():
-        lines.append(f"| {m}: first token vs exact law, {len(rs)} prompts | verification step | {rs[0]['draws']} | "
-                     f"{sum(r['reject'] for r in rs)}/{len(rs)} | {min(r['pvalue'] for r in rs):.3g} | "
-                     f"{max(r['detectable_tv'] for r in rs):.3f} |")
+        ok = [r for r in rs if testable(r)]
+        tv = [own_tv(r, lt) for r in ok]
+        tvs = "-" if not tv else (f"{min(tv):.3f}" if min(tv) == max(tv) else f"{min(tv):.3f}-{max(tv):.3f}")
+        tag = " (earlier definition: tested against that rule's exact law)" if m in (stale or {}) else ""
+        lines.append(f"| {m}{tag}: first token vs exact law, {len(rs)} prompts | verification step | {rs[0]['draws']} | "
+                     f"{len(ok)}/{len(rs)} | {sum(r['reject'] for r in ok)}/{len(ok)} | "
+                     f"{min((r['pvalue'] for r in ok), default=float('nan')):.3g} | {tvs} |")
     c = lt["control"]
     lines.append(f"| control: SpS draws vs Cactus delta=1's law (TV between laws {min(r['tv_between_laws'] for r in c):.3f}"
                  f"-{max(r['tv_between_laws'] for r in c):.3f}) | verification step | {c[0]['draws']} | "
-                 f"{sum(r['reject'] for r in c)}/{len(c)} | {min(r['pvalue'] for r in c):.3g} | "
-                 f"{max(r['detectable_tv'] for r in c):.3f} |")
+                 f"{sum(testable(r) for r in c)}/{len(c)} | {sum(r['reject'] for r in c if testable(r))}/"
+                 f"{sum(testable(r) for r in c)} | {min(r['pvalue'] for r in c):.3g} | "
+                 f"{max(own_tv(r, lt) for r in c if testable(r)):.3f} |")
     lo = lt["loop"]
     h, g = lo["sps_vs_verifier_3_tokens"], lo["cactus_second_token"]
+    n_eff = lo["draws"] / 2
+    h_tv = detectable_tv(n_eff, categories=h["bins"], alpha=lt["alpha"], beta=lt["beta"]) if testable(h) else None
     lines.append(f"| SpS vs verifier alone, first 3 tokens (homogeneity, {h['distinct_sequences']} sequences seen) | "
-                 f"decode loop | {lo['draws']} each | {int(h['reject'])}/1 | {h['pvalue']:.3g} | {h['detectable_tv']:.3f} |")
+                 f"decode loop | {lo['draws']} each | {int(testable(h))}/1 | {int(h['reject'])}/{int(testable(h))} | "
+                 f"{h['pvalue']:.3g} | {'-' if h_tv is None else f'{h_tv:.3f}'} |")
     lines.append(f"| Cactus delta=1 second token (the first one verified) vs exact law, given the most frequent "
-                 f"first token | decode loop | {g['draws']} | {int(g['reject'])}/1 | {g['pvalue']:.3g} | "
-                 f"{g['detectable_tv']:.3f} |")
+                 f"first token | decode loop | {g['draws']} | {int(testable(g))}/1 | {int(g['reject'])}/{int(testable(g))} | "
+                 f"{g['pvalue']:.3g} | {f'{own_tv(g, lt):.3f}' if testable(g) else '-'} |")
     for label, why in lt.get("untested", {}).items():
-        lines.append(f"| {label}: not tested here ({why}) | - | - | - | - | - |")
+        lines.append(f"| {label}: not tested here ({why}) | - | - | - | - | - | - |")
     return "\n".join(lines)
