@@ -43,7 +43,7 @@ def findings(results: Path = RESULTS) -> str:
     claims = load_claims(results)
     if not claims:
         return "No committed results yet: run `make repro`."
-    from .report import NAMES, ORDER, THEORY, _label
+    from .report import NAMES, ORDER, THEORY, claim_label
 
     g = group(claims)
     out = ["`make repro` writes [paper_repro/REPORT.md](paper_repro/REPORT.md): each distinct claim of the paper, "
@@ -58,13 +58,13 @@ def findings(results: Path = RESULTS) -> str:
         r = resolve(cs)
         pc = r.primary
         if pc is None:
-            out.append(f"* **{NAMES.get(key, key)}**: {_label(cs)}; secondary only: "
+            out.append(f"* **{NAMES.get(key, key)}**: {claim_label(cs)}; secondary only: "
                        + "; ".join(f"{c.source}, {c.role}: {c.ours} ({c.label})" for c in cs) + ".")
             continue
         src = f"{pc.source}" + (f", {pc.units}" if pc.units else "")
         name = NAMES.get(key, key)
         ref = "" if pc.ref == name or name.startswith(pc.ref) else f" ({pc.ref})"
-        line = f"* **{name}**{ref}: {_label(cs)}. Primary ({src}): {pc.ours}"
+        line = f"* **{name}**{ref}: {claim_label(cs)}. Primary ({src}): {pc.ours}"
         if pc.verdict == "out of reach" and pc.detail:
             line += f" ({pc.detail})"
         if pc.decision and key not in THEORY:
@@ -136,7 +136,7 @@ def findings(results: Path = RESULTS) -> str:
     ta = [r for r in claims if r.key == "tas-arith"]
     if ta and resolve(ta).primary is not None:
         r = resolve(ta)
-        out.append(f"* TAS on the arithmetic task (derived; the analogue of GSM8K, not of GPQA): {_label(ta)}. Primary "
+        out.append(f"* TAS on the arithmetic task (derived; the analogue of GSM8K, not of GPQA): {claim_label(ta)}. Primary "
                    f"({r.primary.source}, {r.primary.units}, strict-match): {r.primary.ours}. Same runs, lenient: "
                    + "; ".join(c.ours for c in ta if c is not r.primary) + ".")
     if _load(results, "fig_e_lm") is None:

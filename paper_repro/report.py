@@ -64,7 +64,7 @@ def _mark(v: str) -> str:
     return v if v in ("holds",) or v.startswith("consistent") else f"**{v}**"
 
 
-def _label(checks: list[Claim]) -> str:
+def claim_label(checks: list[Claim]) -> str:
     """The statement's verdict as printed: the primary check's, with its scope ("consistent: ...",
     "inconclusive (on ...)"), or "inconclusive (checks disagree)"."""
     r = resolve(checks)
@@ -123,7 +123,7 @@ def claims_tables(claims: list[Claim]) -> dict[str, str]:
         lines = [head, "|---" * (8 if kind == "paper" else 7) + "|"]
         for i, k in enumerate(keys, 1):
             cs = groups[k]
-            label = _label(cs)
+            label = claim_label(cs)
             prim = resolve(cs).primary
             verdict = _mark(_esc(label)) + (f"; {_esc(prim.detail)}" if prim is not None and prim.detail
                                             and combined_verdict(cs) != "holds" else "")
