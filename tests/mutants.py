@@ -60,18 +60,22 @@ PORTS: list[Port] = [
     Port("target-residual-q", "TargetRule recovers from (q - p)_+ instead of (h - p)_+ (the classic wrong port)", R,
          "        h = self.target_rows(p, q, n)\n        return _normalise(_pos(h - p), h)",
          "        h = self.target_rows(p, q, n)\n        return _normalise(_pos(q - p), h)",
-         ("tests/test_rules.py::test_residual_uses_h_not_q", "tests/test_wrong_ports.py")),
+         ("tests/test_rules.py::test_residual_uses_h_not_q", "tests/test_exact.py::test_target_rules_output_their_target")),
     Port("target-residual-fallback-p", "TargetRule's zero-mass fallback of (h - p)_+ is p instead of h", R,
          "        return _normalise(_pos(h - p), h)",
          "        return _normalise(_pos(h - p), p)",
          (G + "::test_zero_residual_fallback_carries_no_weight", "tests/test_exact.py::test_generic_equals_per_token_loop"),
-         harmless="(h - p)_+ = 0 only if h = p, where phi_n = 1 for every draft: the fallback has weight 0"),
+         harmless="(h - p)_+ = 0 only if h = p (exact arithmetic), where phi_n = 1 for every draft: the fallback has weight 0"),
     Port("target-phi-pn0-one", "TargetRule.phi returns 1 (not 0) where p_n = 0", R,
          "self.h_n(p_n, q_n) / xp.where(p_n > 0, p_n, xp.ones_like(p_n)), xp.zeros_like(p_n))",
          "self.h_n(p_n, q_n) / xp.where(p_n > 0, p_n, xp.ones_like(p_n)), xp.ones_like(p_n))",
          ("tests/test_rules.py::test_zero_draft_mass_never_accepts",
           "tests/test_sampler.py::test_draft_token_with_zero_draft_probability_is_never_accepted"),
          harmless="accept_from applies the p_n = 0 convention after phi (where0(p_n > 0, .)), for every rule"),
+    Port("sps-tiny-budget", "SpS is Cactus with delta = 1e-6 (nearly lossless)", R,
+         "        return q_n\n",
+         "        return taylor_gamma(q_n, 1e-6)\n",
+         ("tests/test_toy.py::test_sps_sequence_law_is_the_verifier_law", "tests/test_exact.py::test_target_rules_output_their_target")),
     Port("scaling-scale-qn1-one", "ScalingRule's scale at q_n = 1 is 1 instead of 0", R,
          "        return where0(room > 0, (1 - gamma) / xp.where(room > 0, room, xp.ones_like(room)))",
          "        return xp.where(room > 0, (1 - gamma) / xp.where(room > 0, room, xp.ones_like(room)), xp.ones_like(room))",
@@ -122,6 +126,10 @@ PORTS: list[Port] = [
          "        return (np.partition(q, V - k, axis=-1)[..., V - k: V - k + 1],)",
          "        return (np.partition(q, max(V - k - 1, 0), axis=-1)[..., max(V - k - 1, 0): max(V - k, 1)],)",
          ("tests/test_rules.py::test_topk_and_interpolation_and_ears", "tests/test_rules.py::test_numpy_and_torch_agree")),
+    Port("topk-q-recovery-residual", "TopK(recovery='q') recovers from (q - p)_+ instead of q", R,
+         "        if self.recovery == \"q\":\n            return q + 0 * p",
+         "        if self.recovery == \"q\":\n            return _normalise(_pos(q - p), q + 0 * p)",
+         ("tests/test_rules.py::test_rules_match_the_independent_reference", "tests/test_rules.py::test_topk_and_interpolation_and_ears")),
     Port("topk-recovery-without-p", "TopK(recovery='topk') recovers uniformly on the top set, ignoring p", R,
          "        return _normalise(_pos(top - p), top / xp.sum(top, axis=-1, keepdims=True))",
          "        return top / xp.sum(top, axis=-1, keepdims=True) + 0 * p",
@@ -331,6 +339,30 @@ def _apply(tmp: str, port: Port) -> None:
         f.write(text.replace(port.old, port.new))
 
 
+def enclosing(port: Port) -> str:
+    """The innermost class or function (``Class.method`` / ``function``) whose source holds the anchor."""
+    import ast
+
+    with open(os.path.join(ROOT, port.file), encoding="utf-8") as f:
+        text = f.read()
+    line = text[:text.index(port.old)].count("\n") + 1
+    best, path = None, []
+
+    def walk(node, names):
+        nonlocal best
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.ClassDef, ast.FunctionDef)):
+                here = [*names, child.name]
+                if child.lineno <= line <= child.end_lineno:
+                    best = ".".join(here)
+                walk(child, here)
+            else:
+                walk(child, names)
+
+    walk(ast.parse(text), path)
+    return best or "<module>"
+
+
 def check_anchors(ports: list[Port]) -> list[str]:
     bad = []
     for port in ports:
@@ -428,7 +460,8 @@ def main(argv=None) -> int:
         ports = [replace(p, tests=tuple(t for t in p.tests if not t.startswith(G))) for p in ports]
     if args.list:
         for p in ports:
-            print(f"{p.id:32s} {'harmless' if p.harmless else 'law'}  {p.what}\n{'':33s}tests: {' '.join(p.tests)}")
+            print(f"{p.id:32s} {'harmless' if p.harmless else 'law'}  {p.what}\n{'':33s}in {p.file}: {enclosing(p)}"
+                  f"\n{'':33s}tests: {' '.join(p.tests)}")
         return 0
     bad = check_anchors(ports)
     if bad:
