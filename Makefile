@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup test repro verify lint bench notebooks vllm-env test-vllm vllm vllm-bench eval
+.PHONY: setup test repro verify lint bench notebooks vllm-env test-vllm vllm vllm-bench eval mutants
 
 setup: $(VENV)/.installed
 
@@ -33,6 +33,11 @@ notebooks: setup
 EVAL_ARGS ?= --threads 2
 eval: setup
 	$(BIN)/cactus-theory eval $(EVAL_ARGS)
+
+# planted wrong ports (tests/mutants.py): each must turn a test red or be proven harmless; prints the table
+# port | caught by | harmless because. Not part of `make test`. Some ports: make mutants PORTS=id1,id2
+mutants: setup
+	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(BIN)/python tests/mutants.py $(if $(PORTS),--ports $(PORTS))
 
 verify: setup
 	$(BIN)/cactus-theory verify

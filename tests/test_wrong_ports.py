@@ -9,6 +9,12 @@ Each is run through exactly the harness the correct sampler passes in test_sampl
 test_toy.py (same sizes, level ALPHA = 1e-4, fixed seeds) and must be rejected. Where the wrong
 law is computable we also assert it is at TV >= 0.01 from the right one, so rejection is what
 the test's power (>= 0.999 at that distance) predicts, not luck.
+
+The wider catalogue of wrong ports (every rule, ``verify_flat``, the exact laws, the multi-draft
+functions, the vLLM and transformers hooks) is planted into a copy of the source by
+``tests/mutants.py`` (``make mutants``, not part of ``make test``); the guards for the ports the rest
+of the suite missed are in ``tests/test_port_guards.py``. ``test_planted_ports_are_anchored_and_cover``
+below keeps that catalogue runnable: every anchor still found exactly once, every named test present.
 """
 
 from dataclasses import dataclass
@@ -102,3 +108,34 @@ def test_bonus_from_wrong_row_is_invisible_to_the_one_step_test():
     p, q = rows(11)
     res = one_step_test(ct.Cactus(0.1), p, q, num_samples=N1, seed=5, alpha=ALPHA, sampler=bonus_from_wrong_row)
     assert not res.reject
+
+
+REQUIRED_COVERAGE = {  # every rule and entry point has at least one planted port (tests/mutants.py)
+    "SpS", "ScalingRule", "TargetRule", "Cactus", "taylor_gamma", "TAS", "TopK", "Interpolation", "EARS",
+    "SGLangThreshold", "RelaxedAcceptance", "MedusaTypical", "FLy", "DropMatch", "verify", "verify_flat",
+    "induced_generic", "_induced_scaling_row", "sequence_law", "step_parts", "speculative_decode",
+    "multi_draft_acceptance", "solve_target_multi", "rule_from_spec", "expand_batch_to_tokens", "rejection_sample",
+    "speculative_sampling",
+}
+
+
+def test_planted_ports_are_anchored_and_cover_every_rule_and_entry_point():
+    """A stale anchor would make ``make mutants`` stop; here it is caught by ``make test`` already (re-anchor
+    the port in tests/mutants.py after a rewrite of the code it plants into)."""
+    import os
+
+    import mutants
+
+    ports = mutants.PORTS
+    assert len(ports) >= 25 and len({p.id for p in ports}) == len(ports)
+    assert mutants.check_anchors(ports) == []
+    covered = {mutants.enclosing(p).split(".")[0] for p in ports}
+    assert REQUIRED_COVERAGE <= covered, REQUIRED_COVERAGE - covered
+    assert sum(bool(p.harmless) for p in ports) >= 1
+    for p in ports:
+        assert p.tests, p.id
+        for t in p.tests:
+            path, _, func = t.partition("::")
+            with open(os.path.join(mutants.ROOT, path), encoding="utf-8") as f:
+                src = f.read()
+            assert not func or f"def {func.split('[')[0]}(" in src, (p.id, t)

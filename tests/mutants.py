@@ -1,0 +1,506 @@
+"""Planted wrong ports: each must turn a test red, unless it provably leaves the law and the
+reproducibility contract unchanged (then a named test proves that, and the port is listed as harmless).
+
+    python tests/mutants.py                   # every port (make mutants)
+    python tests/mutants.py --ports a,b       # some ports (make mutants PORTS=a,b)
+    python tests/mutants.py --check           # only check that every anchor is found exactly once
+    python tests/mutants.py --list            # the ports and their tests
+
+For each port the repository's ``cactus_theory/``, ``tests/``, ``benchmarks/`` and ``pyproject.toml``
+are copied to a temporary directory, the port's exact ``old`` snippet is replaced by ``new`` in its file
+(it must occur exactly once, else the run stops: a stale anchor is never reported as caught), and the
+port's own tests run there with pytest (``-x``, ``PYTHONPATH`` pointing at the copy). Prints the table
+``port | caught by | harmless because`` and exits 1 if a law-changing port survives, if a port said to be
+harmless turns its proof red, or if an anchor is stale. Not part of ``make test``.
+
+Anchors against ``SGLangThreshold``, ``RelaxedAcceptance`` and ``MedusaTypical`` are grouped at the end
+(group "production"): those classes are being rewritten on another branch, so re-anchor them there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+COPY = ("cactus_theory", "tests", "benchmarks", "pyproject.toml")
+G = "tests/test_port_guards.py"  # the guards added for ports the rest of the suite missed
+TIMEOUT_S = 300
+
+
+@dataclass(frozen=True)
+class Port:
+    id: str
+    what: str
+    file: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+    harmless: str = ""  # why the law and the reproducibility contract are unchanged ("" = law-changing)
+
+
+R = "cactus_theory/rules.py"
+S = "cactus_theory/sampler.py"
+E = "cactus_theory/exact.py"
+T = "cactus_theory/toy.py"
+O = "cactus_theory/optimize.py"
+VL = "cactus_theory/integrations/vllm.py"
+TF = "cactus_theory/integrations/transformers.py"
+
+PORTS: list[Port] = [
+    # -- rules.py: shared machinery, SpS, Cactus -------------------------------------------------------
+    Port("target-residual-q", "TargetRule recovers from (q - p)_+ instead of (h - p)_+ (the classic wrong port)", R,
+         "        h = self.target_rows(p, q, n)\n        return _normalise(_pos(h - p), h)",
+         "        h = self.target_rows(p, q, n)\n        return _normalise(_pos(q - p), h)",
+         ("tests/test_rules.py::test_residual_uses_h_not_q", "tests/test_exact.py::test_target_rules_output_their_target")),
+    Port("target-residual-fallback-p", "TargetRule's zero-mass fallback of (h - p)_+ is p instead of h", R,
+         "        return _normalise(_pos(h - p), h)",
+         "        return _normalise(_pos(h - p), p)",
+         (G + "::test_zero_residual_fallback_carries_no_weight", "tests/test_exact.py::test_generic_equals_per_token_loop"),
+         harmless="(h - p)_+ = 0 only if h = p (exact arithmetic), where phi_n = 1 for every draft: the fallback has weight 0"),
+    Port("target-phi-pn0-one", "TargetRule.phi returns 1 (not 0) where p_n = 0", R,
+         "self.h_n(p_n, q_n) / xp.where(p_n > 0, p_n, xp.ones_like(p_n)), xp.zeros_like(p_n))",
+         "self.h_n(p_n, q_n) / xp.where(p_n > 0, p_n, xp.ones_like(p_n)), xp.ones_like(p_n))",
+         ("tests/test_rules.py::test_zero_draft_mass_never_accepts",
+          "tests/test_sampler.py::test_draft_token_with_zero_draft_probability_is_never_accepted"),
+         harmless="accept_from applies the p_n = 0 convention after phi (where0(p_n > 0, .)), for every rule"),
+    Port("sps-tiny-budget", "SpS is Cactus with delta = 1e-6 (nearly lossless)", R,
+         "        return q_n\n",
+         "        return taylor_gamma(q_n, 1e-6)\n",
+         ("tests/test_toy.py::test_sps_sequence_law_is_the_verifier_law", "tests/test_exact.py::test_target_rules_output_their_target")),
+    Port("scaling-scale-qn1-one", "ScalingRule's scale at q_n = 1 is 1 instead of 0", R,
+         "        return where0(room > 0, (1 - gamma) / xp.where(room > 0, room, xp.ones_like(room)))",
+         "        return xp.where(room > 0, (1 - gamma) / xp.where(room > 0, room, xp.ones_like(room)), xp.ones_like(room))",
+         (G + "::test_qn_one_with_float_noise", "tests/test_rules.py::test_qn_one_gives_h_equal_q"),
+         harmless="at q_n = 1, gamma = 1 >= p_n so phi_n = 1: the recovery row, the only reader of the scale there, has weight 0"),
+    Port("taylor-delta-not-doubled", "Corollary 5 with sqrt(delta q(1-q)) instead of sqrt(2 delta q(1-q))", R,
+         "    return xp.clip(qc + _boost(qc, 2.0 * delta), qc, xp.ones_like(qc))",
+         "    return xp.clip(qc + _boost(qc, delta), qc, xp.ones_like(qc))",
+         ("tests/test_rules.py::test_taylor_closed_form",)),
+    Port("taylor-not-clipped-to-1", "Corollary 5 without the min{., 1}", R,
+         "    return xp.clip(qc + _boost(qc, 2.0 * delta), qc, xp.ones_like(qc))",
+         "    return qc + _boost(qc, 2.0 * delta)",
+         ("tests/test_rules.py::test_gamma_clipped_to_qn_one",)),
+    Port("taylor-boost-no-guard", "_boost multiplies sqrt(c) by sqrt(q(1-q)) without the q(1-q) = 0 guard", R,
+         "    return where0(v > 0, sc * xp.sqrt(xp.where(v > 0, v, xp.ones_like(v))))",
+         "    return sc * xp.sqrt(v)",
+         ("tests/test_rules.py::test_huge_budgets_stay_finite_in_every_dtype",)),
+    Port("chi2-root-doubled", "the chi2 closed-form root uses 2 delta", R,
+         "        return q_n + _boost(q_n, delta)",
+         "        return q_n + _boost(q_n, 2 * delta)",
+         ("tests/test_rules.py::test_closed_form_roots_equal_bisection",)),
+    Port("cactus-exact-always-kl", "Cactus(solver='exact') solves the KL root whatever the divergence", R,
+         "        return two_block_root(q_n, self.delta, self.divergence)",
+         "        return two_block_root(q_n, self.delta)",
+         ("tests/test_rules.py::test_rules_match_the_independent_reference",)),
+    # -- other paper rules -----------------------------------------------------------------------------
+    Port("interp-target-swapped", "Interpolation's target rows weigh p by 1 - alpha (h_n unchanged)", R,
+         "        return self.alpha * p + (1 - self.alpha) * q",
+         "        return (1 - self.alpha) * p + self.alpha * q",
+         ("tests/test_rules.py::test_outputs_are_probabilities", "tests/test_exact.py::test_target_rules_output_their_target")),
+    Port("tas-entropy-eps-dropped", "TAS ignores entropy_eps (exact Shannon entropy always)", R,
+         "            return -xp.sum(xlogy(q, q + self.entropy_eps), axis=-1)",
+         "            return -xp.sum(xlogy(q, q), axis=-1)",
+         ("tests/test_rules.py::test_tas_entropy_eps_is_vllms_formula",)),
+    Port("tas-ge", "TAS accepts q_n >= threshold (not strictly above)", R,
+         "        thr = xp.clip(self.alpha * exp_neg_h, None, self.epsilon)\n        return xp.astype(q_n > thr, q_n.dtype)",
+         "        thr = xp.clip(self.alpha * exp_neg_h, None, self.epsilon)\n        return xp.astype(q_n >= thr, q_n.dtype)",
+         ("tests/test_rules.py::test_tas_is_strict_and_topk_inclusive_at_exact_ties", "tests/test_rules.py::test_rules_match_the_independent_reference")),
+    Port("tas-threshold-max", "TAS threshold max(epsilon, alpha e^-H) instead of min", R,
+         "        thr = xp.clip(self.alpha * exp_neg_h, None, self.epsilon)",
+         "        thr = xp.clip(self.alpha * exp_neg_h, self.epsilon, None)",
+         ("tests/test_rules.py::test_rules_match_the_independent_reference",)),
+    Port("topk-strict", "TopK accepts q_n > q_(k) (ties at the k-th value rejected)", R,
+         "        return xp.where(q_n >= kth, xp.ones_like(q_n), xp.zeros_like(q_n))\n\n    def residual(self, p, q, n, *, check=True):\n        \"\"\"``g_n = q``",
+         "        return xp.where(q_n > kth, xp.ones_like(q_n), xp.zeros_like(q_n))\n\n    def residual(self, p, q, n, *, check=True):\n        \"\"\"``g_n = q``",
+         ("tests/test_rules.py::test_topk_and_interpolation_and_ears", "tests/test_rules.py::test_tas_is_strict_and_topk_inclusive_at_exact_ties")),
+    Port("topk-numpy-kth-off-by-one", "TopK's numpy k-th largest reads the (k+1)-th", R,
+         "        return (np.partition(q, V - k, axis=-1)[..., V - k: V - k + 1],)",
+         "        return (np.partition(q, max(V - k - 1, 0), axis=-1)[..., max(V - k - 1, 0): max(V - k, 1)],)",
+         ("tests/test_rules.py::test_topk_and_interpolation_and_ears", "tests/test_rules.py::test_numpy_and_torch_agree")),
+    Port("topk-q-recovery-residual", "TopK(recovery='q') recovers from (q - p)_+ instead of q", R,
+         "        if self.recovery == \"q\":\n            return q + 0 * p",
+         "        if self.recovery == \"q\":\n            return _normalise(_pos(q - p), q + 0 * p)",
+         ("tests/test_rules.py::test_rules_match_the_independent_reference", "tests/test_rules.py::test_topk_and_interpolation_and_ears")),
+    Port("topk-recovery-without-p", "TopK(recovery='topk') recovers uniformly on the top set, ignoring p", R,
+         "        return _normalise(_pos(top - p), top / xp.sum(top, axis=-1, keepdims=True))",
+         "        return top / xp.sum(top, axis=-1, keepdims=True) + 0 * p",
+         ("tests/test_rules.py::test_rules_match_the_independent_reference", "tests/test_toy.py::test_step_parts_are_the_one_step_law")),
+    Port("topk-recovery-fallback-q", "TopK(recovery='topk')'s zero-mass fallback is q instead of the top set", R,
+         "        return _normalise(_pos(top - p), top / xp.sum(top, axis=-1, keepdims=True))",
+         "        return _normalise(_pos(top - p), q + 0 * p)",
+         (G + "::test_topk_recovery_fallback_carries_no_weight", "tests/test_rules.py::test_rules_match_the_independent_reference"),
+         harmless="a rejected n has p_n > 0 and q_n < q_(k), so n is outside the top set and (1[q >= q_(k)] - p)_+ > 0: the fallback has weight 0"),
+    Port("ears-slack-min", "EARS slack beta (1 - min q) instead of beta (1 - max q)", R,
+         "        return (xp.max(q, axis=-1, keepdims=True),)\n\n    def phi(self, p_n, q_n, qmax):",
+         "        return (xp.min(q, axis=-1, keepdims=True),)\n\n    def phi(self, p_n, q_n, qmax):",
+         ("tests/test_rules.py::test_topk_and_interpolation_and_ears",)),
+    Port("ears-residual-h", "EARS recovers from q (not (q - p)_+)", R,
+         "        \"\"\"``g_n = (q - p)_+ / sum (q - p)_+``.\"\"\"\n        if check:\n            _check_inputs(p, q, n)\n        return _normalise(_pos(q - p), q + 0 * p)",
+         "        \"\"\"``g_n = (q - p)_+ / sum (q - p)_+``.\"\"\"\n        if check:\n            _check_inputs(p, q, n)\n        return q + 0 * p",
+         ("tests/test_rules.py::test_rules_match_the_independent_reference",)),
+    # -- FLy, DropMatch ---------------------------------------------------------------------------------
+    Port("fly-defer-at-q0", "FLy defers a native rejection where q_n = 0 (issue 17)", R,
+         "        defer = gate * xp.astype(q_n > 0, q_n.dtype) * self.window_accept",
+         "        defer = gate * self.window_accept",
+         ("tests/test_production_rules.py", G + "::test_fly_never_defers_a_token_the_verifier_excludes")),
+    Port("fly-recovery-q", "FLy recovers from q instead of the native (q - p)_+", R,
+         "        \"\"\"``g_n = (q - p)_+ / sum (q - p)_+`` (native recovery; ``q`` if that is zero).\"\"\"\n        if check:\n            _check_inputs(p, q, n)\n        return _normalise(_pos(q - p), q + 0 * p)",
+         "        \"\"\"``g_n = (q - p)_+ / sum (q - p)_+`` (native recovery; ``q`` if that is zero).\"\"\"\n        if check:\n            _check_inputs(p, q, n)\n        return q + 0 * p",
+         ("tests/test_production_rules.py::test_fly_limits",)),
+    Port("fly-entropy-renormalised", "FLy's top-k entropy on the renormalised top-k", R,
+         "            top = -np.sort(-q, axis=-1)[..., :k]",
+         "            top = -np.sort(-q, axis=-1)[..., :k]\n            top = top / top.sum(-1, keepdims=True)",
+         ("tests/test_production_rules.py::test_fly_limits",)),
+    Port("dropmatch-hit-exponent", "DropMatch's hit 1 - (1 - r)^(M - 1)", R,
+         "        return 1 - xp.clip(1 - r, 0.0, 1.0) ** self.num_paths",
+         "        return 1 - xp.clip(1 - r, 0.0, 1.0) ** max(self.num_paths - 1, 1)",
+         ("tests/test_dropmatch.py::test_sample_hits_average_to_one_minus_miss_probability",)),
+    Port("dropmatch-match-residual", "DropMatch(base='match') recovers from (q - p)_+", R,
+         "        if self.base == \"match\":\n            return _without_n(q + 0 * p, n)",
+         "        if self.base == \"match\":\n            return _normalise(_pos(q - p), q + 0 * p)",
+         ("tests/test_dropmatch.py::test_law_equals_the_reference",)),
+    # -- sampler.verify --------------------------------------------------------------------------------
+    Port("verify-bonus-from-residual", "verify draws the bonus from the rule's recovery row", S,
+         "    dist = torch.where(full, q_all[:, k].to(dt), g, out=g if own else None)  # [B, V]",
+         "    dist = g",
+         ("tests/test_toy.py::test_loop_matches_exact_sequence_law_k2", G + "::test_verify_token_for_token")),
+    Port("verify-recovery-reuses-u0", "verify's recovery draw reuses the first acceptance uniform", S,
+         "    last = sample_rows(dist, u[:, k])  # [B]\n",
+         "    last = sample_rows(dist, u[:, 0])  # [B]\n",
+         ("tests/test_sampler.py::test_one_step_law_matches_induced_distribution", G + "::test_verify_token_for_token")),
+    Port("verify-stats-shifted-row", "verify reads TAS/TopK/EARS row statistics one row late", S,
+         "    stats = rule.stats_at(q_all[:, :k].to(dt), n) if rule.needs_row_stats else ()  # SpS / Cactus: none",
+         "    stats = rule.stats_at(q_all[:, 1:].to(dt), n) if rule.needs_row_stats else ()  # SpS / Cactus: none",
+         ("tests/test_sampler.py::test_one_step_law_matches_induced_distribution",)),
+    Port("verify-no-buffer-reuse", "verify allocates a new row buffer instead of overwriting g", S,
+         "    dist = torch.where(full, q_all[:, k].to(dt), g, out=g if own else None)  # [B, V]",
+         "    dist = torch.where(full, q_all[:, k].to(dt), g)  # [B, V]",
+         (G + "::test_verify_token_for_token", "tests/test_sampler.py::test_seeded_determinism", "tests/test_sampler.py::test_one_step_law_matches_induced_distribution"),
+         harmless="out= only chooses the buffer torch.where writes into; the values, and so every token, are the same"),
+    # -- sampler.verify_flat ---------------------------------------------------------------------------
+    Port("flat-padded-recovers-residual", "verify_flat recovers a padded (-1) draft from the rule's residual, not q (issue 17)", S,
+         "        g = torch.where(padded[t].unsqueeze(-1), q_r, g)  # a padded draft carries nothing: recover from q\n",
+         "",
+         ("tests/test_verify_flat.py", G + "::test_padded_draft_recovers_from_q_law", G + "::test_verify_flat_token_for_token")),
+    Port("flat-padded-may-accept", "verify_flat may accept a padded (-1) draft (as token 0)", S,
+         "    phi = rule.accept_from(p_n, q_n, *stats).masked_fill(padded, 0.0)  # [T]",
+         "    phi = rule.accept_from(p_n, q_n, *stats)  # [T]",
+         ("tests/test_verify_flat.py", G + "::test_verify_flat_token_for_token")),
+    Port("flat-generators-ignored", "verify_flat ignores the per-request generator dict (issue 17)", S,
+         "    if isinstance(generator, dict):\n        for b, g in generator.items():",
+         "    if False:\n        for b, g in generator.items():",
+         ("tests/test_verify_flat.py", G + "::test_seeded_request_does_not_depend_on_the_batch", G + "::test_verify_flat_token_for_token")),
+    Port("flat-seeded-recovery-column", "a seeded request's recovery reads column K, not its own n_b (issue 17)", S,
+         "                last_col[b] = nb\n",
+         "",
+         ("tests/test_verify_flat.py", G + "::test_seeded_request_does_not_depend_on_the_batch", G + "::test_verify_flat_token_for_token")),
+    Port("flat-seeded-draws-K", "a seeded request draws K + 1 uniforms (the batch maximum), not n_b + 1", S,
+         "                u[b, :nb + 1] = torch.rand(nb + 1, generator=g, device=g.device, dtype=torch.float64).to(dev)",
+         "                u[b, :] = torch.rand(K + 1, generator=g, device=g.device, dtype=torch.float64).to(dev)\n                nb = K",
+         ("tests/test_verify_flat.py", G + "::test_seeded_request_does_not_depend_on_the_batch", G + "::test_verify_flat_token_for_token")),
+    Port("flat-num-accepted-unclipped", "verify_flat drops the .minimum(counts) on the accepted count", S,
+         "    num_accepted = acc.long().cumprod(-1).sum(-1).minimum(counts)  # [B] in [0, n_b]",
+         "    num_accepted = acc.long().cumprod(-1).sum(-1)  # [B] in [0, n_b]",
+         (G + "::test_verify_flat_token_for_token", "tests/test_verify_flat.py"),
+         harmless="acc[b, j] stays False for j >= n_b, so the cumulative product already stops at n_b"),
+    Port("flat-recovery-row-previous", "verify_flat recovers at the last accepted position instead of the first rejection", S,
+         "        t = starts[rows] + num_accepted[rows]  # flat index of each first rejection",
+         "        t = starts[rows] + (num_accepted[rows] - 1).clamp_min(0)  # flat index of each first rejection",
+         ("tests/test_verify_flat.py::test_same_tokens_as_verify",)),
+    Port("flat-one-hot-draft-q", "verify_flat with draft_probs=None takes p = q (not e_n) for the recovery", S,
+         "        p_r = (torch.nn.functional.one_hot(n_r, V).to(dt) if draft_probs is None else draft_probs[t].to(dt))",
+         "        p_r = (q_r if draft_probs is None else draft_probs[t].to(dt))",
+         ("tests/test_verify_flat.py::test_one_hot_drafts_ragged_batch_law",)),
+    # -- exact laws ------------------------------------------------------------------------------------
+    Port("exact-fast-no-self-term", "the O(V log V) path keeps the y = n terms", E,
+         "    out += np.maximum(add - self_term, 0.0)",
+         "    out += np.maximum(add, 0.0)",
+         ("tests/test_exact.py::test_fast_equals_generic", "tests/test_exact.py::test_fast_equals_generic_large_vocab", G + "::test_fast_path_with_tied_ratios_large_vocab"),
+         harmless="a rejected n has s_n q_n <= q_n <= gamma_n < p_n, so it never receives its own recovery mass: self_term is identically 0"),
+    Port("exact-generic-unweighted", "the generic path weighs recoveries by (1 - phi_n), not p_n (1 - phi_n)", E,
+         "    w = p2 * (1 - phi)  # (R, V): weight of each candidate's recovery row",
+         "    w = (p2 > 0) * (1 - phi)  # (R, V): weight of each candidate's recovery row",
+         ("tests/test_exact.py::test_generic_equals_per_token_loop",)),
+    Port("exact-fast-quicksort", "the fast path sorts p/q ratios with an unstable sort", E,
+         "    order = np.argsort(r, kind=\"stable\")",
+         "    order = np.argsort(-r, kind=\"quicksort\")[::-1]",
+         (G + "::test_fast_path_with_tied_ratios_large_vocab", "tests/test_exact.py::test_fast_equals_generic", "tests/test_exact.py::test_fast_equals_generic_large_vocab"),
+         harmless="Z_n reads prefix sums at 'count of r_i < s_n', and tied ratios are all in or all out, so the order among ties is irrelevant"),
+    Port("exact-generic-chunk", "the generic path holds a third of the rows per chunk", E,
+         "    step = max(1, chunk_elements // V)",
+         "    step = max(1, chunk_elements // (3 * V))",
+         ("tests/test_exact.py::test_chunking_does_not_change_the_law", "tests/test_exact.py::test_generic_equals_per_token_loop"),
+         harmless="chunking only groups the sum over n; every row's weight and residual are the same"),
+    # -- toy.py: the exact sequence law and the decoding loop --------------------------------------------
+    Port("seqlaw-bonus-from-draft", "sequence_law draws the bonus from the draft", T,
+         "                if len(d) == k:\n                    q = Q(c)",
+         "                if len(d) == k:\n                    q = P(c)",
+         ("tests/test_toy.py::test_sps_sequence_law_is_the_verifier_law",)),
+    Port("steppart-unweighted", "step_parts forgets p_n in the rejection weights", T,
+         "    w = p * (1 - phi)\n    live = np.flatnonzero(w > 0)\n    reject = np.zeros(V)",
+         "    w = (p > 0) * (1 - phi)\n    live = np.flatnonzero(w > 0)\n    reject = np.zeros(V)",
+         ("tests/test_toy.py::test_step_parts_are_the_one_step_law",)),
+    Port("decode-drops-last-token", "speculative_decode forgets the recovered/bonus token", T,
+         "        tokens, m = tokens.cpu().numpy(), na.cpu().numpy() + 1",
+         "        tokens, m = tokens.cpu().numpy(), np.maximum(na.cpu().numpy(), 1)",
+         ("tests/test_toy.py::test_loop_matches_exact_sequence_law_k2",)),
+    # -- multi-draft -----------------------------------------------------------------------------------
+    Port("multi-pk-linear", "multi_draft_acceptance with 1 - K p(S) instead of 1 - p(S)^K", O,
+         "    vals = hs + 1.0 - ps ** K",
+         "    vals = hs + 1.0 - np.minimum(K * ps, 1.0)",
+         ("tests/test_multi_draft.py::test_lp_equals_highs_brute_force_and_theorem1",)),
+    Port("multi-zero-p-first", "multi_draft_acceptance sorts tokens with p = 0 first", O,
+         "        ratio = np.where(p > 0, h / np.where(p > 0, p, 1.0), np.inf)",
+         "        ratio = np.where(p > 0, h / np.where(p > 0, p, 1.0), -1.0)",
+         ("tests/test_multi_draft.py::test_closed_form_edge_cases", G + "::test_multi_draft_with_zeros_in_p_against_brute_force")),
+    Port("multi-dual-cut-k-minus-1", "solve_target_multi's cuts use p(S)^(K - 1)", O,
+         "        pk = np.array([min(p[s].sum(), 1.0) ** K for s in sets])  # p(S)^K of each set",
+         "        pk = np.array([min(p[s].sum(), 1.0) ** (K - 1) for s in sets])  # p(S)^K of each set",
+         ("tests/test_multi_draft.py::test_joint_optimum_coupling_equals_dual_and_respects_the_budget",)),
+    Port("multi-coupling-hits-first-draft", "the coupling LP counts a hit only on the first draft", O,
+         "    return (cells[:, :, None] == np.arange(V)[None, None, :]).any(1).astype(np.float64)",
+         "    return (cells[:, :1, None] == np.arange(V)[None, None, :]).any(1).astype(np.float64)",
+         ("tests/test_multi_draft.py::test_lp_equals_highs_brute_force_and_theorem1",)),
+    # -- integrations ----------------------------------------------------------------------------------
+    Port("vllm-spec-strings-kept", "rule_from_spec passes parameter strings unconverted", VL,
+         "        kw[name] = types[name](v)",
+         "        kw[name] = v",
+         (G + "::test_vllm_rule_from_spec_converts_values",)),
+    Port("vllm-expand-replace-swapped", "expand_batch_to_tokens replaces replace_to by replace_from", VL,
+         "    y = torch.where(x == replace_from, torch.full_like(x, replace_to), x)",
+         "    y = torch.where(x == replace_to, torch.full_like(x, replace_from), x)",
+         (G + "::test_vllm_expand_batch_to_tokens_against_a_loop",)),
+    Port("vllm-greedy-uses-rule", "rejection_sample verifies greedy requests with the lossy rule", VL,
+         "                                q, bonus_token_ids[reqs], SpS() if is_greedy else rule, sub_gens or None,",
+         "                                q, bonus_token_ids[reqs], rule, sub_gens or None,",
+         (G + "::test_vllm_rejection_sample_against_the_contract",)),
+    Port("vllm-generators-not-reindexed", "rejection_sample keys the sub-batch's generators by the batch index", VL,
+         "        sub_gens = {i: gens[int(b)] for i, b in enumerate(reqs.tolist()) if int(b) in gens}",
+         "        sub_gens = {int(b): gens[int(b)] for i, b in enumerate(reqs.tolist()) if int(b) in gens and int(b) < len(reqs)}",
+         (G + "::test_vllm_rejection_sample_against_the_contract",)),
+    Port("vllm-unnormalised-target", "rejection_sample reads exp(logits) as q (no normalisation)", VL,
+         "    target_probs = target_logits.softmax(dim=-1, dtype=torch.float32)",
+         "    target_probs = (target_logits.float() - target_logits.float().amax(-1, keepdim=True)).exp()",
+         (G + "::test_vllm_rejection_sample_against_the_contract",)),
+    Port("hf-candidates-shifted", "transformers: the drafts are read one position early", TF,
+         "    drafts = candidate_input_ids[:, -k:].to(q.device)",
+         "    drafts = candidate_input_ids[:, -k - 1:-1].to(q.device)",
+         (G + "::test_transformers_speculative_sampling_against_the_reference",)),
+    Port("hf-draft-law-is-target", "transformers: p is read from the target's logits", TF,
+         "    p = candidate_logits.to(q.device).float().softmax(-1)  # [1, k, V]",
+         "    p = q[:, :k]  # [1, k, V]",
+         (G + "::test_transformers_speculative_sampling_against_the_reference",)),
+    # -- production rules rewritten on another branch: RE-ANCHOR after that merge ----------------------
+    Port("sglang-strict", "SGLang accepts q_n > threshold_single (not >=) (issue 17)", R,
+         "        return xp.where(q_n >= self.threshold_single, xp.ones_like(q_n), q_n / self.threshold_acc)",
+         "        return xp.where(q_n > self.threshold_single, xp.ones_like(q_n), q_n / self.threshold_acc)",
+         ("tests/test_production_rules.py", G + "::test_sglang_threshold_single_below_threshold_acc_ties", G + "::test_sglang_sampled_law_at_a_tie")),
+    Port("sglang-residual-keeps-n", "SGLang recovers from q (the drafted token not removed)", R,
+         "        \"\"\"``g_n = (q - q_n e_n) / (1 - q_n)``.\"\"\"\n        if check:\n            _check_inputs(p, q, n)\n        return _without_n(q + 0 * p, n)",
+         "        \"\"\"``g_n = (q - q_n e_n) / (1 - q_n)``.\"\"\"\n        if check:\n            _check_inputs(p, q, n)\n        return q + 0 * p",
+         ("tests/test_production_rules.py::test_sglang_matches_its_kernel_and_is_lossless_at_one",)),
+    Port("relaxed-floor-max-times", "RelaxedAcceptance's floor max q (1 - delta) instead of max q - delta", R,
+         "        return (xp.maximum(kth, xp.max(q, axis=-1, keepdims=True) - self.delta),)",
+         "        return (xp.maximum(kth, xp.max(q, axis=-1, keepdims=True) * (1 - self.delta)),)",
+         ("tests/test_production_rules.py::test_relaxed_matches_max_verdict",)),
+    Port("relaxed-no-rank-test", "RelaxedAcceptance drops the top-k rank test", R,
+         "        return (xp.maximum(kth, xp.max(q, axis=-1, keepdims=True) - self.delta),)",
+         "        return (xp.max(q, axis=-1, keepdims=True) - self.delta + 0 * kth,)",
+         ("tests/test_production_rules.py::test_relaxed_matches_max_verdict",)),
+    Port("medusa-no-entropy-eps", "Medusa's entropy without its 1e-5 (issue 17)", R,
+         "            terms = xp.where(q > 0, q * xp.log(q + self.entropy_eps), xp.zeros_like(q))",
+         "            terms = xp.where(q > 0, q * xp.log(q), xp.zeros_like(q))",
+         ("tests/test_production_rules.py", G + "::test_medusa_entropy_epsilon_matters_at_large_vocab")),
+    Port("medusa-accept-ge", "Medusa accepts q_n >= tau (not strictly above)", R,
+         "        return xp_of(q_n).astype(q_n > tau, q_n.dtype)",
+         "        return xp_of(q_n).astype(q_n >= tau, q_n.dtype)",
+         ("tests/test_production_rules.py", G + "::test_medusa_is_strict_at_a_tie")),
+]
+
+
+def _apply(tmp: str, port: Port) -> None:
+    path = os.path.join(tmp, port.file)
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    count = text.count(port.old)
+    if count != 1:
+        raise RuntimeError(f"port {port.id}: anchor found {count} times in {port.file} (must be exactly once): "
+                           f"re-anchor it")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text.replace(port.old, port.new))
+
+
+def enclosing(port: Port) -> str:
+    """The innermost class or function (``Class.method`` / ``function``) whose source holds the anchor."""
+    import ast
+
+    with open(os.path.join(ROOT, port.file), encoding="utf-8") as f:
+        text = f.read()
+    line = text[:text.index(port.old)].count("\n") + 1
+    best, path = None, []
+
+    def walk(node, names):
+        nonlocal best
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.ClassDef, ast.FunctionDef)):
+                here = [*names, child.name]
+                if child.lineno <= line <= child.end_lineno:
+                    best = ".".join(here)
+                walk(child, here)
+            else:
+                walk(child, names)
+
+    walk(ast.parse(text), path)
+    return best or "<module>"
+
+
+def check_anchors(ports: list[Port]) -> list[str]:
+    bad = []
+    for port in ports:
+        with open(os.path.join(ROOT, port.file), encoding="utf-8") as f:
+            c = f.read().count(port.old)
+        if c != 1:
+            bad.append(f"{port.id}: anchor found {c} times in {port.file}")
+    return bad
+
+
+_FAIL = re.compile(r"^(FAILED|ERROR) (\S+)")
+
+
+def _copy(tmp: str) -> None:
+    for name in COPY:
+        src = os.path.join(ROOT, name)
+        if os.path.isdir(src):
+            shutil.copytree(src, os.path.join(tmp, name), ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            shutil.copy(src, tmp)
+
+
+def _pytest(tmp: str, tests) -> tuple[int, str]:
+    env = {**os.environ, "PYTHONPATH": tmp, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+           "PYTHONDONTWRITEBYTECODE": "1"}
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-rfE", *tests]
+    try:
+        proc = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+        return proc.returncode, proc.stdout + proc.stderr
+    except subprocess.TimeoutExpired:
+        return -1, ""
+
+
+def baseline(ports: list[Port]) -> None:
+    """Every selected test passes on an unmodified copy, so a red test below is the port's doing."""
+    tests = sorted({t for p in ports for t in p.tests})
+    if not tests:
+        return
+    with tempfile.TemporaryDirectory(prefix="mutant-baseline-") as tmp:
+        _copy(tmp)
+        rc, out = _pytest(tmp, tests)
+    if rc != 0:
+        raise RuntimeError("the selected tests fail on an unmodified copy:\n" + out[-3000:])
+
+
+def run_port(port: Port) -> dict:
+    t0 = time.time()
+    if not port.tests:
+        return {"port": port, "caught": None, "seconds": 0.0}
+    with tempfile.TemporaryDirectory(prefix=f"mutant-{port.id}-") as tmp:
+        _copy(tmp)
+        _apply(tmp, port)
+        rc, out = _pytest(tmp, port.tests)
+    first = next((m.group(2) for line in out.splitlines() if (m := _FAIL.match(line))), None)
+    if rc == -1:
+        first = f"timeout after {TIMEOUT_S} s"
+    elif rc != 0 and first is None:
+        first = f"pytest exit {rc}: " + (out.strip().splitlines() or ["(no output)"])[-1][:80]
+    return {"port": port, "caught": first if rc != 0 else None, "seconds": time.time() - t0}
+
+
+def _sanity() -> None:
+    """The copy, not an installed package, is what pytest imports."""
+    with tempfile.TemporaryDirectory(prefix="mutant-sanity-") as tmp:
+        shutil.copytree(os.path.join(ROOT, "cactus_theory"), os.path.join(tmp, "cactus_theory"),
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        env = {**os.environ, "PYTHONPATH": tmp}
+        out = subprocess.run([sys.executable, "-c", "import cactus_theory; print(cactus_theory.__file__)"],
+                             cwd=tmp, env=env, capture_output=True, text=True, check=True).stdout.strip()
+        if not out.startswith(tmp):
+            raise RuntimeError(f"pytest would import {out}, not the mutated copy in {tmp}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ports", default="", help="comma-separated port ids (default: all)")
+    ap.add_argument("--workers", type=int, default=2, help="parallel ports (at most 2)")
+    ap.add_argument("--check", action="store_true", help="only check the anchors")
+    ap.add_argument("--list", action="store_true", help="list the ports")
+    ap.add_argument("--no-baseline", action="store_true", help="skip the run on an unmodified copy")
+    ap.add_argument("--without-guards", action="store_true",
+                    help=f"leave {G} out of every selection (what the suite caught before the guards)")
+    args = ap.parse_args(argv)
+    ids = [s.strip() for s in args.ports.split(",") if s.strip()]
+    known = {p.id for p in PORTS}
+    if len(known) != len(PORTS):
+        print("duplicate port ids", file=sys.stderr)
+        return 2
+    unknown = [i for i in ids if i not in known]
+    if unknown:
+        print(f"unknown ports: {unknown}; known: {sorted(known)}", file=sys.stderr)
+        return 2
+    ports = [p for p in PORTS if not ids or p.id in ids]
+    if args.without_guards:
+        ports = [replace(p, tests=tuple(t for t in p.tests if not t.startswith(G))) for p in ports]
+    if args.list:
+        for p in ports:
+            print(f"{p.id:32s} {'harmless' if p.harmless else 'law'}  {p.what}\n{'':33s}in {p.file}: {enclosing(p)}"
+                  f"\n{'':33s}tests: {' '.join(p.tests)}")
+        return 0
+    bad = check_anchors(ports)
+    if bad:
+        print("stale anchors (re-anchor these ports):\n  " + "\n  ".join(bad), file=sys.stderr)
+        return 1
+    if args.check:
+        print(f"{len(ports)} anchors found exactly once")
+        return 0
+    _sanity()
+    t0 = time.time()
+    if not args.no_baseline:
+        baseline(ports)
+        print(f"baseline: the {len({t for p in ports for t in p.tests})} selected tests pass unmodified "
+              f"({time.time() - t0:.0f} s)", flush=True)
+    with ThreadPoolExecutor(max_workers=max(1, min(2, args.workers))) as ex:
+        results = list(ex.map(run_port, ports))
+    w = max(len(p.id) for p in ports)
+    print(f"\n{'port':{w}s} | caught by | harmless because")
+    print(f"{'-' * w}-|-----------|-----------------")
+    failures = []
+    for r in results:
+        p, caught = r["port"], r["caught"]
+        if p.harmless:
+            if caught:
+                failures.append(f"{p.id}: said to be harmless, but its proof turned red ({caught})")
+                print(f"{p.id:{w}s} | {caught} | CLAIMED HARMLESS BUT RED")
+            else:
+                print(f"{p.id:{w}s} | - | {p.harmless} (proof: {', '.join(p.tests)})")
+        elif caught:
+            print(f"{p.id:{w}s} | {caught} | -")
+        else:
+            failures.append(f"{p.id}: law-changing port SURVIVED {', '.join(p.tests)}")
+            print(f"{p.id:{w}s} | SURVIVED{'' if p.tests else ' (no test selected)'} | -")
+    law = sum(1 for r in results if not r["port"].harmless)
+    print(f"\n{len(results)} ports ({law} law-changing, {len(results) - law} harmless) in {time.time() - t0:.0f} s")
+    for f in failures:
+        print("FAIL " + f)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
