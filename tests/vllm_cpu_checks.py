@@ -385,3 +385,41 @@ def test_v2_set_rule_confirms_hook_and_refuses_own_methods(v2real):
         with pytest.raises(ValueError, match=f"rejection_sample_method='{method}'"):
             plugin.set_rule(worker, "tas")
     assert ("fly" in methods) == ("fly_window_size" in fields)
+
+
+def test_v2_runner_load_model_refuses_or_attaches(v2real, monkeypatch):
+    """vLLM's own V2 ``GPUModelRunner.load_model`` as patched by the entry point (the heavy original is
+    replaced by one that only builds V2's RejectionSampler, as it does): the engine's rule is attached;
+    a rule with vLLM's own FLy / synthetic / block settings refuses to start; a model-specific sampler
+    with a rule refuses with the VLLM_USE_V2_MODEL_RUNNER=0 fix; without a rule nothing is refused."""
+    from types import SimpleNamespace
+
+    from vllm.v1.worker.gpu import model_runner as v2mr
+
+    v2rs, t2 = v2real
+    custom = {}
+
+    def build(self, *args, **kwargs):
+        self.rejection_sampler = custom.get("sampler") or v2rs.RejectionSampler(
+            t2.FakeSampler([1.0], [0]), self.speculative_config, torch.device("cpu"))
+
+    monkeypatch.setitem(plugin._originals, "v2_load_model", build)
+    monkeypatch.delenv(plugin.ENV_VAR, raising=False)
+
+    def load(rule, method="standard"):
+        r = v2mr.GPUModelRunner.__new__(v2mr.GPUModelRunner)
+        r.speculative_config = t2.spec_config(method, fly_window_size=2 if method == "fly" else None)
+        r.vllm_config = SimpleNamespace(speculative_config=r.speculative_config,
+                                        additional_config={} if rule is None else {"cactus_theory": rule})
+        r.load_model()
+        return r
+
+    assert load("cactus:delta=0.5").rejection_sampler.cactus_theory_rule == ct.Cactus(0.5)
+    assert load(None).rejection_sampler.cactus_theory_rule is None
+    with pytest.raises(ValueError, match="rejection_sample_method='block'"):
+        load("tas", "block")
+    assert load(None, "block").rejection_sampler.use_block_verification
+    custom["sampler"] = SimpleNamespace()
+    with pytest.raises(RuntimeError, match="model-specific sampler.*VLLM_USE_V2_MODEL_RUNNER=0"):
+        load("tas")
+    assert load(None).rejection_sampler is custom["sampler"]
