@@ -273,7 +273,7 @@ def test_live_cpu_engine(tmp_path):
     assert len(lines) == 4 and all(len(eval(ln[7:])) == 16 for ln in lines)
     assert "cactus_theory: speculative decoding verifies with Cactus(delta=0.5" in log
     assert "cactus_theory: first speculative step verified by Cactus(delta=0.5" in log  # drafts were verified
-    assert "rule now TAS(epsilon=0.09, alpha=0.3)" in r.stdout and "rule now vllm" in r.stdout  # collective_rpc
+    assert f"rule now {ct.TAS(0.09, 0.3)!r}" in r.stdout and "rule now vllm" in r.stdout  # collective_rpc
 
 
 # -- Model Runner V2: vLLM's own RejectionSampler class, its kernels replaced by torch references --------
@@ -320,6 +320,8 @@ def test_v2_entry_point_patches_vllm_module(v2real):
     assert v2rs.RejectionSampler.__call__ is plugin._patched_v2_call
     assert v2mr.GPUModelRunner.load_model is plugin._patched_v2_load_model
     assert plugin._v2_signature_problem(plugin._originals["v2_rejection_sample"]) is None
+    assert rs.rejection_sample is plugin.rejection_sample  # Model Runner V1 is patched in the same call
+    assert rs.RejectionSampler.forward is plugin._patched_forward
 
 
 def test_v2_vllm_sampler_is_not_a_noop(v2real):
