@@ -112,7 +112,11 @@ def reference_rejection_sample(target_logits, draft_logits, draft_sampled, cu_nu
 def reference_gather_draft_sampled(input_ids, positions, logits_indices, expanded_idx_mapping, expanded_local_pos,
                                    prefill_len):
     """V2's ``gather_draft_sampled``: each logits row's input id and position; draft rows of a step that
-    starts inside the prefill are -1."""
+    starts inside the prefill are -1.
+
+    input_ids ``[num_tokens]`` int32, positions ``[num_tokens]`` int64, logits_indices ``[num_logits]`` int,
+    expanded_idx_mapping / expanded_local_pos ``[num_logits]`` int32, prefill_len ``[max_num_reqs]`` int.
+    Returns (draft_sampled ``[num_logits]`` as input_ids, pos ``[num_logits]`` int64)."""
     ids = input_ids[logits_indices].clone()
     pos = positions[logits_indices].clone()
     local = expanded_local_pos.long()
@@ -121,7 +125,10 @@ def reference_gather_draft_sampled(input_ids, positions, logits_indices, expande
 
 
 def reference_get_num_sampled_and_rejected(num_sampled, seq_lens, cu_num_logits, idx_mapping, prefill_len):
-    """V2's ``get_num_sampled_and_rejected``: chunked prefills sample nothing; rejected = rows - sampled."""
+    """V2's ``get_num_sampled_and_rejected``: chunked prefills sample nothing; rejected = rows - sampled.
+
+    num_sampled ``[num_reqs]`` int32, seq_lens ``[num_reqs]`` int32, cu_num_logits ``[num_reqs + 1]`` int32,
+    idx_mapping ``[num_reqs]`` int, prefill_len ``[max_num_reqs]`` int. Returns two ``[num_reqs]`` int32."""
     chunked = seq_lens < prefill_len[idx_mapping.long()]
     num_logits = (cu_num_logits[1:] - cu_num_logits[:-1]).to(num_sampled.dtype)
     num_sampled = torch.where(chunked, torch.zeros_like(num_sampled), num_sampled)
