@@ -587,3 +587,15 @@ def test_unknown_v2_signature_refuses_to_start(monkeypatch):
         assert out.sampled_token_ids.shape == (4, 4)
     finally:
         plugin.unregister()
+
+
+def test_a_rule_that_draws_its_own_bonus_is_refused(v2):
+    """MedusaTypical emits ``argmax q`` as its bonus token (``bonus_from_q = False``); vLLM draws the bonus
+    itself from q, so running it would be another law: refused at engine start and by ``set_rule``."""
+    assert not ct.MedusaTypical().bonus_from_q
+    with pytest.raises(ValueError, match="MedusaTypical.*bonus"):
+        runner(v2.mr, "medusa")
+    r = runner(v2.mr, None)
+    with pytest.raises(ValueError, match="bonus"):
+        plugin.set_rule(worker(r), "medusa")
+    assert r.rejection_sampler.cactus_theory_rule is None

@@ -468,11 +468,16 @@ def hook_problem(sampler, runner=None) -> str | None:
 
 
 def check_rule(runner, rule: Rule) -> None:
-    """Refuse ``rule`` on ``runner`` (``ValueError``: vLLM's own lossy / block settings are on;
+    """Refuse ``rule`` on ``runner`` (``ValueError``: the rule draws its own bonus token, or vLLM's own
+    lossy / block settings are on;
     ``RuntimeError``: the running sampler does not call the plugin's hook)."""
     spec_config = getattr(runner, "speculative_config", None)
     if spec_config is None:
         spec_config = getattr(getattr(runner, "vllm_config", None), "speculative_config", None)
+    if not rule.bonus_from_q:
+        raise ValueError(f"cactus_theory: rule {rule!r} draws its bonus token its own way (Rule.bonus), but vLLM "
+                         "draws the bonus token itself from the target's law; refused rather than run with vLLM's "
+                         "bonus (a different law)")
     own = own_methods(spec_config)
     if own:
         raise ValueError(f"cactus_theory: rule {rule!r} and vLLM's own {', '.join(own)} both set the rejection "
