@@ -269,7 +269,8 @@ def verify_flat(
         bonus_probs: ``[B, V]`` float, the verifier's law at each request's bonus position. Required
             by a rule that draws its own bonus (``rule.bonus_from_q`` False, e.g. ``MedusaTypical``):
             a request whose drafts all pass then emits a draw from ``rule.bonus(bonus_probs)`` (with
-            the uniform its recovery would have used) instead of ``bonus_token_ids``. Ignored otherwise.
+            the uniform its recovery would have used) instead of ``bonus_token_ids``. Refused
+            (``ValueError``) for a rule whose bonus is drawn from ``q``: the caller's bonus ids are used.
 
     Returns:
         ``[B, max_spec_len + 1]`` int32 (vLLM's ``sampled_token_ids`` dtype): each request's accepted
@@ -328,11 +329,16 @@ def verify_flat(
     rejected = num_accepted < counts
     rows = torch.nonzero(rejected).squeeze(-1)
     last = bonus_token_ids.reshape(B).to(dev, torch.long).clone()
+    if rule.bonus_from_q and bonus_probs is not None:
+        raise ValueError(f"bonus_probs is read only by a rule that draws its own bonus token (rule.bonus_from_q "
+                         f"False); {rule!r} emits bonus_token_ids: pass bonus_probs=None")
     if not rule.bonus_from_q:  # the rule's own bonus law (Medusa: argmax q), drawn here
-        if bonus_probs is None or tuple(bonus_probs.shape) != (B, V):
-            got = None if bonus_probs is None else tuple(bonus_probs.shape)
+        if not isinstance(bonus_probs, torch.Tensor) or tuple(bonus_probs.shape) != (B, V):
+            got = None if bonus_probs is None else tuple(getattr(bonus_probs, "shape", ())) or type(bonus_probs).__name__
             raise ValueError(f"{rule!r} draws its own bonus token (rule.bonus): pass bonus_probs, the verifier's "
                              f"law at each bonus position, of shape (B, V) = ({B}, {V}); got {got}")
+        if check:
+            check_probs(bonus_probs.detach(), "bonus_probs")
         full = torch.nonzero(~rejected).squeeze(-1)
         if full.numel():
             last[full] = sample_rows(rule.bonus(bonus_probs[full].to(dev, dt)), u[full, last_col[full]])

@@ -694,3 +694,27 @@ def test_solve_target_multi_valid_inputs_give_laws(case, delta, K, method):
     _assert_law(res.h, np.zeros(1), "solve_target_multi")
     # the budget only helps: never below the lossless optimum with h = q (an independent O(V log V) value)
     assert multi_draft_acceptance(p, q, K).value - 1e-6 <= res.value <= 1 + 1e-9
+
+
+def test_verify_flat_bonus_probs_is_never_silently_ignored():
+    """``bonus_probs`` is read only by a rule that draws its own bonus: with a q-bonus rule it is refused,
+    and a rule that needs it refuses a missing, misshapen or unnormalised one."""
+    import torch
+
+    from cactus_theory.sampler import verify_flat
+
+    V = 4
+    ids = torch.tensor([1, 2])
+    cu = torch.tensor([1, 2])
+    q = torch.full((2, V), 0.25)
+    bonus = torch.tensor([[0], [3]])
+    with pytest.raises(ValueError, match="bonus_probs is read only"):
+        verify_flat(ids, cu, None, q, bonus, ct.SpS(), bonus_probs=q)
+    with pytest.raises(ValueError, match="pass bonus_probs"):
+        verify_flat(ids, cu, None, q, bonus, ct.MedusaTypical())
+    with pytest.raises(ValueError, match="pass bonus_probs"):
+        verify_flat(ids, cu, None, q, bonus, ct.MedusaTypical(), bonus_probs=q[:1])
+    with pytest.raises(ValueError, match="bonus_probs"):
+        verify_flat(ids, cu, None, q, bonus, ct.MedusaTypical(), bonus_probs=2 * q)
+    out = verify_flat(ids, cu, None, q, bonus, ct.MedusaTypical(), bonus_probs=q)
+    assert out.shape == (2, 2) and bool(((out >= -1) & (out < V)).all())
