@@ -21,9 +21,8 @@ import time
 
 import torch
 
-from cactus_theory.atomic import atomic_write_json
 from cactus_theory.lm.data import prompt_set
-from cactus_theory.lm.experiment import (
+from cactus_theory.lm.experiments.experiment import (
     DEFAULT_RULES,
     SAMPLING,
     format_table,
@@ -31,6 +30,7 @@ from cactus_theory.lm.experiment import (
     targets,
 )
 from cactus_theory.rules import Cactus, SpS
+from cactus_theory.util.atomic import atomic_write_json
 
 __all__ = ["main"]
 

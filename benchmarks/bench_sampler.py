@@ -29,9 +29,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from tqdm import tqdm
 
-from cactus_theory.atomic import atomic_write_json
 from cactus_theory.rules import Cactus, Rule, SpS, TargetRule
 from cactus_theory.sampler import verify
+from cactus_theory.util.atomic import atomic_write_json
 
 HEADLINE = (32, 8, 151936)  # B, k, V of the stated target
 TARGET_CHECKED = 6.0  # the default (checked) verify must be at least this much faster than the reference

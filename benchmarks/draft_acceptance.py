@@ -19,11 +19,11 @@ from dataclasses import replace
 
 import torch
 
-from cactus_theory.atomic import atomic_write_json
-from cactus_theory.lm import draft_build
 from cactus_theory.lm.data import prompt_set
 from cactus_theory.lm.draft import DraftConfig, load_draft
 from cactus_theory.lm.llama import Llama
+from cactus_theory.lm.train import draft_build
+from cactus_theory.util.atomic import atomic_write_json
 
 STYLES = ("math", "code", "prose")
 

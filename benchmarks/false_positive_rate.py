@@ -18,10 +18,10 @@ from scipy import stats as sps
 from tqdm import tqdm
 
 import cactus_theory as ct
-from cactus_theory.atomic import atomic_write_json
 from cactus_theory.sampler import sample_rows, verify
 from cactus_theory.stats import goodness_of_fit, homogeneity
 from cactus_theory.toy import one_step_test, random_pair, sequence_test
+from cactus_theory.util.atomic import atomic_write_json
 
 RULES = [ct.SpS(), ct.Cactus(0.5), ct.TAS(), ct.TopK(3), ct.Interpolation(0.4), ct.EARS(0.3)]
 

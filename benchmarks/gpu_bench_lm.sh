@@ -20,7 +20,7 @@ export PYTHONUNBUFFERED=1 CACTUS_THEORY_CACHE="$OUT/cache" CACTUS_SMOLLM2_GGUF="
 mkdir -p "$CACTUS_THEORY_CACHE"
 timeout 300 python3 - <<'EOF'
 import os, time, torch
-from cactus_theory.lm.draft_build import build_draft
+from cactus_theory.lm.train.draft_build import build_draft
 from cactus_theory.lm.pair import load_model
 t = time.time()
 v, tok = load_model("smollm2")

@@ -7,7 +7,7 @@ generated tokens and of tokens before the answer, and the seconds taken (same ru
 
     .venv/bin/python benchmarks/task_candidates.py --problems 80 --json paper_repro/results/eval/task_candidates.json
 
-Candidates: the seeded generators of ``cactus_theory.lm.tasks`` and, when the ``reasoning_gym``
+Candidates: the seeded generators of ``cactus_theory.lm.experiments.tasks`` and, when the ``reasoning_gym``
 package is installed, two of its procedural tasks at an easy setting (``rg:chain_sum``, ``rg:leg_counting``).
 """
 
@@ -21,9 +21,8 @@ import time
 
 import torch
 
-from cactus_theory.atomic import atomic_write_json
 from cactus_theory.lm import ModelPair, autoregressive_generate, load_model, tasks
-from cactus_theory.lm.tasks import (
+from cactus_theory.lm.experiments.tasks import (
     TASKS,
     Problem,
     extract_answer,
@@ -31,6 +30,7 @@ from cactus_theory.lm.tasks import (
     strict_answer,
 )
 from cactus_theory.stats import proportion_interval
+from cactus_theory.util.atomic import atomic_write_json
 
 RG = {"rg:chain_sum": dict(min_terms=2, max_terms=3, min_digits=1, max_digits=2, allow_negation=False),
       "rg:leg_counting": dict(min_animals=1, max_animals=2, max_instances=3)}

@@ -168,7 +168,7 @@ def prepare_models(build: Path, draft: str | None, quick: bool = False) -> tuple
         draft, what = draft_path(), f"embedded draft {draft_path()}"
     else:
         from cactus_theory.lm.draft import DraftConfig
-        from cactus_theory.lm.draft_build import build_draft
+        from cactus_theory.lm.train.draft_build import build_draft
 
         cfg = REDUCED_QUICK if quick else REDUCED
         draft = str(build / ("draft-reduced-quick.pt" if quick else "draft-reduced.pt"))
@@ -213,7 +213,7 @@ class Exact:
     def q_laws(self, ids, positions, q_sampling):
         import torch
 
-        from cactus_theory.lm.transforms import sampling_probs
+        from cactus_theory.core.transforms import sampling_probs
 
         with torch.inference_mode():
             logits = self.pair.verifier(input_ids=torch.tensor([ids])).logits[0, positions].float()
@@ -819,8 +819,8 @@ def main(argv=None) -> int:
     if not current_platform.is_cpu():
         ENGINE_ARGS["gpu_memory_utilization"] = 0.5
 
-    from cactus_theory.atomic import atomic_write_json, atomic_write_text
     from cactus_theory.lm.data import encode_prompts, prompt_set
+    from cactus_theory.util.atomic import atomic_write_json, atomic_write_text
 
     build, out = Path(args.build), Path(args.out)
     ctx = Ctx()

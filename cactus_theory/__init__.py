@@ -2,9 +2,14 @@
 
 Notation follows Hao & Mou (ICLR 2026): ``p`` draft, ``q`` verifier, ``n`` drafted token,
 ``h`` target law, ``gamma = h_n``, ``delta`` divergence budget.
+
+Every module lives in a layer folder (``util``, ``core``, ``theory``, ``claims``, ``lm``, ``integrations``,
+``cli``; see docs/architecture.md). The documented module paths (``cactus_theory.sampler``,
+``cactus_theory.optimize``, ...) are aliases of the modules in those folders (``PUBLIC_PATHS``): the same
+module object under both names, loaded on first import.
 """
 
-from .divergences import (
+from .core.divergences import (
     DIVERGENCES,
     F_DIVERGENCES,
     chi2,
@@ -17,9 +22,9 @@ from .divergences import (
     reverse_kl,
     tv,
 )
-from .exact import acceptance_rate, induced_distribution, step_divergence
-from .registry import make_rule, rule_classes
-from .rules import (
+from .core.exact import acceptance_rate, induced_distribution, step_divergence
+from .core.registry import make_rule, rule_classes
+from .core.rules import (
     EARS,
     TAS,
     Cactus,
@@ -34,14 +39,24 @@ from .rules import (
     TopK,
     two_block_root,
 )
+from .util.aliases import install as _install_aliases
 
-RULES = rule_classes()  # {"sps": SpS, "cactus": Cactus, ...}; metadata in cactus_theory.registry
+RULE_CLASSES = rule_classes()  # {"sps": SpS, "cactus": Cactus, ...}; metadata (RuleSpec) in cactus_theory.registry
+
+PUBLIC_PATHS = {f"cactus_theory.{alias}": f"cactus_theory.{target}" for alias, target in {
+    "divergences": "core.divergences", "rules": "core.rules", "exact": "core.exact", "registry": "core.registry",
+    "sampler": "core.sampler", "validate": "core.validate", "dropmatch": "core.dropmatch",
+    "optimize": "theory.optimize", "stats": "theory.stats", "toy": "theory.toy", "tradeoff": "theory.tradeoff",
+    "tree": "theory.tree",
+    "lm.transforms": "core.transforms", "lm.draft_build": "lm.train.draft_build", "lm.cli": "cli.lm",
+}.items()}
+_install_aliases(PUBLIC_PATHS)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "DIVERGENCES", "F_DIVERGENCES", "chi2", "cross_entropy", "divergence", "entropy", "hellinger",
     "js", "kl", "reverse_kl", "tv", "acceptance_rate", "induced_distribution", "step_divergence",
-    "EARS", "RULES", "TAS", "Cactus", "Interpolation", "Rule", "SpS", "TopK", "make_rule",
+    "EARS", "RULE_CLASSES", "TAS", "Cactus", "Interpolation", "Rule", "SpS", "TopK", "make_rule",
     "two_block_root", "SGLangThreshold", "RelaxedAcceptance", "MedusaTypical", "FLy", "DropMatch",
 ]

@@ -93,7 +93,7 @@ def render(nb: nbformat.NotebookNode) -> str:
 def build(names: list[str] | None = None, out: Path = HERE, fast: bool = False) -> list[Path]:
     """Execute the selected notebooks (all when ``names`` is empty; ``"04"`` or a file name selects)
     and write them to ``out`` atomically. Returns the written paths."""
-    from cactus_theory.atomic import atomic_write_text
+    from cactus_theory.util.atomic import atomic_write_text
 
     if fast and Path(out).resolve() == HERE:
         raise ValueError("fast builds are for checking: give another out folder than notebooks/")

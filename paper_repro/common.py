@@ -1,6 +1,6 @@
 """Shared plumbing of the reproduction steps: paths, fast mode, atomic cached results, figures.
 
-Claims are ``cactus_theory.claims.Claim``, the row type ``cactus-theory verify`` uses too."""
+Claims are ``cactus_theory.claims.ledger.Claim``, the row type ``cactus-theory verify`` uses too."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from cactus_theory.atomic import atomic_path, atomic_write_text
-from cactus_theory.atomic import atomic_write_json as _atomic_write_json
-from cactus_theory.claims import VERDICTS, Claim  # noqa: F401  (the one claim type, re-exported)
+from cactus_theory.claims.ledger import VERDICTS, Claim  # noqa: F401  (the one claim type, re-exported)
+from cactus_theory.util.atomic import atomic_path, atomic_write_text
+from cactus_theory.util.atomic import atomic_write_json as _atomic_write_json
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "paper_repro" / "results"
@@ -66,7 +66,7 @@ def to_jsonable(x: Any) -> Any:
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:
-    """``cactus_theory.atomic.atomic_write_json`` of ``to_jsonable(obj)``."""
+    """``cactus_theory.util.atomic.atomic_write_json`` of ``to_jsonable(obj)``."""
     _atomic_write_json(path, to_jsonable(obj))
 
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 
 from cactus_theory import Cactus, SpS, acceptance_rate, induced_distribution, kl
+from cactus_theory.claims.report import WORKED_EXAMPLE, worked_example
 from cactus_theory.registry import colour
-from cactus_theory.report import WORKED_EXAMPLE, worked_example
 
 from .common import Claim, Ctx, StepResult, cached_step, save_figure, standalone
 

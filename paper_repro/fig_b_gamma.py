@@ -14,9 +14,9 @@ import numpy as np
 from tqdm import tqdm
 
 from cactus_theory import chi2, two_block_root
-from cactus_theory.claims import exact_verdict
+from cactus_theory.claims.ledger import exact_verdict
+from cactus_theory.claims.report import COR5_MIN_SLOPE, taylor_convergence
 from cactus_theory.optimize import solve_target
-from cactus_theory.report import COR5_MIN_SLOPE, taylor_convergence
 from cactus_theory.rules import taylor_gamma, two_block_divergence
 
 from .common import Claim, Ctx, StepResult, cached_step, fmt, save_figure, standalone

@@ -35,7 +35,7 @@ import numpy as np
 from tqdm import tqdm
 
 from cactus_theory import TAS, SpS, acceptance_rate, induced_distribution, kl, registry
-from cactus_theory.claims import bootstrap_interval, exact_verdict, interval_verdict
+from cactus_theory.claims.ledger import bootstrap_interval, exact_verdict, interval_verdict
 
 from .common import Claim, Ctx, StepResult, cached_step, file_digest, fmt, save_figure, standalone
 

@@ -20,9 +20,9 @@ import numpy as np
 from tqdm import tqdm
 
 from cactus_theory import Cactus, induced_distribution, kl
-from cactus_theory.claims import exact_verdict
+from cactus_theory.claims.ledger import exact_verdict
+from cactus_theory.claims.report import far_above_delta_claim
 from cactus_theory.optimize import gamma_search
-from cactus_theory.report import far_above_delta_claim
 
 from .common import Claim, Ctx, Parts, StepResult, cached_step, fmt, save_figure, standalone
 

@@ -22,7 +22,7 @@ import math
 import numpy as np
 
 from cactus_theory import registry
-from cactus_theory.claims import all_of, bootstrap_interval, interval_verdict, t_interval
+from cactus_theory.claims.ledger import all_of, bootstrap_interval, interval_verdict, t_interval
 
 from .common import Claim, Ctx, StepResult, cached_step, fmt, save_figure, standalone
 from .lm_runs import (

@@ -24,7 +24,7 @@ import numpy as np
 from tqdm import tqdm
 
 from cactus_theory import acceptance_rate, induced_distribution, kl, registry
-from cactus_theory.claims import bootstrap_interval, exact_verdict, interval_verdict
+from cactus_theory.claims.ledger import bootstrap_interval, exact_verdict, interval_verdict
 from cactus_theory.optimize import (
     max_acceptance,
     max_acceptance_multi,

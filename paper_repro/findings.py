@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from cactus_theory.claims import Claim, group, resolve
+from cactus_theory.claims.ledger import Claim, group, resolve
 
 from .common import RESULTS, ROOT, atomic_write_text
 

@@ -18,7 +18,7 @@ import os
 import numpy as np
 from tqdm import tqdm
 
-from cactus_theory.atomic import atomic_path
+from cactus_theory.util.atomic import atomic_path
 
 from .common import Ctx, Parts
 
@@ -106,8 +106,8 @@ def get_pair(ctx: Ctx):
         if cfg["draft"] == "embedded" and ctx.fast:
             from cactus_theory.lm.draft import DraftConfig, FeatureDraft, draft_path, head_args
             if not os.path.exists(draft_path(DraftConfig())):
-                from cactus_theory.lm.draft_build import init_head
                 from cactus_theory.lm.pair import ModelPair, load_model
+                from cactus_theory.lm.train.draft_build import init_head
 
                 v, tok = load_model(cfg["verifier"])
                 d = FeatureDraft(head_args(v.config, DraftConfig(shortlist=4096)), v.get_input_embeddings())
@@ -134,7 +134,7 @@ def build_embedded_draft_if_missing() -> None:
     from cactus_theory.lm.draft import DraftConfig, draft_path
 
     if not os.path.exists(draft_path(DraftConfig())):
-        from cactus_theory.lm.draft_build import build_draft
+        from cactus_theory.lm.train.draft_build import build_draft
 
         print("building the embedded draft (cached afterwards; the committed draft's build took about 37 minutes on 2 cores) ...", flush=True)
         build_draft(DraftConfig())
@@ -143,7 +143,7 @@ def build_embedded_draft_if_missing() -> None:
 def record_draft_build(ctx: Ctx, pair) -> None:
     """``results/draft_build.json``: the loaded draft's own build report (file, phase times, held-out
     acceptance), so the report's compute times name the draft the LM results come from."""
-    from cactus_theory.atomic import atomic_write_json
+    from cactus_theory.util.atomic import atomic_write_json
 
     info = getattr(pair.draft, "info", None) or {}
     phases = info.get("phase_seconds", {})

@@ -80,8 +80,8 @@ def _check(args: argparse.Namespace) -> list[str]:
 
 def _verify(ctx: Ctx, cases: int, selected: bool) -> list:
     """``cactus-theory verify``'s checks at the run's seed (cached like a step); rows are ``Claim``."""
-    from cactus_theory.claims import Claim
-    from cactus_theory.report import verify_claims
+    from cactus_theory.claims.ledger import Claim
+    from cactus_theory.claims.report import verify_claims
 
     c = dataclasses.replace(ctx, cache_only=not selected, force=ctx.force and selected)
 
@@ -152,7 +152,7 @@ def repro(ctx: Ctx, only: list[str], lm: bool = True, cases: int | None = None,
     try:
         extra = _verify(ctx, cases, "verify" in only)
         # a statement a step checks has that step's check as its primary; verify's randomised re-check of the
-        # same statement is an independent secondary (cactus_theory.claims.resolve)
+        # same statement is an independent secondary (cactus_theory.claims.ledger.resolve)
         # (and its second check of one statement, when no step checks it, one more)
         seen = {c.key for s in steps for c in s.claims}
         relabelled = []

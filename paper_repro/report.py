@@ -1,9 +1,9 @@
 """REPORT.md: the paper's distinct claims, each with its checks, our numbers, the paper's, a verdict.
 
-Rows are ``cactus_theory.claims.Claim`` from the figure steps and from ``cactus-theory verify``.
+Rows are ``cactus_theory.claims.ledger.Claim`` from the figure steps and from ``cactus-theory verify``.
 Checks sharing a ``key`` are one statement: shown as one row (each check on its own line, labelled
 primary or secondary with the reason) and counted once, with the primary check's verdict
-(``cactus_theory.claims.resolve``). Three sections, never mixed: the paper's claims (the headline
+(``cactus_theory.claims.ledger.resolve``). Three sections, never mixed: the paper's claims (the headline
 counts only these, theory and experiments apart), results we derived (PAPER.md's notes, our per-step
 proxies), checks of our own code.
 """
@@ -14,7 +14,7 @@ import os
 import platform
 from pathlib import Path
 
-from cactus_theory.claims import VERDICTS, Claim, combined_verdict, group, plural, resolve
+from cactus_theory.claims.ledger import VERDICTS, Claim, combined_verdict, group, plural, resolve
 
 from .common import StepResult, atomic_write_text
 from .paper_numbers import SETUP

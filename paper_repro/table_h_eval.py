@@ -19,16 +19,16 @@ import math
 import time
 from dataclasses import replace
 
-from cactus_theory.claims import (
+from cactus_theory.claims.ledger import (
     Claim,
     Interval,
     all_of,
     exact_verdict,
     interval_verdict,
 )
-from cactus_theory.lm.lawtests import format_lawtests as lawtest_table
-from cactus_theory.lm.lawtests import own_tv as _own_tv
-from cactus_theory.lm.lawtests import testable
+from cactus_theory.lm.experiments.lawtests import format_lawtests as lawtest_table
+from cactus_theory.lm.experiments.lawtests import own_tv as _own_tv
+from cactus_theory.lm.experiments.lawtests import testable
 
 from .common import ROOT, Ctx, StepResult, cached, save_figure, standalone
 from .lm_runs import get_pair, set_threads
@@ -67,7 +67,7 @@ def _pair(ctx: Ctx):
 def _pair_id(ctx: Ctx) -> str:
     if ctx.lm.get("pair") is not None:
         return "injected"
-    from cactus_theory.lm.eval import pair_id
+    from cactus_theory.lm.experiments.eval import pair_id
 
     from .lm_runs import lm_config
 
@@ -80,7 +80,7 @@ def config(ctx: Ctx) -> dict:
 
 
 def compute(ctx: Ctx, cfg: dict) -> dict:
-    from cactus_theory.lm import eval as ev
+    from cactus_theory.lm.experiments import eval as ev
 
     set_threads(ctx)
     ecfg = ev.EvalConfig(problems=cfg["problems"], seed=cfg["seed"], k=cfg["k"], max_new_tokens=cfg["max_new_tokens"],
@@ -117,7 +117,7 @@ MARGIN_TEXT = (
 
 def margin_text(res: dict) -> str:
     """MARGIN_TEXT with this eval's numbers (the lossless runs' spread, the MDD, SpS's strict-match rate)."""
-    from cactus_theory.lm.eval import comparisons
+    from cactus_theory.lm.experiments.eval import comparisons
 
     m = comparisons(res)["metrics"]
     le = m["lenient"]
@@ -165,7 +165,7 @@ def claims(res: dict, which: str) -> list[Claim]:
     300-problem eval is the primary check of acceptance, task score and wall clock (batch 32); steps e / f
     add a secondary check of the same statements. Multi-part statements take the weakest part
     (``all_of``: an intersection-union test, no multiplicity adjustment)."""
-    from cactus_theory.lm.eval import comparisons, speedup_interval
+    from cactus_theory.lm.experiments.eval import comparisons, speedup_interval
 
     S, c = res["summary"], res["config"]
     n = c["problems"]
@@ -334,7 +334,7 @@ def lawtest_claims(lt: dict) -> list[Claim]:
 # -- the step -------------------------------------------------------------------------------------
 
 def markdown(reduced: dict, full: dict | None) -> str:
-    from cactus_theory.lm.eval import format_table, stale_methods
+    from cactus_theory.lm.experiments.eval import format_table, stale_methods
 
     parts = []
     for res, name in ((full, "full run (`make eval`)"), (reduced, "reduced run (`make repro`)")):
@@ -367,8 +367,8 @@ def run(ctx: Ctx) -> StepResult:
     reduced = cached(ctx, NAME, cfg, lambda: compute(ctx, cfg))
     full = full_result(ctx, cfg["pair"])
     main = full or reduced
-    from cactus_theory.atomic import atomic_write_text
-    from cactus_theory.lm.eval import format_table, plot_accuracy_vs_al
+    from cactus_theory.lm.experiments.eval import format_table, plot_accuracy_vs_al
+    from cactus_theory.util.atomic import atomic_write_text
 
     if full is not None:  # the full run's table, re-rendered under the current rendering rules
         table = format_table(full) + "\n"

@@ -30,7 +30,7 @@ import numpy as np
 from tqdm import tqdm
 
 from cactus_theory import Cactus, SpS, acceptance_rate, induced_distribution, kl, registry, tv
-from cactus_theory.claims import bootstrap_interval, interval_verdict
+from cactus_theory.claims.ledger import bootstrap_interval, interval_verdict
 from cactus_theory.rules import DropMatch
 from cactus_theory.tradeoff import matched_cactus
 
@@ -98,9 +98,9 @@ def rows(pair, cfg: dict):
     ``X`` (R, d) and each row's prompt index."""
     import torch
 
-    from cactus_theory.dropmatch import HeadTap
     from cactus_theory.lm import autoregressive_generate
     from cactus_theory.lm.data import prompt_set
+    from cactus_theory.lm.head_tap import HeadTap
     from cactus_theory.lm.loop import first_step_laws
 
     prompts = prompt_set(cfg["per_style"]) if pair.tokenizer is not None else [[1, 2, 3]] * (3 * cfg["per_style"])

@@ -1,6 +1,6 @@
 """Shared test setup: a deterministic hypothesis profile and case strategies.
 
-Cases are drawn as (kind, V, seed) by hypothesis and built by ``cactus_theory.report.make_pair``,
+Cases are drawn as (kind, V, seed) by hypothesis and built by ``cactus_theory.theory.cases.make_pair``,
 so every random and adversarial kind (p = q, one-hot q, disjoint supports, zeros on either side,
 q_n = 1, tiny q_n, q_n on TAS's threshold or within 1e-12..1e-6 of it, q_n tied with the k-th
 largest q) is covered and any failure replays exactly.
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-from cactus_theory.report import CASE_KINDS, make_pair
+from cactus_theory.theory.cases import CASE_KINDS, make_pair
 
 settings.register_profile(
     "cactus", derandomize=True, max_examples=40, deadline=None, print_blob=True,

@@ -233,8 +233,9 @@ CLI_CASES = [
 @pytest.mark.parametrize("argv, needle", CLI_CASES, ids=[" ".join(a) for a, _ in CLI_CASES])
 def test_cli_refuses_before_any_model_loads(argv, needle, tmp_path, monkeypatch):
     from cactus_theory import cli
-    from cactus_theory.lm import draft_build, pair
-    from cactus_theory.lm import eval as lm_eval
+    from cactus_theory.lm import pair
+    from cactus_theory.lm.experiments import eval as lm_eval
+    from cactus_theory.lm.train import draft_build
 
     def no_load(*a, **kw):
         raise AssertionError(f"a model load was attempted for {argv}")
@@ -638,7 +639,7 @@ def _extremes():
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # in an untaken where() branch
 @pytest.mark.parametrize("key, name, value", _extremes())
 def test_extreme_valid_parameters_stay_finite_in_every_dtype(key, name, value):
-    from cactus_theory.report import make_pair
+    from cactus_theory.theory.cases import make_pair
 
     base = registry.make(key, **{name: value})
     if key == "cactus" and value != 1.0:  # every divergence of the exact solver too, at the ends

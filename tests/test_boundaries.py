@@ -1,6 +1,6 @@
 """Library boundaries, read from the source (ast): the library never imports ``paper_repro``; no
 module imports another module's private names; every atomic write goes through
-``cactus_theory.atomic`` (the only ``os.replace``); and the command line answers bad arguments
+``cactus_theory.util.atomic`` (the only ``os.replace``); and the command line answers bad arguments
 with one line and exit status 2 without importing torch or transformers."""
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def test_os_replace_only_in_the_atomic_helper():
             if (isinstance(node, ast.Attribute) and node.attr in ("replace", "rename")
                     and isinstance(node.value, ast.Name) and node.value.id == "os"):
                 bad.append(str(p.relative_to(ROOT)))
-    assert bad == ["cactus_theory/atomic.py"], bad
+    assert bad == ["cactus_theory/util/atomic.py"], bad
 
 
 BAD_ARGS = [

@@ -9,10 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import cactus_theory as ct
+from cactus_theory.claims.report import SHAPE_TOL, taylor_convergence
 from cactus_theory.divergences import F_DIVERGENCES
 from cactus_theory.exact import induced_generic
 from cactus_theory.optimize import max_acceptance, solve_target
-from cactus_theory.report import SHAPE_TOL, taylor_convergence
 from cactus_theory.rules import TAS, Cactus, SpS, taylor_gamma, two_block_divergence, two_block_root
 
 THM2_DIVS = ("kl", "reverse_kl", "chi2", "tv", "hellinger", "js")
@@ -78,7 +78,7 @@ def test_corollary5_rows_turn_red_without_the_factor_two(monkeypatch, tmp_path):
     factor 2 removed from the square root the error is O(sqrt delta), the slope 0.5, and both rows
     (verify's and figure b's) say "differs". A test that only asked for a shrinking gap would pass it."""
     import cactus_theory.rules as rules_mod
-    from cactus_theory import report
+    from cactus_theory.claims import report
 
     rng = np.random.default_rng(0)
     assert report._corollary5(rng, 10).verdict == "holds"
@@ -227,7 +227,7 @@ def test_proposition4_tas_region_is_the_cross_entropy_optimum():
     q_n 1e-3 relative on either side of the threshold."""
     from scipy.stats import entropy
 
-    from cactus_theory.report import tas_lp_accepts
+    from cactus_theory.claims.report import tas_lp_accepts
 
     rng = np.random.default_rng(4)
     checked = 0
@@ -270,7 +270,7 @@ def test_worked_example():
     assert float(rule.accept_prob(p, q, n)) == pytest.approx(0.825, abs=1e-12)
     assert float(ct.kl(h, q)) == pytest.approx(0.198, abs=0.0005)
     assert d == pytest.approx(0.21, abs=0.005)
-    from cactus_theory.report import worked_example_claim
+    from cactus_theory.claims.report import worked_example_claim
 
     row = worked_example_claim()
     assert row.verdict == "holds" and "0.2112" in row.ours and "third decimal" in row.ours
@@ -279,7 +279,7 @@ def test_worked_example():
 @pytest.mark.parametrize("div", THM2_DIVS)
 @pytest.mark.parametrize("kind", ["random", "tiny_qn", "zeros_in_q"])
 def test_theorem2_at_fifty_tokens(div, kind):
-    from cactus_theory.report import make_pair
+    from cactus_theory.theory.cases import make_pair
 
     rng = np.random.default_rng(50)
     for delta in (0.01, 0.3):

@@ -123,7 +123,7 @@ def test_ranges():
 def test_kl_is_never_negative_after_rounding():
     """SpS's exact step law equals q up to rounding; the raw sum h log(h / q) then comes out a few ulps
     negative in about half the rows (it printed as -1.1e-17 in the main table). KL is clipped at 0."""
-    from cactus_theory._array import xlogy
+    from cactus_theory.core._array import xlogy
 
     rng = np.random.default_rng(0)
     P, Q = rng.dirichlet(np.ones(50), size=400), rng.dirichlet(np.ones(50), size=400)

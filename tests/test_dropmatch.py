@@ -19,7 +19,6 @@ from transformers import LlamaForCausalLM
 import cactus_theory as ct
 from cactus_theory import registry
 from cactus_theory.dropmatch import (
-    HeadTap,
     PathLaw,
     exact_path_law,
     jackknife,
@@ -29,9 +28,10 @@ from cactus_theory.dropmatch import (
     synthetic_head,
 )
 from cactus_theory.lm import ModelPair, sampling_probs, speculative_generate
-from cactus_theory.reference import reference_law
+from cactus_theory.lm.head_tap import HeadTap
 from cactus_theory.rules import DropMatch
 from cactus_theory.stats import goodness_of_fit, power
+from cactus_theory.theory.reference import reference_law
 from cactus_theory.toy import one_step_test
 
 ALPHA, N, EPS = 1e-3, 20000, 0.06

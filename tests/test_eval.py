@@ -23,9 +23,20 @@ from transformers import LlamaForCausalLM
 
 from cactus_theory.cli import COMMANDS
 from cactus_theory.lm import ModelPair
-from cactus_theory.lm import eval as ev
-from cactus_theory.lm.lawtests import ALPHA, format_lawtests, run_lawtests, verify_step_test
-from cactus_theory.lm.tasks import TASKS, extract_answer, make_problems, score, strict_answer
+from cactus_theory.lm.experiments import eval as ev
+from cactus_theory.lm.experiments.lawtests import (
+    ALPHA,
+    format_lawtests,
+    run_lawtests,
+    verify_step_test,
+)
+from cactus_theory.lm.experiments.tasks import (
+    TASKS,
+    extract_answer,
+    make_problems,
+    score,
+    strict_answer,
+)
 from cactus_theory.rules import Cactus, DropMatch, Interpolation, SpS
 from cactus_theory.stats import detectable_tv, paired_difference, power, proportion_interval
 
@@ -192,7 +203,7 @@ def test_eval_resumes_from_cache_and_recomputes_only_what_is_missing(tmp_path, m
 
 
 def test_eval_command_registered_and_bad_input_before_models(tmp_path):
-    assert COMMANDS["eval"][0] == "cactus_theory.lm.eval"
+    assert COMMANDS["eval"][0] == "cactus_theory.lm.experiments.eval"
     p = argparse.ArgumentParser()
     ev.configure(p)
     for argv, msg in [(["--problems", "0"], "problems"), (["--task", "gsm8k"], "task"),

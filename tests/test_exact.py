@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 import cactus_theory as ct
 from cactus_theory.exact import induced_generic, induced_scaling, step_divergence
-from cactus_theory.report import CASE_KINDS, make_pair
 from cactus_theory.rules import EARS, TAS, Cactus, Interpolation, SpS, TopK
+from cactus_theory.theory.cases import CASE_KINDS, make_pair
 
 SCALING = [SpS(), Cactus(0.05), Cactus(0.5), Cactus(3.0), *(Cactus(0.3, d, "exact") for d in
            ("kl", "reverse_kl", "chi2", "tv", "hellinger", "js"))]

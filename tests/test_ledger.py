@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import cactus_theory as ct
-from cactus_theory import report
-from cactus_theory.claims import (
+from cactus_theory.claims import report
+from cactus_theory.claims.ledger import (
     Claim,
     Interval,
     all_of,

@@ -25,6 +25,7 @@ from conftest import tiny_llama
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import cactus_theory as ct
+from cactus_theory.core.transforms import check_sampling
 from cactus_theory.exact import step_divergence
 from cactus_theory.lm import (
     ModelPair,
@@ -36,7 +37,6 @@ from cactus_theory.lm.draft import DraftConfig, FeatureDraft, HeadArgs
 from cactus_theory.lm.llama import Llama
 from cactus_theory.lm.metrics import step_kl
 from cactus_theory.lm.pair import check_same_tokenizer
-from cactus_theory.lm.transforms import check_sampling
 from cactus_theory.stats import goodness_of_fit, power
 from cactus_theory.toy import autoregressive_law, sequence_law
 
@@ -356,7 +356,7 @@ def test_feature_draft_lossy_rules_follow_the_exact_law(rule):
 
 def test_head_training_raises_held_out_acceptance():
     """Distillation with the training-time test raises the acceptance at every draft depth."""
-    from cactus_theory.lm.draft_build import collect_forced, depth_acceptance, train_head
+    from cactus_theory.lm.train.draft_build import collect_forced, depth_acceptance, train_head
 
     ver = tiny(13, layers=3, scale=2.0)
     m = Llama.from_hf(ver)
@@ -415,7 +415,7 @@ def test_tokenizer_mismatch_is_refused():
 
 
 def test_run_benchmark_on_the_tiny_pair():
-    from cactus_theory.lm.experiment import format_table, run_benchmark, targets
+    from cactus_theory.lm.experiments.experiment import format_table, run_benchmark, targets
 
     rules = [("SpS", ct.SpS()), ("Cactus d=1.0", ct.Cactus(1.0))]
     res = run_benchmark(pair(), [[1, 2], [3], [4, 5]], rules=rules, ks=(1, 4), batch_sizes=(1, 2),
@@ -566,7 +566,7 @@ def test_first_step_laws_are_the_block_start_laws(feature):
 
 @pytest.mark.parametrize("top_k,top_p", [(20, 0.95), (5, 1.0), (0, 0.9), (0, 1.0)])
 def test_truncated_law_is_the_sampling_law(top_k, top_p):
-    from cactus_theory.lm.draft_build import truncated_law
+    from cactus_theory.lm.train.draft_build import truncated_law
 
     logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(0)) * 3
     cfg = DraftConfig(temperature=0.6, top_k=top_k, top_p=top_p)

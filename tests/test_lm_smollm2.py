@@ -19,8 +19,8 @@ from cactus_theory import cli
 from cactus_theory.lm import ModelPair, autoregressive_generate, speculative_generate
 from cactus_theory.lm import pair as pair_mod
 from cactus_theory.lm.draft import DraftConfig, FeatureDraft, head_args
-from cactus_theory.lm.draft_build import init_head
 from cactus_theory.lm.pair import check_same_tokenizer, load_model
+from cactus_theory.lm.train.draft_build import init_head
 
 pytestmark = [pytest.mark.lm, pytest.mark.usefixtures("one_thread")]
 
@@ -108,7 +108,7 @@ def test_reduced_draft_build_end_to_end(smollm2, tmp_path):
     shortlist, training-time-test training, held-out report, atomic save, and a load that drives
     decoding."""
     from cactus_theory.lm.draft import load_draft
-    from cactus_theory.lm.draft_build import build_draft
+    from cactus_theory.lm.train.draft_build import build_draft
 
     model, tok = smollm2
     cfg = DraftConfig(onpolicy_prompts=6, heldout_prompts=3, onpolicy_tokens=12, wiki_docs=3, wiki_tokens=24,

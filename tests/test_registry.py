@@ -26,7 +26,7 @@ def test_every_rule_class_is_registered_once():
     registered = [s.cls for s in registry.RULES.values()]
     for cls in classes:
         assert registered.count(cls) == 1, cls
-    assert ct.RULES == {k: s.cls for k, s in registry.RULES.items()}
+    assert ct.RULE_CLASSES == {k: s.cls for k, s in registry.RULES.items()}
 
 
 @pytest.mark.parametrize("key", list(registry.RULES))

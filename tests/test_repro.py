@@ -69,7 +69,7 @@ def test_parts_resume_and_reset_on_new_config(tmp_path):
 
 
 def test_claim_is_the_librarys_and_rejects_unknown_verdict():
-    from cactus_theory.claims import Claim as LibraryClaim
+    from cactus_theory.claims.ledger import Claim as LibraryClaim
 
     assert Claim is LibraryClaim  # one claim type for verify and the report
     with pytest.raises(ValueError, match="verdict"):

@@ -55,7 +55,7 @@ def test_ngram_validation():
 def test_step_parts_are_the_one_step_law(rule):
     """Against reference.py (the formulas re-implemented with scipy / plain numpy, no shared code):
     the accept part is p_n phi_n, the reject part sum_n p_n (1 - phi_n) g_n, per candidate n."""
-    from cactus_theory.reference import reference_law, reference_step
+    from cactus_theory.theory.reference import reference_law, reference_step
 
     rng = np.random.default_rng(4)
     for _ in range(3):

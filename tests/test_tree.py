@@ -21,9 +21,9 @@ import torch
 
 from cactus_theory import TAS, Cactus, Interpolation, SpS, TopK, induced_distribution, kl, toy
 from cactus_theory.optimize import multi_draft_acceptance, solve_target_multi
-from cactus_theory.report import CASE_KINDS, make_pair
 from cactus_theory.sampler import sample_rows, verify
 from cactus_theory.stats import goodness_of_fit, samples_needed
+from cactus_theory.theory.cases import CASE_KINDS, make_pair
 from cactus_theory.tree import (
     SCHEMES,
     block_sequence_law,

@@ -5,9 +5,10 @@ import pytest
 import torch
 
 import cactus_theory as ct
+from cactus_theory.claims.report import verify_claims
 from cactus_theory.optimize import gamma_search, max_acceptance, solve_target
-from cactus_theory.report import make_pair, verify_claims
 from cactus_theory.rules import EARS, TAS, Cactus, Interpolation, SpS, TopK
+from cactus_theory.theory.cases import make_pair
 
 P = np.array([0.2, 0.3, 0.5])
 Q = np.array([0.4, 0.4, 0.2])

@@ -11,8 +11,8 @@ import math
 import numpy as np
 import pytest
 
-from cactus_theory.claims import holm
-from cactus_theory.lm import eval as ev
+from cactus_theory.claims.ledger import holm
+from cactus_theory.lm.experiments import eval as ev
 from cactus_theory.stats import paired_difference
 
 
@@ -137,7 +137,7 @@ def test_wall_clock_is_over_batches_with_a_t_interval():
 
 
 def test_batch_1_is_another_protocol_never_a_veto():
-    from cactus_theory.claims import Claim, combined_verdict
+    from cactus_theory.claims.ledger import Claim, combined_verdict
 
     def c(**kw):
         base = dict(key="wall-clock", claim="faster", ref="wall-clock experiment", kind="paper", how="h", ours="o",
@@ -206,7 +206,7 @@ def test_committed_eval_md_is_rendered_from_eval_json():
 
 
 def test_committed_claims_have_one_primary_and_readme_one_line_per_claim():
-    from cactus_theory.claims import group, resolve
+    from cactus_theory.claims.ledger import group, resolve
     from paper_repro.common import RESULTS
     from paper_repro.findings import block, load_claims
     from paper_repro.report import NAMES
@@ -255,7 +255,7 @@ def test_eval_grid_refuses_a_parameter_the_rule_does_not_take():
 def test_a_one_bin_step_test_reports_no_power():
     """The library's own step test (what `cactus-theory eval` prints) gives a one-bin law no detectable TV,
     and its table counts it apart (the old code showed a TV computed with max(bins, 2))."""
-    from cactus_theory.lm.lawtests import format_lawtests, verify_step_test
+    from cactus_theory.lm.experiments.lawtests import format_lawtests, verify_step_test
     from cactus_theory.rules import SpS
 
     q = np.array([0.0, 1.0, 0.0, 0.0])

@@ -52,9 +52,9 @@ import threading
 
 import torch
 
-from ..rules import Rule
-from ..sampler import verify
-from ..validate import check_int, check_number, check_rule
+from ..core.rules import Rule, check_rule
+from ..core.sampler import verify
+from ..core.validate import check_int, check_number
 
 __all__ = ["use_rule", "assisted_generate", "speculative_sampling", "ensemble_weight_rule"]
 
@@ -77,7 +77,7 @@ _lock = threading.RLock()
 
 def ensemble_weight_rule(w: float) -> Rule:
     """The project rule equal to transformers' ``assistant_ensemble_weight = w``: ``Interpolation(1 - w)``."""
-    from ..rules import Interpolation
+    from ..core.rules import Interpolation
 
     w = check_number(w, "assistant_ensemble_weight", low=0.0, high=1.0, low_open=True, high_open=True,
                      what="in (0, 1)")
@@ -138,7 +138,7 @@ def speculative_sampling(rule: Rule, candidate_input_ids: torch.Tensor, candidat
         raise ValueError("new_logits has NaN, +inf, or a row with no finite logit: no verifier law to sample from")
     if k == 0:
         u = torch.rand(1, generator=generator, dtype=torch.float64, device=q.device)
-        from ..sampler import sample_rows
+        from ..core.sampler import sample_rows
 
         return sample_rows(q[:, 0], u).view(1, 1), torch.zeros((), dtype=torch.long)
     p = candidate_logits.detach().to(q.device).float().softmax(-1)  # [1, k, V]

@@ -75,10 +75,10 @@ from typing import ClassVar
 
 import torch
 
-from .._array import xp_of
-from ..registry import RULES, spec
-from ..rules import Rule, SpS
-from ..sampler import PLACEHOLDER_TOKEN_ID, sample_rows, verify_flat
+from ..core._array import xp_of
+from ..core.registry import RULES, spec
+from ..core.rules import Rule, SpS
+from ..core.sampler import PLACEHOLDER_TOKEN_ID, sample_rows, verify_flat
 
 __all__ = ["register", "unregister", "rule_from_spec", "resolve_rule", "rejection_sample", "rejection_sample_v2",
            "expand_batch_to_tokens", "set_rule", "check_rule", "hook_problem", "own_methods", "SET_RULE_METHOD",

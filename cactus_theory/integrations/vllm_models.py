@@ -26,7 +26,7 @@ import sys
 
 import torch
 
-from ..atomic import atomic_write_json
+from ..util.atomic import atomic_write_json
 
 __all__ = ["export_verifier", "export_draft", "STAMP", "is_exported"]
 

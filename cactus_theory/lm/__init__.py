@@ -9,10 +9,10 @@ from __future__ import annotations
 import importlib
 
 _WHERE = {
-    "DecodeResult": "metrics", "DecodeStats": "metrics", "SequenceCounters": "metrics",
-    "autoregressive_generate": "loop", "speculative_generate": "loop", "SAMPLING": "loop",
-    "ModelPair": "pair", "check_same_tokenizer": "pair", "load_model": "pair", "load_pair": "pair",
-    "sampling_probs": "transforms",
+    "DecodeResult": ".metrics", "DecodeStats": ".metrics", "SequenceCounters": ".metrics",
+    "autoregressive_generate": ".loop", "speculative_generate": ".loop", "SAMPLING": ".loop",
+    "ModelPair": ".pair", "check_same_tokenizer": ".pair", "load_model": ".pair", "load_pair": ".pair",
+    "sampling_probs": "..core.transforms",
 }
 
 __all__ = sorted(_WHERE)
@@ -20,7 +20,7 @@ __all__ = sorted(_WHERE)
 
 def __getattr__(name: str):
     if name in _WHERE:
-        return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+        return getattr(importlib.import_module(_WHERE[name], __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -22,9 +22,9 @@ import inspect
 
 import torch
 
+from ..core.transforms import sampling_probs
 from .draft import FeatureDraft
 from .llama import Llama
-from .transforms import sampling_probs
 
 __all__ = ["Target", "TokenDrafter", "FeatureDrafter", "make_target", "make_drafter", "right_pad"]
 

@@ -332,7 +332,7 @@ def export_eagle3(draft: FeatureDraft, folder: str, dtype: torch.dtype = torch.b
     folder, ...}'``); the token embedding is the verifier's (vLLM shares it when the folder has none)."""
     from safetensors.torch import save_file
 
-    from ..atomic import atomic_path, atomic_write_json
+    from ..util.atomic import atomic_path, atomic_write_json
 
     a = draft.args
     os.makedirs(folder, exist_ok=True)

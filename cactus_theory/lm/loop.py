@@ -23,16 +23,16 @@ import time
 import numpy as np
 import torch
 
-from .. import registry
-from ..registry import make_rule
-from ..rules import Rule
-from ..sampler import verify
+from ..core import registry
+from ..core.registry import make_rule
+from ..core.rules import Rule
+from ..core.sampler import verify
+from ..core.transforms import check_sampling, sampling_probs
 from .cache import Target, make_drafter, right_pad
 from .draft import FeatureDraft
 from .llama import Llama, supports_hf
 from .metrics import DecodeResult, DecodeStats, SequenceCounters, nll_of, step_kl
 from .pair import ModelPair, context_length
-from .transforms import check_sampling, sampling_probs
 
 __all__ = ["speculative_generate", "autoregressive_generate", "prepare_prompts", "SAMPLING", "runtime_models",
            "first_step_laws"]
@@ -205,7 +205,7 @@ def _head_tap(verifier, rule: Rule):
     """A rule that reads the verifier's head (DropMatch) gets a tap on the head's input; others none."""
     if not getattr(rule, "reads_head", False):
         return None
-    from ..dropmatch import HeadTap
+    from .head_tap import HeadTap
 
     return HeadTap(verifier)
 
@@ -215,7 +215,7 @@ def _bind(rule: Rule, tap, logits, k: int, sampling, gen) -> Rule:
     ``rule.num_paths`` dropout paths of the head at the ``k`` drafted positions (``dropmatch.sample_hits``)."""
     if tap is None:
         return rule
-    from ..dropmatch import sample_hits
+    from ..core.dropmatch import sample_hits
 
     tap.check(logits)
     hit = sample_hits(tap.hidden[:, :k], tap.weight, rule, sampling=sampling, bias=tap.bias, generator=gen)

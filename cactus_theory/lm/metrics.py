@@ -16,8 +16,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from ..exact import step_divergence
-from ..rules import Rule
+from ..core.exact import step_divergence
+from ..core.rules import Rule
 
 __all__ = ["DecodeStats", "DecodeResult", "SequenceCounters", "step_kl", "KL_MAX_SUPPORT"]
 

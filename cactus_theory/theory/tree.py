@@ -95,10 +95,10 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from .rules import Rule, ScalingRule, SpS
-from .sampler import check_common, sample_rows
+from ..core.rules import Rule, ScalingRule, SpS
+from ..core.sampler import check_common, sample_rows
+from ..core.validate import check_positive_int, check_probs, check_same_shape, check_token
 from .toy import DecodeResult
-from .validate import check_positive_int, check_probs, check_same_shape, check_token
 
 __all__ = [
     "SCHEMES", "MODES", "set_target", "chain_parents", "branching_parents", "children_lists", "top_candidates",

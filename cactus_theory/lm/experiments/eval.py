@@ -46,10 +46,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import registry
-from ..atomic import atomic_path, atomic_write_json, atomic_write_text
-from ..cli import positive_int
-from ..stats import paired_difference, proportion_interval
+from ...core import registry
+from ...theory.stats import paired_difference, proportion_interval
+from ...util.args import positive_int
+from ...util.atomic import atomic_path, atomic_write_json, atomic_write_text
 from . import tasks
 
 __all__ = ["EVAL_GRID", "SAMPLING", "Method", "EvalConfig", "methods", "run_eval", "summarise", "format_table",
@@ -147,7 +147,7 @@ class EvalConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
-        from .transforms import check_sampling
+        from ...core.transforms import check_sampling
 
         check_sampling(self.sampling["temperature"], self.sampling["top_k"], self.sampling["top_p"])
 
@@ -173,7 +173,7 @@ def _read_json(path: Path):
 def _decode(pair, prompts: list[str], method: Method, cfg: EvalConfig, seed: int) -> tuple[list[str], list[dict], float]:
     """Texts, per-sequence counters (``COUNTERS``, from the loop's ``DecodeResult.per_sequence``) and
     the decode seconds of one batch, decoded at once."""
-    from .loop import autoregressive_generate, speculative_generate
+    from ..loop import autoregressive_generate, speculative_generate
 
     kw = dict(max_new_tokens=cfg.max_new_tokens, seed=seed, batch_size=len(prompts), **cfg.sampling)
     if method.rule is None:
@@ -426,7 +426,7 @@ def comparisons(result: dict) -> dict:
     Also the pooled lossless reference (``LOSSLESS``: every problem-run of the methods that emit the
     verifier's law; interval clustered by problem) and the minimum detectable difference (McNemar,
     alpha 0.05 two-sided, power 0.8) at the discordance rate of the lossless methods against SpS."""
-    from ..claims import holm, mcnemar_mdd
+    from ...claims.ledger import holm, mcnemar_mdd
 
     labels = [m["label"] for m in result["methods"] if m["label"] in result["summary"]]
     sps = next(m["label"] for m in result["methods"] if m["key"] == "sps")
@@ -480,7 +480,7 @@ def speedup_interval(secs: list[dict], base: list[dict]):
     the machine's load cancels): per batch the log of the tokens/s ratio, and a Student-t interval on their
     mean (n = batches, n - 1 degrees of freedom; a percentile bootstrap over 10 batches is too narrow).
     Returns a ``claims.Interval`` on the log scale: ``exp`` of it is the geometric-mean speedup."""
-    from ..claims import t_interval
+    from ...claims.ledger import t_interval
 
     r = [math.log((a["tokens"] / a["seconds"]) / (b["tokens"] / b["seconds"])) for a, b in zip(secs, base, strict=True)]
     return t_interval(r)
@@ -677,8 +677,8 @@ def check(args) -> None:
     """Every check that needs no model (``ValueError`` naming the flag), run by the CLI before ``run``:
     the configuration, ``--rules``, the model arguments, ``--out`` / ``--cache`` writable, and ``--device``
     a torch device present here (this imports torch, no model)."""
-    from ..cli import check_device, check_writable_dir
-    from .cli import check_model
+    from ...util.args import check_device, check_writable_dir
+    from ..loading import check_model
 
     _check_args(args)
     only = [s.strip() for s in args.rules.split(",") if s.strip()] if args.rules else None
@@ -718,7 +718,7 @@ def pair_id(draft: str, verifier: str, draft_path: str | None = None) -> str:
     if draft != "embedded":
         return f"{draft}->{verifier}"
     if draft_path is None:
-        from .draft import draft_path as cached
+        from ..draft import draft_path as cached
 
         draft_path = cached()
     return f"embedded:{os.path.basename(draft_path)}->{verifier}"
@@ -726,11 +726,11 @@ def pair_id(draft: str, verifier: str, draft_path: str | None = None) -> str:
 
 def load_eval_pair(draft: str, verifier: str, draft_path: str | None = None):
     """``load_pair``, or the embedded draft from ``draft_path`` (a checkpoint of another build)."""
-    from .pair import ModelPair, load_model, load_pair
+    from ..pair import ModelPair, load_model, load_pair
 
     if draft_path is None:
         return load_pair(draft, verifier)
-    from .draft import load_draft
+    from ..draft import load_draft
 
     v, tok = load_model(verifier)
     return ModelPair(load_draft(v, path=draft_path), v, tok, name=f"{verifier}+{os.path.basename(draft_path)}")

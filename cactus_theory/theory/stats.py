@@ -38,8 +38,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats as sps
 
-from .divergences import kl, tv
-from .validate import check_nonneg, check_number, check_positive_int
+from ..core.divergences import kl, tv
+from ..core.validate import check_nonneg, check_number, check_positive_int
 
 __all__ = [
     "GoodnessOfFitResult", "HomogeneityResult", "EstimateResult", "to_counts", "pool_bins",

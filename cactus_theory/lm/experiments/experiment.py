@@ -16,10 +16,10 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .. import registry
-from ..rules import TAS, Cactus, Interpolation, SpS, TopK
-from .loop import SAMPLING, autoregressive_generate, speculative_generate
-from .metrics import SequenceCounters
+from ...core import registry
+from ...core.rules import TAS, Cactus, Interpolation, SpS, TopK
+from ..loop import SAMPLING, autoregressive_generate, speculative_generate
+from ..metrics import SequenceCounters
 
 __all__ = ["DEFAULT_RULES", "SAMPLING", "run_benchmark", "format_table", "bootstrap", "targets"]
 

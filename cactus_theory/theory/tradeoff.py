@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .exact import acceptance_rate, step_divergence
-from .rules import Cactus, Rule
+from ..core.exact import acceptance_rate, step_divergence
+from ..core.rules import Cactus, Rule
 
 __all__ = ["MatchedResult", "matched_cactus", "mean_cost"]
 

@@ -32,11 +32,11 @@ from dataclasses import asdict, dataclass, field, replace
 import torch
 from tqdm.auto import tqdm
 
-from ..atomic import atomic_path
-from ..cli import positive_int
-from .draft import FORMAT_VERSION, DraftConfig, FeatureDraft, draft_path, head_args
-from .llama import Llama
-from .transforms import sampling_probs
+from ...core.transforms import sampling_probs
+from ...util.args import positive_int
+from ...util.atomic import atomic_path
+from ..draft import FORMAT_VERSION, DraftConfig, FeatureDraft, draft_path, head_args
+from ..llama import Llama
 
 __all__ = ["Corpus", "collect_onpolicy", "collect_forced", "choose_shortlist", "train_head", "depth_acceptance",
            "step_loss", "build_draft", "configure", "run", "compute_dtype", "init_head", "encode_chat"]
@@ -266,7 +266,7 @@ def truncated_law(logits: torch.Tensor, cfg: DraftConfig) -> tuple[torch.Tensor,
     """The draft's law after the sampling transforms, on its support only: probabilities (n, K) and
     their shortlist rows (n, K), K = ``cfg.top_k`` (all rows when top-k is off). Equal to
     ``sampling_probs`` (tested) without writing the (n, |S|) row; differentiable in the kept logits."""
-    from .transforms import nucleus
+    from ...core.transforms import nucleus
 
     k = cfg.top_k if 0 < cfg.top_k < logits.shape[-1] else logits.shape[-1]
     vals, rows = logits.topk(k, dim=-1)
@@ -392,8 +392,8 @@ def encode_chat(tok, user: str, answer: str | None = None) -> tuple[list[int], i
 def build_draft(cfg: DraftConfig | None = None, path: str | None = None, progress: bool = True,
                 verifier=None, tokenizer=None) -> str:
     """Build the embedded draft (data, shortlist, training, held-out report); returns the file path."""
-    from .data import training_prompts, wiki_answers
-    from .pair import load_model
+    from ..data import training_prompts, wiki_answers
+    from ..pair import load_model
 
     cfg = cfg or DraftConfig()
     limit_heap_growth()

@@ -327,7 +327,7 @@ SAMPLING = {"temperature": 0.6, "top_k": 20, "top_p": 0.95}
 def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
     """``--temperature``, ``--top-k`` (the sampling cut; not the TopK rule's ``--topk-rule-k`` nor the
     drafts per step ``-k``) and ``--top-p``, defaults ``SAMPLING``, each checked by argparse."""
-    from .cli import nonneg_float, nonneg_int, top_p_float
+    from ..util.args import nonneg_float, nonneg_int, top_p_float
 
     g = parser.add_argument_group("sampling (applied to the draft's p and the verifier's q alike)")
     g.add_argument("--temperature", type=nonneg_float, default=SAMPLING["temperature"],

@@ -16,10 +16,10 @@ import numpy as np
 from scipy.optimize import minimize
 from scipy.special import softmax
 
-from .divergences import F_DIVERGENCES
-from .exact import induced_distribution
-from .rules import Cactus, Rule
-from .validate import (
+from ..core.divergences import F_DIVERGENCES
+from ..core.exact import induced_distribution
+from ..core.rules import Cactus, Rule
+from ..core.validate import (
     check_nonneg,
     check_positive_int,
     check_probs,

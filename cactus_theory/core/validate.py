@@ -15,7 +15,7 @@ from array_api_compat import is_torch_array
 from ._array import Array
 
 __all__ = ["prob_atol", "check_probs", "check_same_shape", "check_token", "check_pqn", "check_nonneg",
-           "check_positive_int", "check_array_kind", "check_rule", "check_number", "check_int", "check_prob_param",
+           "check_positive_int", "check_array_kind", "check_number", "check_int", "check_prob_param",
            "InputTypeError", "FLOAT16_MAX", "FLOAT16_TINY", "FLOAT32_MAX"]
 
 FLOAT16_MAX = 65504.0  # the largest finite float16
@@ -241,12 +241,3 @@ def check_array_kind(p, q, n=None, *, names: tuple[str, str] = ("p", "q")) -> No
                          f"and a {_kind(q)} {b}")
     if n is not None and _kind(p) == "torch" and _kind(n) != "torch":
         raise ValueError(f"n must be a torch tensor when p and q are, got {type(n).__name__}")
-
-
-def check_rule(rule, name: str = "rule") -> None:
-    """Raise ``ValueError`` unless ``rule`` is a ``cactus_theory`` rule object (not a rule's name)."""
-    from .rules import Rule
-
-    if not isinstance(rule, Rule):
-        hint = f" (build one with cactus_theory.make_rule({rule!r}, ...))" if isinstance(rule, str) else ""
-        raise ValueError(f"{name} must be a cactus_theory Rule such as SpS() or Cactus(0.5), got {rule!r}{hint}")

@@ -22,27 +22,22 @@ from scipy.special import rel_entr
 from scipy.stats import entropy as scipy_entropy
 from tqdm import tqdm
 
-from .atomic import atomic_write_text
-from .claims import KINDS, Claim, bootstrap_interval, exact_verdict
-from .divergences import F_DIVERGENCES, kl, tv
-from .exact import acceptance_rate, induced_distribution, induced_generic, induced_scaling
-from .reference import reference_gamma, reference_law
-from .rules import EARS, TAS, Cactus, Interpolation, SpS, TopK, two_block_root
-from .validate import check_positive_int
+from ..core.divergences import F_DIVERGENCES, kl, tv
+from ..core.exact import acceptance_rate, induced_distribution, induced_generic, induced_scaling
+from ..core.rules import EARS, TAS, Cactus, Interpolation, SpS, TopK, two_block_root
+from ..core.validate import check_positive_int
+from ..theory.cases import CASE_KINDS, TAS_DEFAULT, make_pair
+from ..theory.reference import reference_gamma, reference_law
+from ..util.atomic import atomic_write_text
+from .ledger import KINDS, Claim, bootstrap_interval, exact_verdict
 
 __all__ = ["Claim", "CASE_KINDS", "WORKED_EXAMPLE", "make_pair", "verify_claims", "format_table", "configure",
            "run", "taylor_convergence", "worked_example", "worked_example_claim", "fresh_seed", "recovery_sensitivity"]
 
-CASE_KINDS = ("random", "p_eq_q", "onehot_q", "disjoint", "zeros_in_p", "zeros_in_q", "qn_one", "tiny_qn",
-              "tas_tie", "topk_tie")
 THM2_DIVERGENCES = tuple(F_DIVERGENCES)  # every f-divergence the package defines (one list: divergences.py)
 # Theorem 2's shape check: moving mass e between tokens i != n changes D only by O(e^2 / q_i), so a
 # solver converged to 1e-11 pins h_{i != n} to about sqrt(1e-11) ~ 3e-6 (gamma itself to ~1e-9).
 SHAPE_TOL = 1e-5
-# TAS at its vLLM defaults: the threshold tas_tie cases sit on
-TAS_DEFAULT = (0.09, 0.3)
-TIE_OFFSETS = (1e-12, 1e-9, 1e-6)  # relative distances of near-ties from a threshold
-
 # The paper's worked example (its overview figure), with the paper's rounding of each number.
 WORKED_EXAMPLE = {"q": (0.30, 0.35, 0.35), "p": (0.05, 0.80, 0.15), "n": 1, "delta": 0.21,
                   "sps_accept": 0.4375, "cactus_accept": 0.825, "h": (0.16, 0.66, 0.18), "kl": 0.198,
@@ -52,97 +47,6 @@ WORKED_EXAMPLE = {"q": (0.30, 0.35, 0.35), "p": (0.05, 0.80, 0.15), "n": 1, "del
 def fresh_seed() -> int:
     """A new seed from the operating system's entropy (printed by ``run`` so a run can be replayed)."""
     return int(np.random.SeedSequence().entropy % (2**31))
-
-
-def _tas_threshold(q: np.ndarray) -> float:
-    eps, alpha = TAS_DEFAULT
-    pos = q[q > 0]
-    return min(eps, alpha * math.exp(float(np.sum(pos * np.log(pos)))))
-
-
-def make_pair(kind: str, V: int, rng: np.random.Generator, floor: float = 1e-6):
-    """A (p, q, n) case of the given kind over ``V >= 2`` tokens, float64.
-
-    ``random``: Dirichlet with a random concentration; masses below ``floor`` are zeroed (keeps the
-    cvxpy checks well conditioned). Adversarial kinds: ``p_eq_q``, ``onehot_q``, ``disjoint``
-    supports, ``zeros_in_p`` (where ``q > 0``), ``zeros_in_q`` (where ``p > 0``), ``qn_one``
-    (``q = e_n``), ``tiny_qn`` (``q_n = floor``), ``tas_tie`` (``q_n`` on TAS's default threshold
-    ``min(0.09, 0.3 exp(-H(q)))``: exactly when that is 0.09, else within ``TIE_OFFSETS`` relative,
-    either side) and ``topk_tie`` (``q_n`` tied, exactly or within 1e-12, with other tokens, so the
-    k-th largest ``q`` is a tie for several ``k``). ``n`` is drawn from ``p`` (so ``p_n > 0``).
-    """
-    if kind not in CASE_KINDS:
-        raise ValueError(f"kind must be one of {CASE_KINDS}, got {kind!r}")
-    if not (isinstance(V, (int, np.integer)) and V >= 2):
-        raise ValueError(f"V must be an integer >= 2, got {V!r}")
-
-    def dirichlet() -> np.ndarray:
-        x = rng.dirichlet(np.full(V, rng.choice([0.1, 0.3, 1.0, 3.0])))
-        x = np.where(x < floor, 0.0, x)
-        if x.sum() == 0:
-            x[rng.integers(V)] = 1.0
-        return x / x.sum()
-
-    p, q = dirichlet(), dirichlet()
-    if kind == "p_eq_q":
-        p = q.copy()
-    elif kind == "onehot_q":
-        q = np.eye(V)[rng.integers(V)]
-    elif kind == "disjoint":
-        cut = int(rng.integers(1, V))
-        perm = rng.permutation(V)
-        p = np.zeros(V)
-        q = np.zeros(V)
-        p[perm[:cut]] = rng.dirichlet(np.ones(cut))
-        q[perm[cut:]] = rng.dirichlet(np.ones(V - cut))
-    elif kind == "zeros_in_p":
-        p[rng.permutation(V)[: max(1, V // 2)]] = 0.0
-        if p.sum() == 0:
-            p = np.eye(V)[int(np.argmin(q))]
-        p /= p.sum()
-    elif kind == "zeros_in_q":
-        q[rng.permutation(V)[: max(1, V // 2)]] = 0.0
-        if q.sum() == 0:
-            q = np.eye(V)[int(np.argmin(p))]
-        q /= q.sum()
-    n = int(rng.choice(V, p=p))
-    if kind == "qn_one":
-        q = np.eye(V)[n]
-    elif kind == "tiny_qn":
-        q[n] = 0.0
-        q = q / q.sum() * (1 - floor) if q.sum() > 0 else np.full(V, (1 - floor) / (V - 1))
-        q[n] = floor
-    elif kind == "tas_tie":
-        rest = q.copy()
-        rest[n] = 0.0
-        rest = rest / rest.sum() if rest.sum() > 0 else np.where(np.arange(V) == n, 0.0, 1.0 / (V - 1))
-        if rng.random() < 0.5:  # a peaked row: low entropy puts the threshold on its epsilon branch
-            j = int(rng.choice(np.delete(np.arange(V), n)))
-            rest = 0.05 * rest + 0.95 * np.eye(V)[j]
-        t = 0.05
-        for _ in range(60):  # fixed point t = threshold(q(t)), q(t) = (1 - t) rest + t e_n (a contraction)
-            t, t_old = _tas_threshold((1 - t) * rest + t * np.eye(V)[n]), t
-            if t == t_old:
-                break
-        exact = t == TAS_DEFAULT[0]  # on the epsilon branch an exact tie is representable: half the cases
-        off = 0.0 if exact and rng.random() < 0.5 else float(rng.choice(TIE_OFFSETS)) * float(rng.choice([-1, 1]))
-        t = t * (1 + off)
-        q = (1 - t) * rest
-        q[n] = t
-    elif kind == "topk_tie":
-        m = int(rng.integers(2, V + 1))
-        tied = np.concatenate([[n], rng.permutation(np.delete(np.arange(V), n))[: m - 1]])
-        c = float(rng.uniform(0.3, 1.0)) / m if m < V else 1.0 / V
-        q = np.zeros(V)
-        if m < V:
-            q[np.setdiff1d(np.arange(V), tied)] = rng.dirichlet(np.ones(V - m)) * (1 - m * c)
-        q[tied] = c
-        free = np.setdiff1d(np.arange(V), tied)
-        if free.size and rng.random() < 0.5:  # a near-tie, the excess taken from an untied token
-            e = c * float(rng.choice([-1, 1])) * 1e-12
-            j = free[np.argmax(q[free])]
-            q[n], q[j] = c + e, q[j] - e
-    return p, q, n
 
 
 def _cases(rng: np.random.Generator, count: int, V_max: int, floor: float = 1e-6):
@@ -157,7 +61,7 @@ def _fmt(x: float) -> str:
 
 # -- the paper's claims -------------------------------------------------------------------------
 def _theorem1(rng, cases):
-    from .optimize import max_acceptance
+    from ..theory.optimize import max_acceptance
 
     worst_law = worst_acc = worst_lp = 0.0
     bad = ""
@@ -182,7 +86,7 @@ def _theorem1(rng, cases):
 
 
 def _theorem2(rng, cases):
-    from .optimize import solve_target
+    from ..theory.optimize import solve_target
 
     per = max(2, cases // 10)
     worst_g = worst_shape = 0.0
@@ -265,7 +169,7 @@ def _theorem3(rng, cases):
 
 
 def _gamma_search(rng, cases):
-    from .optimize import gamma_search
+    from ..theory.optimize import gamma_search
 
     rows, bad = [], ""
     starts = int(np.clip(cases // 12, 2, 8))  # the searches dominate verify's time: fewer starts for few cases
@@ -289,7 +193,7 @@ def tas_lp_accepts(q: np.ndarray, n: int, threshold: float) -> float:
     s.t. ``H(h, q) = -sum_i h_i log q_i <= threshold`` (cvxpy, Clarabel; ``h_i = 0`` where ``q_i = 0``)."""
     import cvxpy as cp
 
-    from .optimize import SOLVER_OPTS
+    from ..theory.optimize import SOLVER_OPTS
 
     sup = q > 0
     if not sup[n]:
@@ -602,7 +506,7 @@ def recovery_sensitivity(rule, p: np.ndarray, q: np.ndarray) -> float:
     """``TV`` between ``rule``'s one-step law and the same rule recovering from SpS's ``(q - p)_+`` (the known
     wrong port, PAPER.md): ``sum_n p_n (1 - phi_n) TV(g_n, g_SpS)``, from ``reference.reference_step``.
     0 for SpS and for rules whose recovery is that one."""
-    from .reference import reference_step
+    from ..theory.reference import reference_step
 
     g_sps = np.maximum(q - p, 0.0)
     g_sps = g_sps / g_sps.sum() if g_sps.sum() > 0 else q
@@ -616,8 +520,8 @@ def recovery_sensitivity(rule, p: np.ndarray, q: np.ndarray) -> float:
 def _sampler_law(rng, cases):
     import torch  # here, not at the top: `cactus-theory verify --cases 0` must fail before torch loads
 
-    from . import sampler
-    from .stats import goodness_of_fit, samples_needed
+    from ..core import sampler
+    from ..theory.stats import goodness_of_fit, samples_needed
 
     rules = [SpS(), Cactus(0.5), Cactus(0.3, "chi2", "exact"), TAS(), TopK(2), TopK(2, recovery="topk"),
              Interpolation(0.4), EARS(0.3)]
@@ -701,7 +605,7 @@ def format_table(results: list[Claim]) -> str:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    from .cli import nonneg_int, positive_int
+    from ..util.args import nonneg_int, positive_int
 
     parser.add_argument("--seed", type=nonneg_int, default=None,
                         help="random seed for the cases (default: a fresh one, printed, so a run can be replayed)")

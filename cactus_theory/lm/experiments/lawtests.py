@@ -32,10 +32,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..exact import induced_distribution
-from ..rules import Cactus, SpS, TopK
-from ..sampler import verify
-from ..stats import detectable_tv, goodness_of_fit, homogeneity
+from ...core.exact import induced_distribution
+from ...core.rules import Cactus, SpS, TopK
+from ...core.sampler import verify
+from ...theory.stats import detectable_tv, goodness_of_fit, homogeneity
 
 __all__ = ["ALPHA", "BETA", "HORIZON", "LOOP_PROMPT", "step_position", "verify_step_test", "run_lawtests", "format_lawtests",
            "testable", "own_tv"]
@@ -55,7 +55,7 @@ def step_position(pair, prompt_ids: list[int], sampling: dict, horizon: int = HO
     draft's law of the first draft of a block starting there, ``q`` the verifier's (``loop.first_step_laws``,
     sampling transforms applied). Returns ``(j, p, q)``, or ``(None, None, None)`` when the
     continuation is too short."""
-    from .loop import autoregressive_generate, first_step_laws
+    from ..loop import autoregressive_generate, first_step_laws
 
     cont = autoregressive_generate(pair, [prompt_ids], max_new_tokens=horizon, seed=seed, **sampling).tokens[0]
     if len(cont) < 2:
@@ -110,7 +110,7 @@ def loop_tests(pair, k: int, sampling: dict, draws: int, seed: int) -> dict:
     """The end-to-end checks through the decode loop (module docstring). The loop samples the first
     token from the verifier's prompt pass, so Cactus's first verified token is the second: it is
     tested given the most frequent first token, against the exact law from ``p`` and ``q`` there."""
-    from .loop import autoregressive_generate, first_step_laws, speculative_generate
+    from ..loop import autoregressive_generate, first_step_laws, speculative_generate
 
     kw = dict(max_new_tokens=3, batch_size=min(draws, 256), chat=False, **sampling)
     prompts = [LOOP_PROMPT] * draws
@@ -156,7 +156,7 @@ def run_lawtests(pair, method_list, problems, draws: int = 20_000, loop_draws: i
     control, and the loop checks. Returns ``{"alpha", "beta", "step": [...], "control": [...], "loop": {...}}``."""
     from tqdm.auto import tqdm
 
-    from .data import encode_prompts
+    from ..data import encode_prompts
 
     sampling = sampling or {"temperature": 0.6, "top_k": 20, "top_p": 0.95}
     rules = [m for m in method_list if m.rule is not None and not getattr(m.rule, "reads_head", False)]

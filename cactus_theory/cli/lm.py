@@ -11,14 +11,13 @@ rests on fewer than ``MIN_TIMED_TOKENS`` generated tokens is flagged as noise.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import os
 import sys
 import time
-import warnings
 
-from ..cli import check_writable_file, positive_int
+from ..lm.loading import check_model, quiet_transformers
+from ..util.args import check_writable_file, positive_int
 
 __all__ = ["DESCRIPTION", "configure", "check", "check_model", "run", "quiet_transformers", "MIN_TIMED_TOKENS"]
 
@@ -30,7 +29,7 @@ WARMUP_TOKENS = 8
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    from ..registry import add_rule_arguments, add_sampling_arguments
+    from ..core.registry import add_rule_arguments, add_sampling_arguments
 
     g = parser.add_argument_group("prompts")
     g.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
@@ -60,20 +59,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
                    help="keep transformers' warnings and model-loading progress bars")
 
 
-def check_model(spec: str, flag: str) -> None:
-    """A model argument (``--draft`` / ``--verifier``) names the embedded pair, an existing .gguf file or
-    local folder, or a hub id ("org/name"): a path that does not exist is refused before anything loads."""
-    if not spec:
-        raise ValueError(f"{flag} must name a model, got {spec!r}")
-    if spec in ("smollm2", "embedded"):
-        return
-    if spec.endswith(".gguf") and not os.path.isfile(spec):
-        raise ValueError(f"{flag} {spec!r}: no such .gguf file")
-    looks_local = spec.startswith((".", "/", "~", os.sep)) or spec.count("/") > 1  # a hub id is "org/name"
-    if looks_local and not os.path.exists(os.path.expanduser(spec)):
-        raise ValueError(f"{flag} {spec!r}: no such file or folder")
-
-
 def _prompts(args) -> list[str]:
     prompts = list(args.prompt)
     if args.prompts_file:
@@ -90,7 +75,7 @@ def _prompts(args) -> list[str]:
 
 def check(args: argparse.Namespace) -> None:
     """Every check that needs no model (``ValueError`` naming the flag); stores the rule and prompts."""
-    from ..registry import rule_from_args
+    from ..core.registry import rule_from_args
 
     args.rule_obj = rule_from_args(args)
     args.prompts = _prompts(args)
@@ -103,44 +88,10 @@ def check(args: argparse.Namespace) -> None:
         check_writable_file(args.json, "--json")
 
 
-@contextlib.contextmanager
-def quiet_transformers(verbose: bool = False):
-    """While loading models: no transformers warnings below errors, no loading or GGUF
-    de-quantisation progress bars (restored afterwards). ``verbose=True`` changes nothing."""
-    if verbose:
-        yield
-        return
-    import transformers
-    from transformers.utils import logging as tlog
-
-    level, bars = tlog.get_verbosity(), tlog.is_progress_bar_enabled()
-    gguf = sys.modules.get("transformers.modeling_gguf_pytorch_utils")
-    if gguf is None:
-        with contextlib.suppress(ImportError):
-            from transformers import modeling_gguf_pytorch_utils as gguf
-    old_tqdm = getattr(gguf, "tqdm", None)
-    tlog.set_verbosity_error()
-    tlog.disable_progress_bar()
-    if old_tqdm is not None:
-        gguf.tqdm = lambda *a, **kw: old_tqdm(*a, **{**kw, "disable": True})
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", module=r"transformers(\.|$)")
-            warnings.filterwarnings("ignore", category=FutureWarning)
-            yield
-    finally:
-        tlog.set_verbosity(level)
-        if bars:
-            tlog.enable_progress_bar()
-        if old_tqdm is not None:
-            gguf.tqdm = old_tqdm
-    del transformers
-
-
 def _load(args):
     import torch
 
-    from .pair import ModelPair, load_model, load_pair
+    from ..lm.pair import ModelPair, load_model, load_pair
 
     dtype = getattr(torch, args.dtype)
     try:
@@ -198,9 +149,9 @@ def run(args: argparse.Namespace) -> int:
         check(args)
     import torch
 
-    from ..atomic import atomic_write_json
-    from ..registry import label
-    from .loop import autoregressive_generate, speculative_generate
+    from ..core.registry import label
+    from ..lm.loop import autoregressive_generate, speculative_generate
+    from ..util.atomic import atomic_write_json
 
     if args.threads:
         torch.set_num_threads(args.threads)

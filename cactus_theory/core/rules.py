@@ -49,6 +49,7 @@ __all__ = [
     "Rule", "TargetRule", "ScalingRule", "SpS", "Cactus", "TAS", "TopK", "Interpolation", "EARS",
     "two_block_divergence", "two_block_root", "taylor_gamma",
     "SGLangThreshold", "RelaxedAcceptance", "MedusaTypical", "FLy", "DropMatch", "DropMatchAt", "descending_rank",
+    "check_rule",
 ]
 
 
@@ -225,6 +226,13 @@ class Rule:
         """Law of the bonus token, (..., V) -> (..., V), from the verifier's row ``q`` at the position
         after the ``k``-th draft. Default: ``q`` itself (the paper's and SpS's bonus)."""
         return q
+
+
+def check_rule(rule, name: str = "rule") -> None:
+    """Raise ``ValueError`` unless ``rule`` is a ``cactus_theory`` rule object (not a rule's name)."""
+    if not isinstance(rule, Rule):
+        hint = f" (build one with cactus_theory.make_rule({rule!r}, ...))" if isinstance(rule, str) else ""
+        raise ValueError(f"{name} must be a cactus_theory Rule such as SpS() or Cactus(0.5), got {rule!r}{hint}")
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ from __future__ import annotations
 import numpy as np
 from array_api_compat import is_torch_array
 
-from .rules import Rule, ScalingRule
-from .validate import check_pqn, check_probs, check_rule
+from .rules import Rule, ScalingRule, check_rule
+from .validate import check_pqn, check_probs
 
 __all__ = ["induced_distribution", "acceptance_rate", "induced_generic", "induced_scaling", "step_divergence",
            "bonus_distribution"]

@@ -27,10 +27,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .exact import bonus_distribution
-from .rules import Rule
-from .sampler import sample_rows, verify
-from .validate import check_positive_int, check_probs
+from ..core.exact import bonus_distribution
+from ..core.rules import Rule
+from ..core.sampler import sample_rows, verify
+from ..core.validate import check_positive_int, check_probs
 
 __all__ = [
     "Cond", "NGram", "random_ngram", "perturbed", "random_pair", "step_parts",
@@ -324,7 +324,7 @@ def one_step_test(rule: Rule, draft_rows: np.ndarray, verifier_rows: np.ndarray,
     drafts are drawn from them (seeded), ``sampler`` is called once on the whole batch, and
     ``tokens[:, 0]`` must follow ``h_alg`` of ``(draft_rows[0], verifier_rows[0])``.
     """
-    from .exact import induced_distribution
+    from ..core.exact import induced_distribution
     from .stats import goodness_of_fit
 
     p = np.asarray(draft_rows, dtype=np.float64)

@@ -1,0 +1,1 @@
+"""Training the project's draft head: ``draft_build`` (the ``cactus-theory build-draft`` command)."""

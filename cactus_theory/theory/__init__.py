@@ -1,0 +1,3 @@
+"""Theory built on ``core``: cvxpy programs (``optimize``), matched trade-offs (``tradeoff``), toy
+models and their exact sequence laws (``toy``, ``tree``), independent references (``reference``),
+statistical tests (``stats``) and the randomised cases of the checks (``cases``). Never imports ``lm``."""
