@@ -47,11 +47,11 @@ class Port:
     harmless: str = ""  # why the law and the reproducibility contract are unchanged ("" = law-changing)
 
 
-R = "cactus_theory/rules.py"
-S = "cactus_theory/sampler.py"
-E = "cactus_theory/exact.py"
-T = "cactus_theory/toy.py"
-O = "cactus_theory/optimize.py"
+R = "cactus_theory/core/rules.py"
+S = "cactus_theory/core/sampler.py"
+E = "cactus_theory/core/exact.py"
+T = "cactus_theory/theory/toy.py"
+O = "cactus_theory/theory/optimize.py"
 VL = "cactus_theory/integrations/vllm.py"
 TF = "cactus_theory/integrations/transformers.py"
 
