@@ -240,3 +240,16 @@ def test_documented_public_names_import_from_their_documented_path(module, name)
 def test_the_top_level_api_has_no_name_shared_with_the_registry():
     assert not hasattr(cactus_theory, "RULES")
     assert set(cactus_theory.RULE_CLASSES) == set(cactus_theory.registry.RULES)
+
+
+def test_the_decode_loop_names_no_rule_and_no_draft_class():
+    """The loop reads declared capabilities (``Rule.reads_head`` and ``Rule.bind``, a drafter's
+    ``needs_features``), never a rule's or a draft's class."""
+    src = (PKG / "lm" / "loop.py").read_text(encoding="utf-8")
+    tree = ast.parse(src)
+    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} | {
+        n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    rule_classes = set(cactus_theory.RULE_CLASSES.values())
+    assert not {c.__name__ for c in rule_classes} & names
+    assert "dropmatch" not in src.lower() and "FeatureDraft" not in src
+    assert not [t for t, _ in graph()["cactus_theory.lm.loop"] if t.endswith("dropmatch") or t.endswith(".draft")]

@@ -11,11 +11,12 @@ from cactus_theory import rules as R
 
 
 def _rule_classes_in_rules_module():
-    """Every concrete rule class defined in rules.py (found independently of the registry)."""
+    """Every concrete rule class defined in rules.py (found independently of the registry): all but the
+    base classes and DropMatch bound to one step's paths."""
     out = []
     for obj in vars(R).values():
         if isinstance(obj, type) and issubclass(obj, R.Rule) and obj.__module__ == R.__name__:
-            if "name" in obj.__dict__ and obj.__dict__["name"] != "rule":
+            if obj not in (R.Rule, R.TargetRule, R.ScalingRule, R.DropMatchAt):
                 out.append(obj)
     return out
 

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from .divergences import kl
+from .dropout import check_head, check_rate, dropout_logits, path_hits
 from .exact import acceptance_rate, induced_distribution
 from .rules import DropMatch
 from .transforms import check_sampling, sampling_probs
@@ -29,48 +30,6 @@ from .validate import check_positive_int
 
 __all__ = ["PathLaw", "StepLaw", "dropout_logits", "path_law", "exact_path_law", "sample_hits", "step_law",
            "synthetic_head", "jackknife"]
-
-
-def _check_rate(rate) -> None:
-    if isinstance(rate, bool) or not (isinstance(rate, (int, float)) and 0 <= rate < 1):
-        raise ValueError(f"rate must be a dropout probability in [0, 1), got {rate!r}")
-
-
-def _check_head(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-    for name, t in (("hidden", hidden), ("weight", weight), ("bias", bias)):
-        if t is not None and not isinstance(t, torch.Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if weight.ndim != 2:
-        raise ValueError(f"weight must be the head's (V, d) matrix, got shape {tuple(weight.shape)}")
-    if hidden.ndim < 1 or hidden.shape[-1] != weight.shape[1]:
-        raise ValueError(f"hidden must be (..., d) with d = {weight.shape[1]} (the head's input size), got shape "
-                         f"{tuple(hidden.shape)}")
-    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
-        raise ValueError(f"bias must have shape ({weight.shape[0]},), got {tuple(bias.shape)}")
-
-
-def dropout_logits(hidden: torch.Tensor, weight: torch.Tensor, rate: float, num_masks: int,
-                   bias: torch.Tensor | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Logits of ``num_masks`` dropout passes of the head: ``W (m * x) / (1 - rate) + bias``.
-
-    Args:
-        hidden: ``[..., d]`` float. The head's input ``x`` (the verifier's final, normed hidden state).
-        weight: ``[V, d]`` float. The head's weight ``W``.
-        rate: dropout probability; each of the ``d`` inputs is zeroed independently with it.
-        num_masks: ``S``, independent masks per position.
-        bias: ``[V]`` or None.
-        generator: draws the masks (on its device).
-    Returns:
-        ``[S, ..., V]`` float32 logits (computed in the head's dtype, then float32).
-    """
-    _check_head(hidden, weight, bias)
-    _check_rate(rate)
-    check_positive_int(num_masks, "num_masks")
-    dev = generator.device if generator is not None else hidden.device
-    keep = torch.rand((num_masks, *hidden.shape), generator=generator, device=dev).to(hidden.device) >= rate
-    x = hidden.unsqueeze(0) * keep.to(hidden.dtype) / (1 - rate)
-    out = torch.nn.functional.linear(x.to(weight.dtype), weight, bias)
-    return out.float()
 
 
 @dataclass
@@ -101,8 +60,8 @@ def path_law(hidden: torch.Tensor, weight: torch.Tensor, rate: float, num_masks:
     token exactly as the verifier would). The error of each ``r_i`` is ``PathLaw.stderr``; for a
     function of ``r`` (an acceptance, a KL) use ``jackknife``. float64 results.
     """
-    _check_head(hidden, weight, bias)
-    _check_rate(rate)
+    check_head(hidden, weight, bias)
+    check_rate(rate)
     check_positive_int(num_masks, "num_masks")
     check_positive_int(groups, "groups")
     if groups < 2 or num_masks % groups:
@@ -130,8 +89,8 @@ def exact_path_law(hidden: torch.Tensor, weight: torch.Tensor, rate: float, *, s
                    bias: torch.Tensor | None = None) -> np.ndarray:
     """The path law ``r`` exactly, for a small head (``d <= EXACT_MAX_DIM``): the sum over all ``2^d``
     masks ``m`` of ``(1 - rate)^|m| rate^(d - |m|) transforms(W (m * x) / (1 - rate) + bias)``. float64."""
-    _check_head(hidden, weight, bias)
-    _check_rate(rate)
+    check_head(hidden, weight, bias)
+    check_rate(rate)
     check_sampling(*sampling)
     d = weight.shape[1]
     if d > EXACT_MAX_DIM:
@@ -153,19 +112,7 @@ def sample_hits(hidden: torch.Tensor, weight: torch.Tensor, rule: DropMatch, *, 
     over masks and draws is ``1 - (1 - r)^M``, so ``rule.at(hit)`` decodes with ``DropMatch``'s exact law."""
     if not isinstance(rule, DropMatch):
         raise ValueError(f"rule must be a DropMatch rule, got {rule!r}")
-    check_sampling(*sampling)
-    V = weight.shape[0]
-    hit = torch.zeros((*hidden.shape[:-1], V), dtype=torch.float32, device=hidden.device)
-    M = rule.num_paths
-    if M == 0:
-        return hit
-    with torch.inference_mode():
-        pr = sampling_probs(dropout_logits(hidden, weight, rule.rate, M, bias, generator), *sampling)  # (M, ..., V)
-        flat = pr.reshape(-1, V)
-        dev = generator.device if generator is not None else flat.device
-        y = torch.multinomial(flat.to(dev), 1, generator=generator).to(flat.device).reshape(M, *hidden.shape[:-1])
-        hit.scatter_(-1, y.movedim(0, -1), 1.0)
-    return hit
+    return path_hits(hidden, weight, rule.rate, rule.num_paths, sampling=sampling, bias=bias, generator=generator)
 
 
 def jackknife(fn, law: PathLaw) -> tuple[np.ndarray, np.ndarray]:

@@ -93,7 +93,7 @@ class RuleSpec:
     @property
     def reads_head(self) -> bool:
         """The rule needs the verifier's final hidden state and LM head, not only ``q`` (DropMatch)."""
-        return bool(getattr(self.cls, "reads_head", False))
+        return bool(self.cls.reads_head)
 
     @property
     def sweep_label(self) -> str:

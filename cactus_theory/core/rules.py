@@ -152,6 +152,9 @@ class Rule:
                              row ``q`` itself, as every lossless scheme and most servers do; False: the
                              engines (``sampler.verify`` / ``verify_flat``, ``toy.sequence_law``) draw it
                              from ``bonus(q)`` (Medusa emits ``argmax q``).
+        ``reads_head``       judging a step needs the verifier's final hidden states and LM head at the
+                             drafted positions (DropMatch), not only ``(p, q)``: the decode loop then
+                             exposes them in the step it passes to ``bind``.
     A subclass overriding a method that a property vouches for, without declaring the property again
     in its own class body, gets the safe value (row statistics computed; generic exact path).
 
@@ -160,11 +163,11 @@ class Rule:
     results key on, so a result measured under an earlier definition is never reused as the current one.
     """
 
-    name: ClassVar[str] = "rule"
     revision: ClassVar[int] = 1
     needs_row_stats: ClassVar[bool] = False
     two_block: ClassVar[bool] = False
     bonus_from_q: ClassVar[bool] = True
+    reads_head: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -177,6 +180,19 @@ class Rule:
     def identity(self) -> str:
         """``repr(self)``, then ``@r<revision>`` past the first revision: what result caches key on."""
         return repr(self) if self.revision == 1 else f"{self!r}@r{self.revision}"
+
+    def bind(self, step) -> Rule:
+        """The rule that judges one decoding step, given what the verifier produced at it. ``step`` (the
+        decode loop's ``lm.loop.VerifierStep``) has ``k`` (drafted positions), ``sampling``
+        (temperature, top_k, top_p), ``generator``, the verifier's ``logits`` (n, k + 1, V) and, for a
+        rule that declares ``reads_head``, ``hidden`` (n, k + 1, d) and the head's ``weight`` / ``bias``.
+        Default: the rule itself (it needs only ``(p, q)``)."""
+        return self
+
+    def rank_depth(self) -> int:
+        """How many of a row's largest entries the rule's statistics rank (``TopK``'s ``k``): a row cut
+        to its support keeps at least this many entries, or those statistics change. 0: none ranked."""
+        return 0
 
     # -- the two pieces each rule defines ------------------------------------------------
     def row_stats(self, q: Array) -> tuple:
@@ -303,7 +319,6 @@ class ScalingRule(TargetRule):
 class SpS(ScalingRule):
     """Standard speculative sampling: ``h = q``, ``phi_n = min(1, q_n / p_n)``, ``g_n = (q - p)_+``."""
 
-    name: ClassVar[str] = "sps"
 
     def gamma(self, q_n):
         return q_n
@@ -409,7 +424,6 @@ class Cactus(ScalingRule):
     delta: float = 1.0
     divergence: str = "kl"
     solver: str = "taylor"
-    name: ClassVar[str] = "cactus"
 
     def __post_init__(self):
         _set(self, delta=check_nonneg(self.delta, "delta"))
@@ -433,7 +447,6 @@ class Interpolation(TargetRule):
     recovery ``(h - p)_+ = (1 - alpha)(q - p)_+``; the output law is exactly ``h``."""
 
     alpha: float = 0.5
-    name: ClassVar[str] = "interpolation"
 
     def __post_init__(self):
         _set(self, alpha=check_number(self.alpha, "alpha", low=0.0, high=1.0, what="in [0, 1]"))
@@ -471,7 +484,6 @@ class TAS(Rule):
     epsilon: float = 0.09
     alpha: float = 0.3
     entropy_eps: float = 0.0
-    name: ClassVar[str] = "tas"
 
     def __post_init__(self):
         _check_typical(self)
@@ -527,11 +539,13 @@ class TopK(Rule):
 
     k: int = 1
     recovery: str = "q"
-    name: ClassVar[str] = "topk"
 
     def __post_init__(self):
         _set(self, k=check_positive_int(self.k, "k"))
         _check_choice(self.recovery, "recovery", TOPK_RECOVERIES)
+
+    def rank_depth(self) -> int:
+        return int(self.k)  # the k-th largest value q_(k)
 
     def row_stats(self, q):
         V = q.shape[-1]
@@ -568,7 +582,6 @@ class EARS(Rule):
     """
 
     beta: float = 0.5
-    name: ClassVar[str] = "ears"
 
     def __post_init__(self):
         _set(self, beta=check_nonneg(self.beta, "beta"))
@@ -656,7 +669,6 @@ class SGLangThreshold(Rule):
 
     threshold_single: float = 1.0
     threshold_acc: float = 1.0
-    name: ClassVar[str] = "sglang"
     needs_row_stats: ClassVar[bool] = False  # phi_n reads q_n only
 
     @property
@@ -719,12 +731,14 @@ class RelaxedAcceptance(Rule):
 
     topk: int = 10
     delta: float = 0.6
-    name: ClassVar[str] = "relaxed"
     revision: ClassVar[int] = 2  # r2: exactly the k indices top_k returns (r1: every q_n >= the k-th value)
     needs_row_stats: ClassVar[bool] = True
 
     def __post_init__(self):
         _set(self, topk=check_positive_int(self.topk, "topk"), delta=check_nonneg(self.delta, "delta"))
+
+    def rank_depth(self) -> int:
+        return int(self.topk)  # the topk indices top_k returns
 
     def stats_all(self, q):
         """``(1[rank_n < topk], max q - delta)``: the membership in ``top_k``'s index set, (..., V) (a
@@ -791,7 +805,6 @@ class MedusaTypical(Rule):
     epsilon: float = 0.09
     alpha: float = 0.3
     entropy_eps: float = 1e-5
-    name: ClassVar[str] = "medusa"
     revision: ClassVar[int] = 2  # r2: recovery and bonus argmax q (r1: the truncated q, bonus from q)
     needs_row_stats: ClassVar[bool] = True
     bonus_from_q: ClassVar[bool] = False  # the bonus is argmax q
@@ -856,13 +869,15 @@ class FLy(Rule):
     entropy_threshold: float = 0.3
     entropy_top_k: int = 3
     window_accept: float = 1.0
-    name: ClassVar[str] = "fly"
     needs_row_stats: ClassVar[bool] = True
 
     def __post_init__(self):
         _set(self, entropy_threshold=check_nonneg(self.entropy_threshold, "entropy_threshold"),
              entropy_top_k=check_positive_int(self.entropy_top_k, "entropy_top_k"))
         _check_prob_param(self, "window_accept")
+
+    def rank_depth(self) -> int:
+        return int(self.entropy_top_k)  # the k largest q_i of the top-k entropy
 
     def top_entropy(self, q: Array) -> Array:
         """``H_k(q) = -sum over the k largest q_i of q_i log q_i`` (not renormalised, as vLLM): (..., V) -> (...)."""
@@ -934,14 +949,14 @@ class DropMatch(Rule):
     How the rule reaches its extra inputs: ``DropMatch(...)`` is the configuration (registry, CLI); it
     cannot judge a token from ``(p, q)`` alone and says so (``ValueError``). ``rule.at(hit)`` binds
     one step's ``hit`` (..., V), aligned with ``q``, and the bound rule works everywhere a rule does
-    (``sampler.verify``, ``exact``, ``tradeoff``). ``speculative_generate`` binds it at every step from
-    the verifier's head input (``dropmatch.HeadTap``), so ``verify``'s contract is unchanged.
+    (``sampler.verify``, ``exact``, ``tradeoff``). ``speculative_generate`` binds it at every step
+    through ``bind``, from the verifier's head input (it declares ``reads_head``, so the loop taps the
+    head: ``lm.head_tap.HeadTap``), so ``verify``'s contract is unchanged.
     """
 
     rate: float = 0.1
     num_paths: int = 4
     base: str = "sps"
-    name: ClassVar[str] = "dropmatch"
     needs_row_stats: ClassVar[bool] = True  # hit_n: a per-token statistic from the dropout paths
     reads_head: ClassVar[bool] = True  # needs the verifier's final hidden state and LM head
 
@@ -956,6 +971,16 @@ class DropMatch(Rule):
         indicator) that each token is among the ``num_paths`` dropout paths."""
         fields = {k: getattr(self, k) for k in ("rate", "num_paths", "base")}
         return DropMatchAt(**fields, hit=hit)
+
+    def bind(self, step) -> DropMatchAt:
+        """This rule at one decoding step: ``hit`` from ``num_paths`` dropout paths of the verifier's head
+        at the ``step.k`` drafted positions (``dropout.path_hits`` on ``step.hidden``, ``step.weight``,
+        ``step.bias``, with the step's sampling transforms and generator)."""
+        from .dropout import path_hits
+
+        hit = path_hits(step.hidden[:, :step.k], step.weight, self.rate, self.num_paths, sampling=step.sampling,
+                        bias=step.bias, generator=step.generator)
+        return self.at(hit)
 
     def hit_from_law(self, r: Array) -> Array:
         """``1 - (1 - r)^M``: the probability that a token is among ``M`` i.i.d. paths of law ``r``."""

@@ -146,7 +146,8 @@ class TokenDrafter:
     """A causal LM as the draft: it reads tokens only. Pending tokens are those emitted but not yet
     read (one or two per row: the last accepted draft is never read when all ``k`` are kept)."""
 
-    needs_features = False
+    needs_features = False  # reads tokens only
+    feature_layers: tuple[int, ...] = ()
 
     def __init__(self, model, batch: int, capacity: int, device):
         self.s = _stream(model, batch, capacity, device)
@@ -207,10 +208,11 @@ class FeatureDrafter:
     Pending entries (fused features and their next tokens) are those whose features the verifier
     produced since the last proposal."""
 
-    needs_features = True
+    needs_features = True  # reads the verifier's features at ``feature_layers``
 
     def __init__(self, head: FeatureDraft, batch: int, capacity: int, device):
         self.head = head
+        self.feature_layers = tuple(head.args.aux_layers)
         self.cache = head.new_cache(batch, capacity, device)
         self.length = torch.zeros(batch, dtype=torch.long, device=device)
         self.feat = self.ids = self.n = None
@@ -265,6 +267,8 @@ def make_target(model, batch: int, capacity: int, device, aux_layers=()) -> Targ
 
 
 def make_drafter(model, batch: int, capacity: int, device):
-    if isinstance(model, FeatureDraft):
+    """The drafter adapter a draft model asks for: ``FeatureDrafter`` for a model that declares
+    ``needs_features`` (the EAGLE-3-style head), ``TokenDrafter`` for a causal LM."""
+    if getattr(model, "needs_features", False):
         return FeatureDrafter(model, batch, capacity, device)
     return TokenDrafter(model, batch, capacity, device)

@@ -132,6 +132,8 @@ class FeatureDraft(nn.Module):
     ``args.n_layers > 1`` adds plain pre-norm decoder blocks after the first layer (vLLM's EAGLE-3
     layers 1.. read only the residual stream)."""
 
+    needs_features = True  # reads the verifier's features (make_drafter: FeatureDrafter)
+
     def __init__(self, a: HeadArgs, embed: nn.Embedding):
         super().__init__()
         self.args = a

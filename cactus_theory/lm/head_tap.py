@@ -32,6 +32,7 @@ class HeadTap:
                                  f"({attr} = {getattr(cfg, attr)}), which is not modelled")
         self.head = head
         self.hidden: torch.Tensor | None = None
+        self.checked = False  # set by a successful ``check``
         self._handle = None
 
     @property
@@ -62,3 +63,4 @@ class HeadTap:
             again = torch.nn.functional.linear(self.hidden, self.weight, self.bias).float()
         if again.shape != logits.shape or not torch.allclose(again, logits.float(), atol=atol, rtol=1e-3):
             raise ValueError("the verifier's logits are not head(hidden): DropMatch cannot read this model's head")
+        self.checked = True

@@ -18,7 +18,9 @@ forward (``cache.py``).
 
 from __future__ import annotations
 
+import contextlib
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -29,13 +31,13 @@ from ..core.rules import Rule
 from ..core.sampler import verify
 from ..core.transforms import check_sampling, sampling_probs
 from .cache import Target, make_drafter, right_pad
-from .draft import FeatureDraft
+from .head_tap import HeadTap
 from .llama import Llama, supports_hf
 from .metrics import DecodeResult, DecodeStats, SequenceCounters, nll_of, step_kl
 from .pair import ModelPair, context_length
 
 __all__ = ["speculative_generate", "autoregressive_generate", "prepare_prompts", "SAMPLING", "runtime_models",
-           "first_step_laws"]
+           "first_step_laws", "VerifierStep"]
 
 SAMPLING = registry.SAMPLING  # the paper's (temperature 0.6, top-k 20, top-p 0.95): the default everywhere
 
@@ -96,7 +98,8 @@ def runtime_models(pair: ModelPair, compact: bool = True):
     """The (draft, verifier) modules the loop runs: Llama-family Hugging Face models as the compact
     Llama (converted once, cached on the pair), anything else as given."""
     def run_as(model):
-        if not compact or isinstance(model, (Llama, FeatureDraft)) or supports_hf(model) is not None:
+        if (not compact or isinstance(model, Llama) or getattr(model, "needs_features", False)
+                or supports_hf(model) is not None):  # a feature draft is already a runtime module
             return model
         cache = pair.__dict__.setdefault("_compact", {})
         if id(model) not in cache:
@@ -156,23 +159,23 @@ def _speculative_rows(draft, verifier, prompts, rule, k, max_new, sampling, gen,
     B = len(prompts)
     ids, lens = right_pad(prompts, eos or 0, dev)
     cap = int(lens.max()) + max_new + k + 2
-    aux = draft.args.aux_layers if isinstance(draft, FeatureDraft) else ()
-    target = Target(verifier, B, cap, dev, aux)
     drafter = make_drafter(draft, B, cap, dev)
+    target = Target(verifier, B, cap, dev, drafter.feature_layers if drafter.needs_features else ())
     out: list[list[int]] = [[] for _ in range(B)]
     first, feats, alive = _first_tokens(target, ids, lens, sampling, gen, out, per_seq, stats, eos, max_new)
     drafter.start(ids, lens, first, feats)
     rows = _drop_finished(alive, list(range(B)), [target, drafter], dev)
-    tap = _head_tap(verifier, rule)
+    tap = HeadTap(verifier) if rule.reads_head else None  # the head's input, only for a rule that reads it
     while rows:
         t0 = time.perf_counter()
         drafts, p = drafter.propose(k, sampling, gen)  # (n, k), (n, k, V)
         t1 = time.perf_counter()
-        with tap or _NO_TAP:
+        with tap if tap is not None else contextlib.nullcontext():
             logits, feats = target.score(drafts)  # (n, k + 1, V)
         q = sampling_probs(logits, *sampling)
         t2 = time.perf_counter()
-        tokens, a = verify(drafts, p, q, _bind(rule, tap, logits, k, sampling, gen), generator=gen, check=False)
+        step = VerifierStep(k, sampling, gen, logits, tap)
+        tokens, a = verify(drafts, p, q, rule.bind(step), generator=gen, check=False)
         t3 = time.perf_counter()
         last = tokens.gather(1, a[:, None])[:, 0]
         target.advance(a, last)
@@ -190,36 +193,39 @@ def _speculative_rows(draft, verifier, prompts, rule, k, max_new, sampling, gen,
     return out
 
 
-class _NoTap:
-    def __enter__(self):
-        return None
+@dataclass
+class VerifierStep:
+    """What the verifier produced at one decoding step, for ``Rule.bind``: ``k`` drafted positions, the
+    loop's sampling transforms ``(temperature, top_k, top_p)`` and ``generator``, the verifier's
+    ``logits`` (n, k + 1, V) and, when the rule declares ``reads_head`` (the loop then taps the head),
+    the head's input ``hidden`` (n, k + 1, d) and its ``weight`` (V, d) and ``bias`` (V,) or None. The
+    first read of the head in a batch checks that it reproduces the logits (``HeadTap.check``)."""
 
-    def __exit__(self, *exc):
-        return None
+    k: int
+    sampling: tuple
+    generator: torch.Generator | None
+    logits: torch.Tensor
+    tap: HeadTap | None = None
 
+    def _head(self) -> HeadTap:
+        if self.tap is None:
+            raise ValueError("this step carries no LM-head input: a rule that reads the verifier's head "
+                             "declares reads_head = True")
+        if not self.tap.checked:
+            self.tap.check(self.logits)
+        return self.tap
 
-_NO_TAP = _NoTap()
+    @property
+    def hidden(self) -> torch.Tensor:
+        return self._head().hidden
 
+    @property
+    def weight(self) -> torch.Tensor:
+        return self._head().weight
 
-def _head_tap(verifier, rule: Rule):
-    """A rule that reads the verifier's head (DropMatch) gets a tap on the head's input; others none."""
-    if not getattr(rule, "reads_head", False):
-        return None
-    from .head_tap import HeadTap
-
-    return HeadTap(verifier)
-
-
-def _bind(rule: Rule, tap, logits, k: int, sampling, gen) -> Rule:
-    """The rule ``verify`` judges this step with: ``rule`` itself, or DropMatch bound to ``hit`` from
-    ``rule.num_paths`` dropout paths of the head at the ``k`` drafted positions (``dropmatch.sample_hits``)."""
-    if tap is None:
-        return rule
-    from ..core.dropmatch import sample_hits
-
-    tap.check(logits)
-    hit = sample_hits(tap.hidden[:, :k], tap.weight, rule, sampling=sampling, bias=tap.bias, generator=gen)
-    return rule.at(hit)
+    @property
+    def bias(self) -> torch.Tensor | None:
+        return self._head().bias
 
 
 def _count(stats, per_seq, rows, a, kept, k, logits, tokens, p, q, rule, track_kl) -> None:
@@ -350,7 +356,7 @@ def first_step_laws(pair: ModelPair, ids: list[int], lo: int, hi: int, temperatu
     sampling = (temperature, top_k, top_p)
     draft, verifier = pair.draft, pair.verifier
     x = torch.tensor([ids], device=_device(verifier))
-    if isinstance(draft, FeatureDraft):
+    if getattr(draft, "needs_features", False):
         if lo < 1:
             raise ValueError(f"a feature-level draft needs lo >= 1, got lo={lo}")
         out = verifier(input_ids=x, output_hidden_states=True)

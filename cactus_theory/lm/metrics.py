@@ -136,15 +136,15 @@ class DecodeResult:
 def step_kl(rule: Rule, p: np.ndarray, q: np.ndarray) -> float | None:
     """Exact ``KL(h_alg || q)`` of one step, computed on the union support of ``p`` and ``q`` (tokens
     outside it carry no mass in ``h_alg``) plus zero-mass padding so row statistics (top-k rank)
-    are unchanged. None when a rule without a fast exact law meets a support above ``KL_MAX_SUPPORT``,
+    are unchanged (at least ``rule.rank_depth()`` entries). None when a rule without a fast exact law meets a support above ``KL_MAX_SUPPORT``,
     and for a rule that reads the verifier's head (DropMatch: its law needs the dropout path law, which
     one decoding step does not estimate; ``dropmatch.step_law`` computes it on teacher-forced rows)."""
-    if getattr(rule, "reads_head", False):
+    if rule.reads_head:
         return None
     sup = np.flatnonzero((p > 0) | (q > 0))
     if not getattr(rule, "two_block", False) and sup.size > KL_MAX_SUPPORT:
         return None
-    need = max(1, int(getattr(rule, "k", 0) or 0) - sup.size)
+    need = max(1, rule.rank_depth() - sup.size)
     rest = np.flatnonzero((p <= 0) & (q <= 0))[:need]
     idx = np.concatenate([sup, rest])
     pc, qc = p[idx].astype(np.float64), q[idx].astype(np.float64)
