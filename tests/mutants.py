@@ -13,8 +13,11 @@ port's own tests run there with pytest (``-x``, ``PYTHONPATH`` pointing at the c
 ``port | caught by | harmless because`` and exits 1 if a law-changing port survives, if a port said to be
 harmless turns its proof red, or if an anchor is stale. Not part of ``make test``.
 
-Anchors against ``SGLangThreshold``, ``RelaxedAcceptance`` and ``MedusaTypical`` are grouped at the end
-(group "production"): those classes are being rewritten on another branch, so re-anchor them there.
+The production rules (``SGLangThreshold``, ``RelaxedAcceptance``, ``MedusaTypical``) are anchored to their
+upstream-exact laws (Medusa's argmax recovery and bonus through ``Rule.bonus``, SGLang's ``q_n = 0`` rejection,
+relaxed acceptance of exactly the ``topk`` ids of ``rules.descending_rank``); the ports of the input validation
+and of ``Rule.identity`` / the eval cache (a row measured under an earlier revision of a law must not be reused)
+follow them. After a rewrite of any planted code, ``--check`` names the anchors to move.
 """
 
 from __future__ import annotations
@@ -54,6 +57,8 @@ T = "cactus_theory/theory/toy.py"
 O = "cactus_theory/theory/optimize.py"
 VL = "cactus_theory/integrations/vllm.py"
 TF = "cactus_theory/integrations/transformers.py"
+PR = "tests/test_production_rules.py"
+EV = "cactus_theory/lm/eval.py"
 
 PORTS: list[Port] = [
     # -- rules.py: shared machinery, SpS, Cactus -------------------------------------------------------
@@ -170,7 +175,7 @@ PORTS: list[Port] = [
          ("tests/test_dropmatch.py::test_law_equals_the_reference",)),
     # -- sampler.verify --------------------------------------------------------------------------------
     Port("verify-bonus-from-residual", "verify draws the bonus from the rule's recovery row", S,
-         "    dist = torch.where(full, q_all[:, k].to(dt), g, out=g if own else None)  # [B, V]",
+         "    dist = torch.where(full, bonus, g, out=g if own else None)  # [B, V]",
          "    dist = g",
          ("tests/test_toy.py::test_loop_matches_exact_sequence_law_k2", G + "::test_verify_token_for_token")),
     Port("verify-recovery-reuses-u0", "verify's recovery draw reuses the first acceptance uniform", S,
@@ -182,8 +187,8 @@ PORTS: list[Port] = [
          "    stats = rule.stats_at(q_all[:, 1:].to(dt), n) if rule.needs_row_stats else ()  # SpS / Cactus: none",
          ("tests/test_sampler.py::test_one_step_law_matches_induced_distribution",)),
     Port("verify-no-buffer-reuse", "verify allocates a new row buffer instead of overwriting g", S,
-         "    dist = torch.where(full, q_all[:, k].to(dt), g, out=g if own else None)  # [B, V]",
-         "    dist = torch.where(full, q_all[:, k].to(dt), g)  # [B, V]",
+         "    dist = torch.where(full, bonus, g, out=g if own else None)  # [B, V]",
+         "    dist = torch.where(full, bonus, g)  # [B, V]",
          (G + "::test_verify_token_for_token", "tests/test_sampler.py::test_seeded_determinism", "tests/test_sampler.py::test_one_step_law_matches_induced_distribution"),
          harmless="out= only chooses the buffer torch.where writes into; the values, and so every token, are the same"),
     # -- sampler.verify_flat ---------------------------------------------------------------------------
@@ -242,8 +247,8 @@ PORTS: list[Port] = [
          harmless="chunking only groups the sum over n; every row's weight and residual are the same"),
     # -- toy.py: the exact sequence law and the decoding loop --------------------------------------------
     Port("seqlaw-bonus-from-draft", "sequence_law draws the bonus from the draft", T,
-         "                if len(d) == k:\n                    q = Q(c)",
-         "                if len(d) == k:\n                    q = P(c)",
+         "                    b = bonus_distribution(rule, Q(c), check=False)",
+         "                    b = bonus_distribution(rule, P(c), check=False)",
          ("tests/test_toy.py::test_sps_sequence_law_is_the_verifier_law",)),
     Port("steppart-unweighted", "step_parts forgets p_n in the rejection weights", T,
          "    w = p * (1 - phi)\n    live = np.flatnonzero(w > 0)\n    reject = np.zeros(V)",
@@ -296,25 +301,25 @@ PORTS: list[Port] = [
          "    drafts = candidate_input_ids[:, -k - 1:-1].to(q.device)",
          (G + "::test_transformers_speculative_sampling_against_the_reference",)),
     Port("hf-draft-law-is-target", "transformers: p is read from the target's logits", TF,
-         "    p = candidate_logits.to(q.device).float().softmax(-1)  # [1, k, V]",
+         "    p = candidate_logits.detach().to(q.device).float().softmax(-1)  # [1, k, V]",
          "    p = q[:, :k]  # [1, k, V]",
          (G + "::test_transformers_speculative_sampling_against_the_reference",)),
-    # -- production rules rewritten on another branch: RE-ANCHOR after that merge ----------------------
+    # -- production rules (upstream-exact since the 'rules' merge) -----------------------------------------
     Port("sglang-strict", "SGLang accepts q_n > threshold_single (not >=) (issue 17)", R,
-         "        return xp.where(q_n >= self.threshold_single, xp.ones_like(q_n), q_n / self.threshold_acc)",
-         "        return xp.where(q_n > self.threshold_single, xp.ones_like(q_n), q_n / self.threshold_acc)",
+         "        phi = xp.where(q_n >= self.threshold_single, xp.ones_like(q_n), q_n / self.threshold_acc)",
+         "        phi = xp.where(q_n > self.threshold_single, xp.ones_like(q_n), q_n / self.threshold_acc)",
          ("tests/test_production_rules.py", G + "::test_sglang_threshold_single_below_threshold_acc_ties", G + "::test_sglang_sampled_law_at_a_tie")),
     Port("sglang-residual-keeps-n", "SGLang recovers from q (the drafted token not removed)", R,
          "        \"\"\"``g_n = (q - q_n e_n) / (1 - q_n)``.\"\"\"\n        if check:\n            _check_inputs(p, q, n)\n        return _without_n(q + 0 * p, n)",
          "        \"\"\"``g_n = (q - q_n e_n) / (1 - q_n)``.\"\"\"\n        if check:\n            _check_inputs(p, q, n)\n        return q + 0 * p",
          ("tests/test_production_rules.py::test_sglang_matches_its_kernel_and_is_lossless_at_one",)),
     Port("relaxed-floor-max-times", "RelaxedAcceptance's floor max q (1 - delta) instead of max q - delta", R,
-         "        return (xp.maximum(kth, xp.max(q, axis=-1, keepdims=True) - self.delta),)",
-         "        return (xp.maximum(kth, xp.max(q, axis=-1, keepdims=True) * (1 - self.delta)),)",
+         "        return in_top, xp.max(q, axis=-1, keepdims=True) - self.delta",
+         "        return in_top, xp.max(q, axis=-1, keepdims=True) * (1 - self.delta)",
          ("tests/test_production_rules.py::test_relaxed_matches_max_verdict",)),
     Port("relaxed-no-rank-test", "RelaxedAcceptance drops the top-k rank test", R,
-         "        return (xp.maximum(kth, xp.max(q, axis=-1, keepdims=True) - self.delta),)",
-         "        return (xp.max(q, axis=-1, keepdims=True) - self.delta + 0 * kth,)",
+         "        ok = (in_top > 0) & (q_n >= floor)",
+         "        ok = q_n >= floor",
          ("tests/test_production_rules.py::test_relaxed_matches_max_verdict",)),
     Port("medusa-no-entropy-eps", "Medusa's entropy without its 1e-5 (issue 17)", R,
          "            terms = xp.where(q > 0, q * xp.log(q + self.entropy_eps), xp.zeros_like(q))",
@@ -324,6 +329,120 @@ PORTS: list[Port] = [
          "        return xp_of(q_n).astype(q_n > tau, q_n.dtype)",
          "        return xp_of(q_n).astype(q_n >= tau, q_n.dtype)",
          ("tests/test_production_rules.py", G + "::test_medusa_is_strict_at_a_tie")),
+    # -- revised production laws (Medusa argmax recovery and bonus, SGLang q_n = 0, relaxed top_k ids) -----
+    Port("medusa-recovery-truncated-q", "Medusa recovers from q truncated at tau (the old port) instead of argmax q", R,
+         "            _check_inputs(p, q, n)\n        return self.bonus(q + 0 * p)",
+         "            _check_inputs(p, q, n)\n        xp = xp_of(q)\n"
+         "        kept = xp.where(q >= self.threshold(q)[..., None], q, xp.zeros_like(q))\n"
+         "        return _normalise(kept + 0 * p, q + 0 * p)",
+         (PR + "::test_medusa_matches_medusa_and_shares_tas_step", PR + "::test_medusa_argmax_ties_take_the_first_id")),
+    Port("medusa-bonus-from-q", "MedusaTypical declares bonus_from_q = True (its bonus drawn from q, not argmax q)", R,
+         "    bonus_from_q: ClassVar[bool] = False  # the bonus is argmax q",
+         "    bonus_from_q: ClassVar[bool] = True  # the bonus is argmax q",
+         (PR + "::test_medusa_bonus_is_argmax_in_the_samplers", PR + "::test_medusa_chain_law_includes_the_argmax_bonus")),
+    Port("verify-bonus-ignores-rule", "verify draws the bonus from q whatever rule.bonus says", S,
+         "    bonus = q_bonus if rule.bonus_from_q else rule.bonus(q_bonus)",
+         "    bonus = q_bonus",
+         (PR + "::test_medusa_bonus_is_argmax_in_the_samplers", PR + "::test_medusa_loop_matches_exact_chain_law")),
+    Port("flat-bonus-ignores-rule", "verify_flat draws the bonus from bonus_probs itself, not rule.bonus(bonus_probs)", S,
+         "            last[full] = sample_rows(rule.bonus(bonus_probs[full].to(dev, dt)), u[full, last_col[full]])",
+         "            last[full] = sample_rows(bonus_probs[full].to(dev, dt), u[full, last_col[full]])",
+         (PR + "::test_medusa_bonus_is_argmax_in_the_samplers",)),
+    Port("exact-bonus-ignores-rule", "exact.bonus_distribution returns q whatever rule.bonus says", E,
+         "    return q.copy() if rule.bonus_from_q else np.asarray(rule.bonus(q), dtype=np.float64)",
+         "    return q.copy()",
+         (PR + "::test_medusa_chain_law_includes_the_argmax_bonus", PR + "::test_medusa_loop_matches_exact_chain_law")),
+    Port("seqlaw-bonus-ignores-rule", "sequence_law chains a bonus from q, not the rule's bonus law", T,
+         "                    b = bonus_distribution(rule, Q(c), check=False)",
+         "                    b = Q(c)",
+         (PR + "::test_medusa_chain_law_includes_the_argmax_bonus", PR + "::test_medusa_loop_matches_exact_chain_law")),
+    Port("sglang-accepts-zero-mass", "SGLang accepts a draft with q_n = 0 at threshold_single = 0 (before PR #35798)", R,
+         "        return where0(q_n > 0, phi)  # no target mass: never accepted, whatever the thresholds",
+         "        return phi  # no target mass: never accepted, whatever the thresholds",
+         (PR + "::test_sglang_zero_target_mass_is_never_accepted",)),
+    Port("relaxed-ties-higher-id-first", "descending_rank breaks ties by higher id first (numpy and torch)", R,
+         "        order = torch.sort(-q, dim=-1, stable=True).indices\n"
+         "        pos = torch.arange(q.shape[-1], device=q.device).expand_as(order)\n"
+         "        return torch.empty_like(order).scatter_(-1, order, pos)\n"
+         "    q = np.asarray(q)\n"
+         "    order = np.argsort(-q, axis=-1, kind=\"stable\")",
+         "        order = q.shape[-1] - 1 - torch.sort(-q.flip(-1), dim=-1, stable=True).indices\n"
+         "        pos = torch.arange(q.shape[-1], device=q.device).expand_as(order)\n"
+         "        return torch.empty_like(order).scatter_(-1, order, pos)\n"
+         "    q = np.asarray(q)\n"
+         "    order = q.shape[-1] - 1 - np.argsort(-q[..., ::-1], axis=-1, kind=\"stable\")",
+         (PR + "::test_relaxed_accepts_exactly_the_topk_ids_at_ties",)),
+    Port("relaxed-unstable-sort", "descending_rank sorts with an unstable sort (numpy quicksort, torch stable=False)", R,
+         "        order = torch.sort(-q, dim=-1, stable=True).indices\n"
+         "        pos = torch.arange(q.shape[-1], device=q.device).expand_as(order)\n"
+         "        return torch.empty_like(order).scatter_(-1, order, pos)\n"
+         "    q = np.asarray(q)\n"
+         "    order = np.argsort(-q, axis=-1, kind=\"stable\")",
+         "        order = torch.sort(-q, dim=-1, stable=False).indices\n"
+         "        pos = torch.arange(q.shape[-1], device=q.device).expand_as(order)\n"
+         "        return torch.empty_like(order).scatter_(-1, order, pos)\n"
+         "    q = np.asarray(q)\n"
+         "    order = np.argsort(-q, axis=-1, kind=\"quicksort\")",
+         (PR + "::test_relaxed_accepts_exactly_the_topk_ids_at_ties", G + "::test_relaxed_ties_at_large_vocab")),
+    Port("relaxed-rank-le", "RelaxedAcceptance's rank test rank_n <= topk (one id too many)", R,
+         "        in_top = xp.astype(descending_rank(q) < self.topk, q.dtype)",
+         "        in_top = xp.astype(descending_rank(q) <= self.topk, q.dtype)",
+         (PR + "::test_relaxed_accepts_exactly_the_topk_ids_at_ties", PR + "::test_relaxed_matches_max_verdict")),
+    Port("descending-rank-off-by-one", "descending_rank counts from 1 (numpy and torch)", R,
+         "        pos = torch.arange(q.shape[-1], device=q.device).expand_as(order)\n"
+         "        return torch.empty_like(order).scatter_(-1, order, pos)\n"
+         "    q = np.asarray(q)\n"
+         "    order = np.argsort(-q, axis=-1, kind=\"stable\")\n"
+         "    rank = np.empty_like(order)\n"
+         "    np.put_along_axis(rank, order, np.broadcast_to(np.arange(q.shape[-1]), order.shape), axis=-1)",
+         "        pos = torch.arange(1, q.shape[-1] + 1, device=q.device).expand_as(order)\n"
+         "        return torch.empty_like(order).scatter_(-1, order, pos)\n"
+         "    q = np.asarray(q)\n"
+         "    order = np.argsort(-q, axis=-1, kind=\"stable\")\n"
+         "    rank = np.empty_like(order)\n"
+         "    np.put_along_axis(rank, order, np.broadcast_to(np.arange(1, q.shape[-1] + 1), order.shape), axis=-1)",
+         (PR + "::test_relaxed_accepts_exactly_the_topk_ids_at_ties", PR + "::test_relaxed_matches_max_verdict")),
+    # -- input validation: a bad value silently accepted ----------------------------------------------------
+    Port("flat-generator-negative-key", "verify_flat accepts generator key -1 (silently the last request)", S,
+         "        if not 0 <= i < B:",
+         "        if not -B <= i < B:",
+         ("tests/test_bad_input.py::test_verify_flat_generator_keys",)),
+    Port("dropmatch-hit-reshaped", "DropMatch.at(hit) reshapes a hit of another shape with q's element count", R,
+         "            else:  # never reshaped: a hit of another shape belongs to other rows\n",
+         "            elif math.prod(hit.shape) == math.prod(q.shape):\n"
+         "                hit = hit.reshape(q.shape)\n"
+         "            else:  # never reshaped: a hit of another shape belongs to other rows\n",
+         ("tests/test_bad_input.py::test_dropmatch_hit_of_another_shape_is_never_reshaped",)),
+    Port("hf-generate-without-assistant", "assisted_generate without an assistant silently samples plainly", TF,
+         "    if assistant_model is None:\n",
+         "    if assistant_model is None and False:\n",
+         ("tests/test_bad_input.py::test_assisted_generate_without_assistant_is_refused",)),
+    # -- the revision of a rule's law in its identity (what eval caches key on) -----------------------------
+    Port("identity-ignores-revision", "Rule.identity is the repr alone (a row measured under r1 reused as r2)", R,
+         "        return repr(self) if self.revision == 1 else f\"{self!r}@r{self.revision}\"",
+         "        return repr(self)",
+         ("tests/test_verdicts.py::test_rows_measured_with_an_earlier_rule_definition_are_marked",)),
+    Port("sglang-revision-constant", "SGLang's revision stays 1 at threshold_single = 0 (its law moved there)", R,
+         "        return 2 if self.threshold_single == 0 else 1",
+         "        return 1",
+         ("tests/test_verdicts.py::test_rows_measured_with_an_earlier_rule_definition_are_marked",)),
+    Port("eval-rule-id-is-repr", "eval keys cached batches on repr(rule) (an r1 row reused for the r2 rule)", EV,
+         "        return \"None\" if self.rule is None else self.rule.identity",
+         "        return \"None\" if self.rule is None else repr(self.rule)",
+         (G + "::test_eval_cache_never_reuses_a_row_of_an_earlier_revision",
+          "tests/test_verdicts.py::test_rows_measured_with_an_earlier_rule_definition_are_marked")),
+    Port("eval-cache-check-repr", "the cache accepts a record whose rule matches repr(rule) up to its revision", EV,
+         "            if got is not None and got.get(\"rule\") == method.rule_id:",
+         "            if got is not None and got.get(\"rule\", \"\").split(\"@r\")[0] == repr(method.rule):",
+         (G + "::test_eval_cache_never_reuses_a_row_of_an_earlier_revision",),
+         harmless="the folder (Method.slug) hashes the identity, so a record of another revision is never read "
+                  "from the current rule's folder; a record there was written under the current identity"),
+    Port("eval-slug-repr", "the cache folder is named after repr(rule), not its identity", EV,
+         "        return f\"{s[:48]}-{hashlib.sha256(self.rule_id.encode()).hexdigest()[:8]}\"",
+         "        return f\"{s[:48]}-{hashlib.sha256(repr(self.rule).encode()).hexdigest()[:8]}\"",
+         (G + "::test_eval_cache_never_reuses_a_row_of_an_earlier_revision",),
+         harmless="a record found in a shared folder is still checked against the identity (got['rule'] == "
+                  "rule_id) and recomputed if it differs: only a cache miss, never a stale row"),
 ]
 
 

@@ -9,6 +9,10 @@ loops from the formulas and the documented contracts (not the library's code pat
     and ``sampler.verify_flat``'s per-request generators (``n_b + 1`` uniforms each: acceptance,
     then the recovery draw), on ragged batches whose rejected rows have fewer drafts than the batch
     maximum, padded (-1) drafts, and the vLLM / transformers integrations built on them;
+  * RelaxedAcceptance's top_k ids at a 4,000-token vocabulary with exact ties (the documented stable
+    order, value descending then lower id, against a plain Python sort), in numpy and torch;
+  * the eval cache: a batch written under an earlier revision of a rule's law (the old folder and
+    record layout, written by hand) is recomputed, a batch of the current revision reused;
   * the sampled law of a padded draft and of SGLang at ``t_single < t_acc`` against the exact law
     (``stats.goodness_of_fit``, level ALPHA, fixed seeds; the sample size from ``samples_needed`` for
     the TV distance the wrong port causes, which is computed and asserted).
@@ -309,6 +313,69 @@ def test_medusa_is_strict_at_a_tie():
     rule = ct.MedusaTypical(0.09, 0.3)
     assert 0.3 * math.exp(np.sum(q * np.log(q + 1e-5))) > 0.09  # so tau = epsilon = 0.09 exactly
     np.testing.assert_array_equal(rule.accept_prob_all(p, q), [1.0, 0.0, 0.0])
+
+
+def ref_descending_rank(q):
+    """rank_n = #{i: q_i > q_n} + #{i < n: q_i = q_n}, by a plain Python sort on the key (-q_i, i)."""
+    rank = np.empty(len(q), dtype=np.int64)
+    for r, i in enumerate(sorted(range(len(q)), key=lambda i: (-float(q[i]), i))):
+        rank[i] = r
+    return rank
+
+
+def test_relaxed_ties_at_large_vocab():
+    """RelaxedAcceptance's top_k ids at V = 4,000 with exact ties everywhere (q takes 4 values) and the
+    cut inside a tie group: its rank is the documented stable order (value descending, then lower id),
+    in numpy and torch, row by row. A vocabulary this large is where an unstable sort (numpy's
+    introsort, torch's default sort) reorders tied ids; at V = 8 both happen to keep them in order."""
+    V = 4000
+    rng = np.random.default_rng(5)
+    q = rng.integers(1, 5, size=(3, V)).astype(np.float64)
+    q /= q.sum(-1, keepdims=True)
+    p = dirichlet(rng, V, 1.0, size=3)
+    ranks = np.stack([ref_descending_rank(row) for row in q])
+    np.testing.assert_array_equal(ct.rules.descending_rank(q), ranks)
+    np.testing.assert_array_equal(ct.rules.descending_rank(torch.from_numpy(q)).numpy(), ranks)
+    for topk in (700, 1500):
+        kth = np.sort(q, axis=-1)[:, ::-1][:, topk - 1]
+        assert ((q == kth[:, None]).sum(-1) > 100).all()  # the cut falls inside a large tie group
+        want = (ranks < topk).astype(float)  # delta = 1: the rank test alone
+        rule = ct.RelaxedAcceptance(topk, 1.0)
+        np.testing.assert_array_equal(rule.accept_prob_all(p, q), want)
+        np.testing.assert_array_equal(rule.accept_prob_all(torch.from_numpy(p), torch.from_numpy(q)).numpy(), want)
+        assert (want.sum(-1) == topk).all()
+
+
+def test_eval_cache_never_reuses_a_row_of_an_earlier_revision(tmp_path):
+    """A batch cached by a run under the rule's earlier law (revision 1: folder named after
+    sha256(repr), record keyed by repr, as the eval cache was written before revisions) is recomputed,
+    never returned as the current rule's; a batch of the current revision is reused. The old layout is
+    written out by hand here, not through the library's Method / _Cache."""
+    import hashlib
+    import json
+
+    from cactus_theory.lm import eval as ev
+
+    cfg = ev.EvalConfig(problems=2, batch_size=1)
+    cache = ev._Cache(tmp_path, cfg)
+    for label, rule in [("Medusa typical", ct.MedusaTypical()), ("relaxed", ct.RelaxedAcceptance()),
+                        ("SGLang", ct.SGLangThreshold(0.0, 0.5))]:
+        assert rule.revision >= 2
+        method = ev.Method(label, rule.name, {}, rule)
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in label)
+        old_dir = tmp_path / cfg.key() / f"{safe[:48]}-{hashlib.sha256(repr(rule).encode()).hexdigest()[:8]}"
+        old_dir.mkdir(parents=True)
+        (old_dir / "b0000.json").write_text(json.dumps({"rule": repr(rule), "seconds": 1.0, "records": ["r1"]}))
+        calls = []
+
+        def compute(rule=rule, calls=calls):
+            calls.append(1)
+            return {"rule": f"{rule!r}@r{rule.revision}", "seconds": 2.0, "records": ["now"]}
+
+        got, hit = cache.get(method, 0, compute)
+        assert not hit and calls == [1] and got["records"] == ["now"], label  # the r1 row is not reused
+        got, hit = cache.get(method, 0, compute)
+        assert hit and calls == [1] and got["records"] == ["now"], label  # the current row is
 
 
 def test_multi_draft_with_zeros_in_p_against_brute_force():
