@@ -58,7 +58,7 @@ O = "cactus_theory/theory/optimize.py"
 VL = "cactus_theory/integrations/vllm.py"
 TF = "cactus_theory/integrations/transformers.py"
 PR = "tests/test_production_rules.py"
-EV = "cactus_theory/lm/eval.py"
+EV = "cactus_theory/lm/experiments/eval.py"
 
 PORTS: list[Port] = [
     # -- rules.py: shared machinery, SpS, Cactus -------------------------------------------------------
