@@ -52,6 +52,15 @@ PUBLIC_PATHS = {f"cactus_theory.{alias}": f"cactus_theory.{target}" for alias, t
 }.items()}
 _install_aliases(PUBLIC_PATHS)
 
+
+def __getattr__(name: str):
+    """``ct.sampler``, ``ct.rules``, ...: a public module path as an attribute, imported on first access."""
+    if f"cactus_theory.{name}" in PUBLIC_PATHS:
+        import importlib
+
+        return importlib.import_module(f"cactus_theory.{name}")
+    raise AttributeError(f"module 'cactus_theory' has no attribute {name!r}")
+
 __version__ = "0.1.0"
 
 __all__ = [

@@ -354,14 +354,14 @@ def test_eval_cache_never_reuses_a_row_of_an_earlier_revision(tmp_path):
     import hashlib
     import json
 
-    from cactus_theory.lm import eval as ev
+    from cactus_theory.lm.experiments import eval as ev
 
     cfg = ev.EvalConfig(problems=2, batch_size=1)
     cache = ev._Cache(tmp_path, cfg)
     for label, rule in [("Medusa typical", ct.MedusaTypical()), ("relaxed", ct.RelaxedAcceptance()),
                         ("SGLang", ct.SGLangThreshold(0.0, 0.5))]:
         assert rule.revision >= 2
-        method = ev.Method(label, rule.name, {}, rule)
+        method = ev.Method(label, ct.registry.spec(rule).key, {}, rule)
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in label)
         old_dir = tmp_path / cfg.key() / f"{safe[:48]}-{hashlib.sha256(repr(rule).encode()).hexdigest()[:8]}"
         old_dir.mkdir(parents=True)
