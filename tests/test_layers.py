@@ -253,3 +253,18 @@ def test_the_decode_loop_names_no_rule_and_no_draft_class():
     assert not {c.__name__ for c in rule_classes} & names
     assert "dropmatch" not in src.lower() and "FeatureDraft" not in src
     assert not [t for t, _ in graph()["cactus_theory.lm.loop"] if t.endswith("dropmatch") or t.endswith(".draft")]
+
+
+def test_public_modules_are_attributes_of_the_package():
+    """``ct.sampler``, ``ct.rules``, ...: each top-level public path is reachable as an attribute (imported on
+    first access), the very module its alias names; an unknown name is still an AttributeError."""
+    import importlib
+
+    import cactus_theory as ct
+
+    for alias, target in ct.PUBLIC_PATHS.items():
+        name = alias.removeprefix("cactus_theory.")
+        if "." not in name:
+            assert getattr(ct, name) is importlib.import_module(target)
+    with pytest.raises(AttributeError, match="no attribute 'not_a_module'"):
+        ct.not_a_module  # noqa: B018
