@@ -210,7 +210,7 @@ def test_every_alias_is_its_target():
 
 def _design_public_names() -> list[tuple[str, str]]:
     """(module, name): the design notes' public names by module path (listed here), and every
-    ``from cactus_theory.X import a, b`` line of the README's code."""
+    ``from cactus_theory.X import a, b`` line of the code in README.md and docs/*.md."""
     pairs = [
         ("cactus_theory.sampler", "verify"), ("cactus_theory.sampler", "verify_flat"),
         ("cactus_theory.optimize", "solve_target"), ("cactus_theory.optimize", "max_acceptance"),
@@ -223,9 +223,10 @@ def _design_public_names() -> list[tuple[str, str]]:
         ("cactus_theory.validate", "check_number"), ("cactus_theory.dropmatch", "path_law"),
         ("cactus_theory.integrations.transformers", "use_rule"), ("cactus_theory.integrations.vllm", "register"),
     ]
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    for m in re.finditer(r"^from (cactus_theory[\w.]*) import ([\w, ]+)", readme, re.M):
-        pairs += [(m.group(1), n.strip()) for n in m.group(2).split(",") if n.strip()]
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = page.read_text(encoding="utf-8")
+        for m in re.finditer(r"^from (cactus_theory[\w.]*) import ([\w, ]+)", text, re.M):
+            pairs += [(m.group(1), n.strip()) for n in m.group(2).split(",") if n.strip()]
     return sorted(set(pairs))
 
 
