@@ -11,7 +11,7 @@ main .venv); the name keeps it out of ``make test``'s collection, which has no v
   exact law of its first emitted token;
 * a lossy rule (Cactus) through ``RejectionSampler.forward`` itself with the plugin active: the
   first token's law is the exact one-step law, and differs from vLLM's own;
-* vLLM's CPU path with temperature and top-k, with the plugin's two CPU fixes (see the README);
+* vLLM's CPU path with temperature and top-k, with the plugin's two CPU fixes (see docs/vllm.md);
 * vLLM's synthetic mode is refused by its CPU kernels (pinned); the benchmark's n-gram lookup is vLLM's;
 * a live CPU engine (n-gram drafts, temperature 0.8, top-k 20) whose drafts the plugin verifies, its
   rule switched while it runs (``collective_rpc("cactus_theory_set_rule", ...)``);
