@@ -235,7 +235,7 @@ ENGINE_ARGS: dict = {}  # set by main: tensor_parallel_size and, on GPUs, gpu_me
 def start_engine(model_dir: str, spec: dict | None, max_num_seqs: int = 64, max_prompt: int = 128, **kw):
     """A vLLM engine (float32, eager) with per-request speculative records. The token budget of a step
     holds every running request's whole prompt: vLLM's CPU build cannot split the prefill of a seeded
-    request (limitation 9 in the README: ``RuntimeError: CPU Generator does not use offset``)."""
+    request (limitation 9 in docs/vllm.md: ``RuntimeError: CPU Generator does not use offset``)."""
     from vllm import LLM
 
     t = time.time()

