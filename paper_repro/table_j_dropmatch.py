@@ -285,7 +285,8 @@ def render(d: dict) -> str:
     c = d["config"]
     lines = ["# Table j: DropMatch on the real LM, beside Cactus", "",
              f"Pair: {d['pair']}; {d['rows']} teacher-forced rows of the verifier's own continuations of "
-             f"{d['prompts']} prompts; sampling temperature 0.6, top-k 20, top-p 0.95 on p, q and every dropout path. "
+             f"{d['prompts']} prompts; sampling temperature {c['sampling']['temperature']:g}, top-k "
+             f"{c['sampling']['top_k']}, top-p {c['sampling']['top_p']:g} on p, q and every dropout path. "
              f"Path law by Monte Carlo over {c['masks']} dropout masks per row ({c['groups']} groups; '+-': jackknife "
              "standard error of the mean over rows). Exact one-step laws given the path law. 'outside q': mass the "
              "step's law puts on tokens the truncated q excludes (the verifier's own sampler never emits them; KL is "
