@@ -21,6 +21,7 @@ import time
 
 import torch
 
+from cactus_theory.core.sampling import SAMPLING
 from cactus_theory.lm import ModelPair, autoregressive_generate, load_model, tasks
 from cactus_theory.lm.experiments.tasks import (
     TASKS,
@@ -104,7 +105,7 @@ def main() -> None:
         probs = rg_problems(name, args.problems, 0) if name.startswith("rg:") else make_problems(name, args.problems, 0)
         t0 = time.perf_counter()
         r = autoregressive_generate(pair, [p.question for p in probs], max_new_tokens=args.max_new_tokens,
-                                    temperature=0.6, top_k=20, top_p=0.95, batch_size=args.batch_size, seed=0)
+                                    **SAMPLING, batch_size=args.batch_size, seed=0)
         sec = time.perf_counter() - t0
         ok = [extract_answer(t) == p.answer for t, p in zip(r.texts, probs, strict=True)]
         strict = [strict_answer(t) == p.answer for t, p in zip(r.texts, probs, strict=True)]
@@ -125,7 +126,7 @@ def main() -> None:
         if args.json:
             atomic_write_json(args.json, {**out, "_settings": {
                 "problems": args.problems, "max_new_tokens": args.max_new_tokens, "batch_size": args.batch_size,
-                "threads": args.threads, "sampling": "T 0.6, top-k 20, top-p 0.95", "seed": 0}})
+                "threads": args.threads, "sampling": SAMPLING.label(), "seed": 0}})
 
 
 if __name__ == "__main__":

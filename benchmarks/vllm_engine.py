@@ -52,10 +52,12 @@ from pathlib import Path
 
 import numpy as np
 
+from cactus_theory.core.sampling import SAMPLING
+
 ROOT = Path(__file__).resolve().parent.parent
 K = 4  # num_speculative_tokens
-PAPER = (0.6, 20, 0.95)  # temperature, top-k, top-p (registry.SAMPLING)
-TEMP_ONLY = (0.6, 0, 1.0)
+PAPER = SAMPLING.as_tuple()  # temperature, top-k, top-p: the paper's
+TEMP_ONLY = (SAMPLING.temperature, 0, 1.0)
 NGRAM = {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": 4, "prompt_lookup_min": 1}
 RULES = ["sps", "cactus:delta=0.5", "cactus:delta=1.0", "tas:epsilon=0.09,alpha=0.3"]
 SYNTHETIC_RATES = [0.7, 0.49, 0.343, 0.2401]  # unconditional; conditional 0.7 at every position

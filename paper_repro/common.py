@@ -4,7 +4,6 @@ Claims are ``cactus_theory.claims.ledger.Claim``, the row type ``cactus-theory v
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
@@ -16,8 +15,10 @@ from typing import Any
 import numpy as np
 
 from cactus_theory.claims.ledger import VERDICTS, Claim  # noqa: F401  (the one claim type, re-exported)
-from cactus_theory.util.atomic import atomic_path, atomic_write_text
+from cactus_theory.util.atomic import atomic_path, atomic_write_text  # noqa: F401  (re-exported)
 from cactus_theory.util.atomic import atomic_write_json as _atomic_write_json
+from cactus_theory.util.keyed_cache import KeyedDir, KeyedFile, file_digest  # noqa: F401  (file_digest re-exported)
+from cactus_theory.util.keyed_cache import config_key as _config_key
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "paper_repro" / "results"
@@ -71,32 +72,21 @@ def atomic_write_json(path: Path, obj: Any) -> None:
 
 
 def config_key(cfg: dict) -> str:
-    return hashlib.sha256(json.dumps(to_jsonable(cfg), sort_keys=True).encode()).hexdigest()[:16]
-
-
-def file_digest(path: Path) -> str | None:
-    """Content hash of a result file another step reads (None when absent): a cache key that survives a
-    fresh clone, unlike a modification time."""
-    return hashlib.sha1(path.read_bytes()).hexdigest()[:16] if path.exists() else None
+    """The cache key of a step's configuration (``util.keyed_cache.config_key`` of its JSON form)."""
+    return _config_key(to_jsonable(cfg))
 
 
 def cached(ctx: Ctx, name: str, cfg: dict, fn: Callable[[], dict]) -> dict:
-    """``fn()`` cached in ``results/<name>.json``; reused while ``cfg`` is unchanged (unless ``force``)."""
-    path = ctx.results / f"{name}.json"
-    key = config_key(cfg)
-    if path.exists() and not ctx.force:
-        try:
-            stored = json.loads(path.read_text())
-            if stored.get("key") == key:
-                return stored["data"]
-        except (json.JSONDecodeError, KeyError):
-            pass  # a damaged cache is recomputed
+    """``fn()`` cached in ``results/<name>.json`` (``util.keyed_cache.KeyedFile``); reused while ``cfg``,
+    which must name every input of ``fn``, is unchanged (unless ``force``)."""
+    store = KeyedFile(ctx.results / f"{name}.json", to_jsonable(cfg))
+    if not ctx.force:
+        data = store.load()
+        if data is not None:
+            return data
     if ctx.cache_only:
         raise NotCached(name)
-    t0 = time.perf_counter()
-    data = to_jsonable(fn())
-    atomic_write_json(path, {"key": key, "config": cfg, "seconds": round(time.perf_counter() - t0, 2), "data": data})
-    return data
+    return store.compute(fn, to_jsonable)
 
 
 def cached_seconds(ctx: Ctx, name: str) -> float | None:
@@ -108,34 +98,30 @@ def cached_seconds(ctx: Ctx, name: str) -> float | None:
 
 
 class Parts:
-    """Resumable pieces of one long step: ``results/<name>.parts/<piece>.json``, valid for one config."""
+    """Resumable pieces of one long step: ``results/<name>.parts/<piece>.json``, valid for one config
+    (``util.keyed_cache.KeyedDir``)."""
 
     def __init__(self, ctx: Ctx, name: str, cfg: dict):
-        self.dir = ctx.results / f"{name}.parts"
-        self.key = config_key(cfg)
+        self.store = KeyedDir(ctx.results / f"{name}.parts", to_jsonable(cfg))
+        self.dir, self.key = self.store.dir, self.store.key
         self.cache_only = ctx.cache_only
-        marker = self.dir / "KEY"
-        stale = not marker.exists() or marker.read_text().strip() != self.key
-        if ctx.cache_only and stale:
+        if ctx.cache_only and self.store.stale:
             raise NotCached(name)
-        if (ctx.force and not ctx.cache_only) or stale:
-            if self.dir.exists():
-                for f in self.dir.glob("*.json"):
-                    f.unlink()
-            atomic_write_text(marker, self.key + "\n")
+        if (ctx.force and not ctx.cache_only) or self.store.stale:
+            self.store.reset()
 
     def get(self, piece: str, fn: Callable[[], Any]) -> Any:
-        path = self.dir / f"{piece}.json"
-        if path.exists():
-            try:
-                return json.loads(path.read_text())
-            except json.JSONDecodeError:
-                pass
+        got = self.store.load(piece, _MISSING)
+        if got is not _MISSING:
+            return got
         if self.cache_only:
             raise NotCached(f"{self.dir.name}/{piece}")
         value = to_jsonable(fn())
-        atomic_write_json(path, value)
+        self.store.store(piece, value)
         return value
+
+
+_MISSING = object()
 
 
 def save_figure(fig, ctx: Ctx, stem: str, dpi: int = 110) -> list[Path]:

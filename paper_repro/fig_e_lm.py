@@ -124,8 +124,10 @@ def plot(d: dict, ctx: Ctx) -> list:
     for a in ax.flat:
         a.grid(alpha=0.3)
     c = d["config"]
+    s = c["sampling"]
     fig.suptitle(f"real decoding, pair {d.get('pair_name', '?')}: {c['per_style']} prompts x 3 styles, "
-                 f"{c['max_new_tokens']} new tokens, T=0.6, top-k 20, top-p 0.95", fontsize=10)
+                 f"{c['max_new_tokens']} new tokens, T={s['temperature']:g}, top-k {s['top_k']}, top-p {s['top_p']:g}",
+                 fontsize=10)
     fig.tight_layout()
     return save_figure(fig, ctx, "fig_e_lm")
 

@@ -46,13 +46,23 @@ FRONTIER_TOL = 1e-6  # a rule's acceptance may exceed the K = 1 optimum by this 
 
 
 def config(ctx: Ctx) -> dict:
+    """The step's inputs: sizes, grids, and the identity of every rule the frontier panel evaluates."""
     fast = ctx.fast
-    return {"R": 4 if fast else 16, "V": 12 if fast else 64, "sigma": 1.0, "seed": ctx.seed,
+    cfg = {"R": 4 if fast else 16, "V": 12 if fast else 64, "sigma": 1.0, "seed": ctx.seed,
             "K": [1, 2, 4] if fast else [1, 2, 3, 4, 6, 8],
             "delta": [0.0, 0.01, DELTA_REF, 0.1] if fast else [0.0, 0.001, 0.003, 0.01, DELTA_REF, 0.1, 0.3],
             "cactus": [0.05, 0.5] if fast else [0.01, 0.05, 0.25, 1.0],
             "check_V": 4 if fast else 5, "check_K": [1, 2] if fast else [1, 2, 3], "check_cases": 2 if fast else 6,
             "version": 3}
+    cfg["rules"] = [r.identity for r in frontier_rules(cfg["cactus"])]  # the registry's rules are an input
+    return cfg
+
+
+def frontier_rules(cactus: list[float]) -> list:
+    """The rules of the ``K = 1`` panel: Cactus at each budget of ``cactus``, then every lossy registry rule
+    that needs no LM head (at its registry defaults)."""
+    rules = [Cactus(d) for d in cactus]
+    return rules + [s.make() for k, s in registry.RULES.items() if not s.lossless and k != "cactus" and not s.reads_head]
 
 
 def _brute(p: np.ndarray, h: np.ndarray, K: int) -> float:
@@ -109,8 +119,7 @@ def grid(P: np.ndarray, Q: np.ndarray, cfg: dict) -> dict:
 
 def frontier(P: np.ndarray, Q: np.ndarray, cfg: dict) -> list[dict]:
     """K = 1: each rule's per-row (acceptance, KL(h_alg || q)) and the optimum at that row's KL."""
-    rules = [Cactus(d) for d in cfg["cactus"]]
-    rules += [s.make() for k, s in registry.RULES.items() if not s.lossless and k != "cactus" and not s.reads_head]
+    rules = frontier_rules(cfg["cactus"])
     out = []
     sps = acceptance_rate(SpS(), P, Q)
     for rule in tqdm(rules, desc="fig i: K = 1 frontier", leave=False):

@@ -142,6 +142,7 @@ def findings(results: Path = RESULTS) -> str:
     if _load(results, "fig_e_lm") is None:
         out.append("* **Real decoding**: no committed LM results in this revision (the decoding steps e and f are "
                    "regenerated with `python -m paper_repro --only e,f,c`).")
+    out += _step_findings(results, claims)
     tm = _load(results, "timings")
     if tm is not None:
         rec = tm["compute_seconds"]
@@ -149,6 +150,19 @@ def findings(results: Path = RESULTS) -> str:
                    f"{tm['total_compute_seconds']:.0f} s in all, of which "
                    + ", ".join(f"{k} {v:.0f} s" for k, v in rec.items() if v >= 1) + ".")
     return "\n".join(out)
+
+
+def _step_findings(results: Path, claims: list[Claim]) -> list[str]:
+    """The bullets of the registered steps that write their own (``steps.Step.findings``), in run order."""
+    import importlib
+
+    from .steps import STEPS
+
+    out = []
+    for s in STEPS:
+        if s.findings:
+            out += importlib.import_module(f"paper_repro.{s.module}").findings(results, claims)
+    return out
 
 
 def update_readme(results: Path = RESULTS, readme: Path = README) -> bool:

@@ -18,12 +18,12 @@ import os
 import numpy as np
 from tqdm import tqdm
 
+from cactus_theory.core.sampling import SAMPLING
 from cactus_theory.util.atomic import atomic_path
 
 from .common import Ctx, Parts
 
 NAME = "lm_runs"
-SAMPLING = {"temperature": 0.6, "top_k": 20, "top_p": 0.95}
 STYLES = ("math", "code", "prose")
 PAIR_SUPPORT = 40  # union support of two top-20 laws
 
@@ -61,7 +61,7 @@ def lm_config(ctx: Ctx) -> dict:
             "draft_id": None if o.get("pair") is not None else _draft_id(o.get("draft", "embedded")),
             "per_style": o.get("per_style", 1 if ctx.fast else 3),
             "max_new_tokens": o.get("max_new_tokens", 8 if ctx.fast else 32),
-            "sampling": SAMPLING, "seed": ctx.seed, "methods": methods(ctx.fast),
+            "sampling": SAMPLING.as_dict(), "seed": ctx.seed, "methods": methods(ctx.fast),
             "injected": o.get("pair") is not None}
 
 
@@ -131,12 +131,12 @@ def get_pair(ctx: Ctx):
 def build_embedded_draft_if_missing() -> None:
     """Build the embedded draft when a step has to decode with it and it is not cached (steps whose
     results are cached never load it, so a rerun of the committed results needs no build)."""
-    from cactus_theory.lm.draft import DraftConfig, draft_path
+    from cactus_theory.lm.draft import BUILD_TIME, DraftConfig, draft_path
 
     if not os.path.exists(draft_path(DraftConfig())):
         from cactus_theory.lm.train.draft_build import build_draft
 
-        print("building the embedded draft (cached afterwards; the committed draft's build took about 37 minutes on 2 cores) ...", flush=True)
+        print(f"building the embedded draft (cached afterwards; the committed build took {BUILD_TIME}) ...", flush=True)
         build_draft(DraftConfig())
 
 

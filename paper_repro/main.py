@@ -20,6 +20,7 @@ import os
 import time
 from pathlib import Path
 
+from . import steps as _steps
 from .common import (
     FIGURES,
     REPORT,
@@ -32,20 +33,19 @@ from .common import (
     fast_mode,
 )
 
-STEPS = {
-    "a": "fig_a_worked_example", "b": "fig_b_gamma", "d": "fig_d_gamma_delta", "e": "fig_e_lm",
-    "f": "table_f_main", "c": "fig_c_tradeoff", "g": "table_g_production", "h": "table_h_eval",
-    "i": "fig_i_multi_draft", "j": "table_j_dropmatch",
-}
-LM_STEPS = ("e", "f", "h", "j")
+STEPS = {s.id: s.module for s in _steps.STEPS}  # letter -> module, in run order (a view of steps.STEPS)
+LM_STEPS = tuple(_steps.lm_ids())
+
+
+def _current() -> dict[str, str]:
+    """``{letter: module}`` of ``steps.STEPS`` as it is now (a step registered at run time included)."""
+    return {s.id: s.module for s in _steps.STEPS}
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fast", action="store_true", help="small sizes for CI (also CACTUS_FAST=1)")
-    parser.add_argument("--only", default=None,
-                        help="comma-separated steps to (re)compute among a,b,c,d,e,f,g,h,i,j,verify; the others "
-                             "are taken from their cache when present")
-    parser.add_argument("--no-lm", action="store_true", help="skip the language-model steps e, f, h and j")
+    parser.add_argument("--only", default=None, help=_steps.only_help())
+    parser.add_argument("--no-lm", action="store_true", help=_steps.no_lm_help())
     parser.add_argument("--force", action="store_true", help="recompute the selected steps, ignoring caches")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cases", type=int, default=None, help="cases per claim for the randomised checks")
@@ -67,6 +67,7 @@ def check(args: argparse.Namespace) -> None:
 
 
 def _check(args: argparse.Namespace) -> list[str]:
+    STEPS = _current()
     only = list(STEPS) + ["verify"] if args.only is None else [s.strip() for s in args.only.split(",") if s.strip()]
     bad = [s for s in only if s not in (*STEPS, "verify")]
     if bad:
@@ -97,7 +98,7 @@ def write_compute_times(ctx: Ctx, mode: str) -> dict:
     redraws leaves it unchanged), the draft build, and their sum; rewritten only when it changes."""
     import json
 
-    rec = {name: cached_seconds(ctx, name) for name in [*STEPS.values(), "verify_claims"]}
+    rec = {name: cached_seconds(ctx, name) for name in [*_current().values(), "verify_claims"]}
     rec = {k: round(v, 1) for k, v in rec.items() if v is not None}
     build = ctx.results / "draft_build.json"
     if build.exists():
@@ -123,8 +124,9 @@ def repro(ctx: Ctx, only: list[str], lm: bool = True, cases: int | None = None,
 
     t_all = time.perf_counter()
     steps, timings, skipped = [], {}, {}
-    for key, mod in STEPS.items():
-        if key in LM_STEPS and not lm:
+    lm_steps = _steps.lm_ids()
+    for key, mod in _current().items():
+        if key in lm_steps and not lm:
             skipped[f"{key} ({mod})"] = "language-model steps disabled (--no-lm)"
             continue
         selected = key in only
@@ -191,6 +193,7 @@ def run(args: argparse.Namespace) -> int:
         from .findings import update_readme
 
         update_readme()  # README's findings quote the default results
+        _steps.update_readme()  # paper_repro/README.md's script table lists the registered steps
     from .report import headline
 
     claims = [c for s in out["steps"] for c in s.claims] + out["extra"]

@@ -18,6 +18,7 @@ from cactus_theory.claims.ledger import VERDICTS, Claim, combined_verdict, group
 
 from .common import StepResult, atomic_write_text
 from .paper_numbers import SETUP
+from .steps import by_module, figure_text
 
 # the paper's claims in reading order (unknown keys follow, in order of appearance)
 ORDER = ["thm1", "thm2", "thm3", "thm3-gamma", "prop4", "cor5", "cor6", "worked-example", "main-acceptance",
@@ -29,25 +30,7 @@ NAMES = {"thm1": "Theorem 1", "thm2": "Theorem 2", "thm3": "Theorem 3's second b
          "cor6": "Corollary 6", "worked-example": "the worked example", "main-acceptance": "acceptance (AL, Rej)",
          "main-scores-cactus": "Cactus matches SpS on task score", "main-scores-tas-gpqa": "TAS loses accuracy on GPQA",
          "interpolation-ablation": "interpolation ablation", "wall-clock": "wall clock"}
-FIGURE_TEXT = {
-    "fig_a_worked_example": ("a. The worked example", "q, p and the Cactus target h as bars; acceptance and KL spent "
-                             "at delta = 0.21 and at the budget that gives the paper's .825."),
-    "fig_b_gamma": ("b. gamma*(q_n, delta)", "Taylor closed form vs exact KL root vs cvxpy; KL(h_taylor || q) / delta "
-                    "on a diverging scale centred at 1 (red: the Taylor rule overspends) with Corollary 6's "
-                    "gamma* = 0.5 boundary."),
-    "fig_c_tradeoff": ("c. Acceptance vs KL of the step's output law",
-                       "rule sweeps over random and LM-derived (p, q) pairs (exact one-step laws); the baselines "
-                       "are the references' variants (vLLM's TAS entropy, the authors' top-k recovery)."),
-    "fig_d_gamma_delta": ("d. Gamma(delta)", "lower bounds on the worst one-step KL(h_alg || q) vs delta for several V "
-                          "(running maximum over delta: Gamma is non-decreasing)."),
-    "fig_e_lm": ("e. Real decoding", "AL vs delta and k; distortion and verifier NLL vs AL; speedup vs delta."),
-    "fig_h_eval": ("h. Task accuracy vs AL", "accuracy (95% Wilson interval) against AL (tokens per verifier call, "
-                   "bonus included; 95% bootstrap interval) per rule, on the eval task (`cactus-theory eval`)."),
-    "fig_i_multi_draft": ("i. Cactus with several drafts (our result)",
-                          "the best acceptance of K i.i.d. drafts with the step's law within KL(h || q) <= delta, "
-                          "against K and delta (delta = 0: the lossless multi-draft optimum); the optimum's shape; "
-                          "with one draft, every rule beside the optimum at its own step KL."),
-}
+FIGURE_TEXT = figure_text()  # {figure stem: (title, caption)} of the registered steps (steps.STEPS)
 TITLES = {"paper": "Claims of the paper", "derived": "Results we derived (not claims of the paper)",
           "code": "Checks of our own code"}
 
@@ -99,14 +82,15 @@ def _cell(checks: list[Claim], field: str) -> str:
 
 def _our_sections(steps: list[StepResult]) -> list[str]:
     """Sections of results that are ours, not the paper's (multi-draft Cactus, DropMatch on the LM), each
-    written by its step from its cached numbers."""
-    from . import fig_i_multi_draft, table_j_dropmatch
+    written by its step's ``section(data)`` from its cached numbers (steps registered with ``section=True``)."""
+    import importlib
 
-    writers = {"fig_i_multi_draft": fig_i_multi_draft.section, "table_j_dropmatch": table_j_dropmatch.section}
+    registered = by_module()
     out = []
     for s in steps:
-        if s.name in writers:
-            out += [writers[s.name](s.data), ""]
+        spec = registered.get(s.name)
+        if spec is not None and spec.section:
+            out += [importlib.import_module(f"paper_repro.{spec.module}").section(s.data), ""]
     return out
 
 
@@ -225,8 +209,9 @@ def write_report(path: Path, steps: list[StepResult], extra: list[Claim], comput
     out += ["## Figures", ""]
     for s in steps:
         for f in s.figures:
-            if f.suffix == ".png" and f.stem in FIGURE_TEXT:
-                title, text = FIGURE_TEXT[f.stem]
+            captions = figure_text()
+            if f.suffix == ".png" and f.stem in captions:
+                title, text = captions[f.stem]
                 out += [f"### {title}", "", text, "", f"![{title}]({rel}/{f.name}) ([vector]({rel}/{f.stem}.svg))", ""]
     for s in steps:
         if "markdown" in s.data:

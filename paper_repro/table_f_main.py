@@ -52,8 +52,9 @@ def run(ctx: Ctx) -> StepResult:
     runs = run_all(ctx)
     cfg = lm_config(ctx)
     md, nums = table(runs)
+    s = cfg["sampling"]
     text = (f"Ours: {cfg['draft']} draft -> {cfg['verifier']} verifier, k = 4, {cfg['per_style']} prompts per style, "
-            f"{cfg['max_new_tokens']} new tokens, T = 0.6, top-k 20, top-p 0.95. Cells: AL / Rej vs SpS / speedup / "
+            f"{cfg['max_new_tokens']} new tokens, T = {s['temperature']:g}, top-k {s['top_k']}, top-p {s['top_p']:g}. Cells: AL / Rej vs SpS / speedup / "
             f"per-step KL(h_alg||q) (nats) / verifier NLL (nats/token).\n\n{md}\n\n"
             f"Paper ({SETUP}); cells: score / AL / Rej.\n\n{main_table_markdown()}\n")
     atomic_write_text(ctx.results / "table_f_main.md", text)

@@ -57,6 +57,12 @@ class DigitTokenizer:
         return "".join(str(i % 10) for i in ids)
 
 
+def _sampling(cfg: dict) -> str:
+    """``"T 0.6 / top-k 20 / top-p 0.95"`` from an eval configuration's sampling."""
+    s = cfg["sampling"]
+    return f"T {s['temperature']:g} / top-k {s['top_k']} / top-p {s['top_p']:g}"
+
+
 def _pair(ctx: Ctx):
     pair = get_pair(ctx)
     if pair.tokenizer is None:
@@ -172,7 +178,7 @@ def claims(res: dict, which: str) -> list[Claim]:
     sc = f"{SCOPE_MODEL}, k = {c['k']}, task {c['task']}, {n} problems ({which})"
     units = f"{n} problems"
     how = (f"`cactus-theory eval`: task {c['task']} ({n} problems, chat template), k = {c['k']}, "
-           "T 0.6 / top-k 20 / top-p 0.95; 95% paired percentile bootstrap over problems")
+           f"{_sampling(c)}; 95% paired percentile bootstrap over problems")
     lab = {m["key"]: m["label"] for m in res["methods"] if m["key"] not in ("cactus", None)}
     cac = [m["label"] for m in res["methods"] if m["key"] == "cactus" and m["params"].get("delta") in (0.75, 1.0)]
     sps = lab["sps"]
@@ -343,7 +349,7 @@ def markdown(reduced: dict, full: dict | None) -> str:
         c = res["config"]
         parts += [f"Ours, {name}: task `{c['task']}` ({c['problems']} problems, chat template, exact match), "
                   f"{res.get('pair_name', c['pair'])}, k = {c['k']}, up to {c['max_new_tokens']} new tokens, "
-                  "T 0.6 / top-k 20 / top-p 0.95. Cells: estimate [95% interval]; accuracy in % (Wilson interval); "
+                  f"{_sampling(c)}. Cells: estimate [95% interval]; accuracy in % (Wilson interval); "
                   "difference vs SpS in points (paired percentile bootstrap over problems; McNemar p, raw and "
                   "Holm-adjusted over the family below); AL = tokens per verifier call (bonus included); acceptance "
                   "= accepted / drafted; Rej = rejected drafts per emitted token vs SpS (intervals: bootstrap over "

@@ -31,11 +31,12 @@ from tqdm import tqdm
 
 from cactus_theory import Cactus, SpS, acceptance_rate, induced_distribution, kl, registry, tv
 from cactus_theory.claims.ledger import bootstrap_interval, interval_verdict
+from cactus_theory.core.sampling import SAMPLING
 from cactus_theory.rules import DropMatch
 from cactus_theory.tradeoff import matched_cactus
 
 from .common import Claim, Ctx, StepResult, atomic_write_text, cached_step, fmt, standalone
-from .lm_runs import SAMPLING, set_threads
+from .lm_runs import set_threads
 
 NAME = "table_j_dropmatch"
 QUANT = {"bits": 4, "group": 32}
@@ -46,7 +47,7 @@ def config(ctx: Ctx) -> dict:
     return {"per_style": 1 if fast else 2, "max_new_tokens": 6 if fast else 40, "seed": ctx.seed,
             "rates": [0.01, 0.1] if fast else [0.001, 0.003, 0.01, 0.03, 0.1],
             "paths": [1, 4], "match": [0.01] if fast else [0.003, 0.03], "masks": 32 if fast else 256,
-            "groups": 8 if fast else 16, "sampling": SAMPLING, "pair": _pair_id(ctx),
+            "groups": 8 if fast else 16, "sampling": SAMPLING.as_dict(), "pair": _pair_id(ctx),
             "decode": {"prompts": 1 if fast else 3, "max_new_tokens": 6 if fast else 32, "k": 4,
                        "rate": 0.01, "paths": 4}, "version": 2}
 
@@ -136,7 +137,7 @@ def path_laws(X, W, bias, cfg: dict, block: int = 8) -> dict:
     for rate in tqdm(rates, desc="table j: dropout path laws", leave=False):
         sparse = []
         for s in range(0, X.shape[0], block):
-            law = path_law(X[s:s + block], W, rate, cfg["masks"], sampling=tuple(SAMPLING.values()), bias=bias,
+            law = path_law(X[s:s + block], W, rate, cfg["masks"], sampling=SAMPLING.as_tuple(), bias=bias,
                            groups=cfg["groups"], generator=g)
             for i in range(law.r.shape[0]):
                 j = np.flatnonzero(law.r[i] > 0)
@@ -284,7 +285,8 @@ def render(d: dict) -> str:
     c = d["config"]
     lines = ["# Table j: DropMatch on the real LM, beside Cactus", "",
              f"Pair: {d['pair']}; {d['rows']} teacher-forced rows of the verifier's own continuations of "
-             f"{d['prompts']} prompts; sampling temperature 0.6, top-k 20, top-p 0.95 on p, q and every dropout path. "
+             f"{d['prompts']} prompts; sampling temperature {c['sampling']['temperature']:g}, top-k "
+             f"{c['sampling']['top_k']}, top-p {c['sampling']['top_p']:g} on p, q and every dropout path. "
              f"Path law by Monte Carlo over {c['masks']} dropout masks per row ({c['groups']} groups; '+-': jackknife "
              "standard error of the mean over rows). Exact one-step laws given the path law. 'outside q': mass the "
              "step's law puts on tokens the truncated q excludes (the verifier's own sampler never emits them; KL is "

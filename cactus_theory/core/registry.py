@@ -21,6 +21,7 @@ from typing import Any
 
 from . import divergences as D
 from . import rules as R
+from .sampling import SAMPLING as _SAMPLING
 
 __all__ = ["Param", "RuleSpec", "DivergenceSpec", "RULES", "DIVERGENCES", "VERIFICATION", "spec", "make", "make_rule",
            "label", "colour", "marker", "sweep", "verification", "add_rule_arguments", "rule_from_args", "rule_classes", "SAMPLING",
@@ -320,8 +321,9 @@ def rule_from_args(args: argparse.Namespace) -> R.Rule:
 
 # -- sampling: one default for the command line and the decoding functions ---------------------------
 
-SAMPLING = {"temperature": 0.6, "top_k": 20, "top_p": 0.95}
-"""The paper's sampling (temperature 0.6, top-k 20, top-p 0.95), applied to ``p`` and ``q`` alike."""
+SAMPLING = _SAMPLING
+"""The paper's sampling (``core.sampling.SAMPLING``: temperature 0.6, top-k 20, top-p 0.95), applied to ``p``
+and ``q`` alike."""
 
 
 def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
@@ -330,12 +332,12 @@ def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
     from ..util.args import nonneg_float, nonneg_int, top_p_float
 
     g = parser.add_argument_group("sampling (applied to the draft's p and the verifier's q alike)")
-    g.add_argument("--temperature", type=nonneg_float, default=SAMPLING["temperature"],
-                   help=f"0 = greedy (default {SAMPLING['temperature']}, the paper's)")
-    g.add_argument("--top-k", type=nonneg_int, default=SAMPLING["top_k"],
-                   help=f"keep the k most likely tokens, 0 = off (default {SAMPLING['top_k']}, the paper's)")
-    g.add_argument("--top-p", type=top_p_float, default=SAMPLING["top_p"],
-                   help=f"nucleus mass in (0, 1], 1 = off (default {SAMPLING['top_p']}, the paper's)")
+    g.add_argument("--temperature", type=nonneg_float, default=SAMPLING.temperature,
+                   help=f"0 = greedy (default {SAMPLING.temperature}, the paper's)")
+    g.add_argument("--top-k", type=nonneg_int, default=SAMPLING.top_k,
+                   help=f"keep the k most likely tokens, 0 = off (default {SAMPLING.top_k}, the paper's)")
+    g.add_argument("--top-p", type=top_p_float, default=SAMPLING.top_p,
+                   help=f"nucleus mass in (0, 1], 1 = off (default {SAMPLING.top_p}, the paper's)")
 
 
 def _check_registry() -> None:

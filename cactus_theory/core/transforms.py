@@ -5,7 +5,8 @@ Order (the usual one): divide logits by the temperature, keep the ``top_k`` larg
 k-th value broken by ``torch.topk``), then keep the smallest set of most likely tokens whose mass
 reaches ``top_p`` (the token that crosses ``top_p`` is kept), renormalise. With ``top_k`` set, the
 top-p cut sorts only the ``top_k`` survivors, not the whole vocabulary. ``temperature = 0`` means greedy (one-hot at the argmax).
-Tokens with logit ``-inf`` (outside a draft's shortlist) get probability 0.
+Tokens with logit ``-inf`` (outside a draft's shortlist) get probability 0. The settings as one value, and
+the paper's default, are ``core.sampling.Sampling`` and ``SAMPLING``.
 """
 
 from __future__ import annotations
@@ -14,17 +15,9 @@ import math
 
 import torch
 
-__all__ = ["check_sampling", "sampling_probs", "nucleus"]
+from .sampling import SAMPLING, Sampling, check_sampling
 
-
-def check_sampling(temperature: float, top_k: int, top_p: float) -> None:
-    """Raise ``ValueError`` naming the first bad sampling parameter."""
-    if not isinstance(temperature, (int, float)) or not math.isfinite(temperature) or temperature < 0:
-        raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
-    if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 0:
-        raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {top_k!r}")
-    if not isinstance(top_p, (int, float)) or not (0 < top_p <= 1):
-        raise ValueError(f"top_p must be in (0, 1] (1 = off), got {top_p!r}")
+__all__ = ["check_sampling", "sampling_probs", "nucleus", "Sampling", "SAMPLING"]
 
 
 def sampling_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0,

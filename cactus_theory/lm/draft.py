@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch import nn
 
+from ..core.sampling import SAMPLING
 from .llama import MLP, Attention, Block, KVCache, LlamaArgs, RMSNorm, block_inputs, rope_tables
 
 __all__ = ["DraftConfig", "FeatureDraft", "cache_dir", "draft_path", "load_draft", "MissingDraftError",
@@ -60,9 +61,9 @@ class DraftConfig:
     weight_decay: float = 0.0
     feature_noise: float = 0.0  # std of Gaussian noise on the fused features, relative to their RMS
     loss: str = "acc+kl1"  # see draft_build.step_loss: "kl", "tv", "kl+tv", "acc+kl1"
-    temperature: float = 0.6  # the sampling the draft is trained for (the CLI default)
-    top_k: int = 20
-    top_p: float = 0.95
+    temperature: float = SAMPLING.temperature  # the sampling the draft is trained for (the paper's)
+    top_k: int = SAMPLING.top_k
+    top_p: float = SAMPLING.top_p
     dtype: str = "auto"  # verifier / training compute dtype: "auto" = bfloat16 where the CPU has AMX
     seed: int = 0
 
@@ -93,8 +94,19 @@ class DraftConfig:
         return hashlib.sha1(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:10]
 
 
+BUILD_TIME = "about 37 minutes on 2 CPU cores"
+"""How long ``cactus-theory build-draft`` takes, as measured by the committed build
+(``paper_repro/results/draft_build.json``: ``seconds`` and ``threads``)."""
+
+
 class MissingDraftError(ValueError):
     """The embedded draft has not been built yet (``cactus-theory build-draft``)."""
+
+    @classmethod
+    def not_built(cls, path: str) -> MissingDraftError:
+        """The error for a draft file ``path`` that does not exist, naming the command and its cost."""
+        return cls(f"the embedded draft is not built yet ({path} does not exist): run "
+                   f"`cactus-theory build-draft` ({BUILD_TIME})")
 
 
 def cache_dir() -> str:
@@ -279,8 +291,7 @@ def load_draft(verifier: nn.Module, cfg: DraftConfig = DraftConfig(), path: str 
     ``MissingDraftError`` telling to run ``cactus-theory build-draft``."""
     path = path or draft_path(cfg)
     if not os.path.exists(path):
-        raise MissingDraftError(f"the embedded draft is not built yet ({path} does not exist): run "
-                                f"`cactus-theory build-draft` (about 10-15 minutes on 2 CPU cores)")
+        raise MissingDraftError.not_built(path)
     blob = torch.load(path, map_location="cpu", weights_only=False)
     if blob.get("format") != FORMAT_VERSION:
         raise MissingDraftError(f"{path} has format {blob.get('format')}, expected {FORMAT_VERSION}: rebuild it "

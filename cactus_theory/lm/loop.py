@@ -25,10 +25,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..core import registry
 from ..core.registry import make_rule
 from ..core.rules import Rule
 from ..core.sampler import verify
+from ..core.sampling import SAMPLING as _SAMPLING
 from ..core.transforms import check_sampling, sampling_probs
 from .cache import Target, make_drafter, right_pad
 from .head_tap import HeadTap
@@ -39,7 +39,7 @@ from .pair import ModelPair, context_length
 __all__ = ["speculative_generate", "autoregressive_generate", "prepare_prompts", "SAMPLING", "runtime_models",
            "first_step_laws", "VerifierStep"]
 
-SAMPLING = registry.SAMPLING  # the paper's (temperature 0.6, top-k 20, top-p 0.95): the default everywhere
+SAMPLING = _SAMPLING  # the paper's (core.sampling.SAMPLING: temperature 0.6, top-k 20, top-p 0.95)
 
 
 def prepare_prompts(pair: ModelPair, prompts, max_new_tokens: int, chat: bool = True) -> list[list[int]]:
@@ -308,8 +308,8 @@ def _run(pair, prompts, max_new_tokens, batch_size, seed, chat, stats, body) -> 
 
 
 def speculative_generate(pair: ModelPair, prompts, rule: Rule | str, k: int = 4, max_new_tokens: int = 64,
-                         temperature: float = SAMPLING["temperature"], top_k: int = SAMPLING["top_k"],
-                         top_p: float = SAMPLING["top_p"], batch_size: int = 8, seed: int = 0, chat: bool = True,
+                         temperature: float = SAMPLING.temperature, top_k: int = SAMPLING.top_k,
+                         top_p: float = SAMPLING.top_p, batch_size: int = 8, seed: int = 0, chat: bool = True,
                          track_kl: bool = True, compact: bool = True) -> DecodeResult:
     """Speculative decoding of ``prompts`` (strings, chat-wrapped if ``chat``, or token-id lists) with
     ``rule`` deciding every drafted token through ``sampler.verify`` (see the module docstring).
@@ -330,8 +330,8 @@ def speculative_generate(pair: ModelPair, prompts, rule: Rule | str, k: int = 4,
 
 
 def autoregressive_generate(pair: ModelPair, prompts, max_new_tokens: int = 64,
-                            temperature: float = SAMPLING["temperature"], top_k: int = SAMPLING["top_k"],
-                            top_p: float = SAMPLING["top_p"], batch_size: int = 8, seed: int = 0,
+                            temperature: float = SAMPLING.temperature, top_k: int = SAMPLING.top_k,
+                            top_p: float = SAMPLING.top_p, batch_size: int = 8, seed: int = 0,
                             chat: bool = True, compact: bool = True) -> DecodeResult:
     """The baseline: the verifier alone, one forward per token, the same sampling transforms."""
     _check_args(1, batch_size, temperature, top_k, top_p)
@@ -344,8 +344,8 @@ def autoregressive_generate(pair: ModelPair, prompts, max_new_tokens: int = 64,
 
 
 @torch.inference_mode()
-def first_step_laws(pair: ModelPair, ids: list[int], lo: int, hi: int, temperature: float = SAMPLING["temperature"],
-                    top_k: int = SAMPLING["top_k"], top_p: float = SAMPLING["top_p"]):
+def first_step_laws(pair: ModelPair, ids: list[int], lo: int, hi: int, temperature: float = SAMPLING.temperature,
+                    top_k: int = SAMPLING.top_k, top_p: float = SAMPLING.top_p):
     """Teacher-forced laws along a token sequence: for each position ``i`` in ``[lo, hi)``, the
     verifier's law ``q_i`` of token ``i + 1`` given ``ids[:i + 1]`` and the draft's law ``p_i`` of the
     same token when a block starts there (its first draft step), both after the sampling transforms.

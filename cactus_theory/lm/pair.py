@@ -123,8 +123,7 @@ def load_pair(draft: str = "embedded", verifier: str = SMOLLM2, dtype: torch.dty
         from .draft import MissingDraftError, draft_path
 
         if not os.path.exists(draft_path()):
-            raise MissingDraftError(f"the embedded draft is not built yet ({draft_path()} does not exist): run "
-                                    f"`cactus-theory build-draft` (about 10-15 minutes on 2 CPU cores)")
+            raise MissingDraftError.not_built(draft_path())
     v_model, v_tok = load_model(verifier, dtype)
     if draft == "embedded":
         from .draft import load_draft

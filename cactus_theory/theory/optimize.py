@@ -43,7 +43,6 @@ FALLBACK_OPTS = (dict(SOLVER_OPTS, max_step_fraction=0.9),
                  dict(solver=cp.CLARABEL, tol_gap_abs=1e-10, tol_gap_rel=1e-10, tol_feas=1e-10, max_iter=400),
                  dict(solver=cp.CLARABEL))
 FEAS_TOL = 1e-9  # accepted constraint violation of an "optimal_inaccurate" answer
-CVX_DIVERGENCES = ("kl", "reverse_kl", "chi2", "tv", "hellinger", "js")
 
 
 @dataclass
@@ -105,27 +104,36 @@ def _solve(prob: cp.Problem, violation: Callable[[], float]) -> str:
     return f"{best[1]} (violation {best[0]:.1e})"
 
 
+# DCP forms of ``D(h || q) <= delta`` over the support ``sup`` of q (``qs = q[sup]``), per f-divergence
+_CVX_FORMS = {
+    "kl": lambda h, q, qs, sup, delta: cp.sum(cp.rel_entr(h[sup], qs)) <= delta,  # sum h log(h / q)
+    "reverse_kl": lambda h, q, qs, sup, delta: cp.sum(cp.rel_entr(qs, h[sup])) <= delta,  # sum q log(q / h)
+    # sum (h - q)^2 / q
+    "chi2": lambda h, q, qs, sup, delta: cp.norm2(cp.multiply(1 / np.sqrt(qs), h[sup] - qs)) <= np.sqrt(delta),
+    "tv": lambda h, q, qs, sup, delta: cp.norm1(h - q) / 2 <= delta,  # sum |h - q| / 2
+    # 1 - sum sqrt(h q) <= delta, sqrt concave
+    "hellinger": lambda h, q, qs, sup, delta: 1 - cp.sum(cp.multiply(np.sqrt(qs), cp.sqrt(h[sup]))) <= delta,
+    # KL(h || m)/2 + KL(q || m)/2, m = (h + q)/2: rel_entr is jointly convex
+    "js": lambda h, q, qs, sup, delta: (cp.sum(cp.rel_entr(h, (h + q) / 2)) / 2
+                                        + cp.sum(cp.rel_entr(qs, ((h + q) / 2)[sup])) / 2 <= delta),
+}
+CVX_UNSUPPORTED: dict[str, str] = {}
+"""f-divergences of ``divergences.F_DIVERGENCES`` without a DCP form here, each with the reason (none today)."""
+CVX_DIVERGENCES = tuple(d for d in F_DIVERGENCES if d not in CVX_UNSUPPORTED)
+"""The divergences the cvxpy programs take: ``divergences.F_DIVERGENCES`` less ``CVX_UNSUPPORTED``."""
+if set(CVX_DIVERGENCES) - set(_CVX_FORMS) or set(_CVX_FORMS) - set(F_DIVERGENCES):
+    raise RuntimeError(f"optimize: DCP forms {sorted(_CVX_FORMS)} do not match the supported divergences "
+                       f"{list(CVX_DIVERGENCES)} (add a form or declare the divergence in CVX_UNSUPPORTED)")
+
+
 def _constraint(h: cp.Variable, q: np.ndarray, delta: float, name: str) -> list:
     """``D(h || q) <= delta`` as DCP constraints (plus ``h_i = 0`` where the divergence would be
     infinite, i.e. ``q_i = 0`` for KL and chi-square)."""
     sup = q > 0
-    qs = q[sup]
     out = []
     if name in ("kl", "chi2") and not sup.all():
         out.append(h[~sup] == 0)
-    if name == "kl":  # sum h log(h / q)
-        out.append(cp.sum(cp.rel_entr(h[sup], qs)) <= delta)
-    elif name == "reverse_kl":  # sum q log(q / h)
-        out.append(cp.sum(cp.rel_entr(qs, h[sup])) <= delta)
-    elif name == "chi2":  # sum (h - q)^2 / q
-        out.append(cp.norm2(cp.multiply(1 / np.sqrt(qs), h[sup] - qs)) <= np.sqrt(delta))
-    elif name == "tv":  # sum |h - q| / 2
-        out.append(cp.norm1(h - q) / 2 <= delta)
-    elif name == "hellinger":  # 1 - sum sqrt(h q) <= delta, sqrt concave
-        out.append(1 - cp.sum(cp.multiply(np.sqrt(qs), cp.sqrt(h[sup]))) <= delta)
-    elif name == "js":  # KL(h || m)/2 + KL(q || m)/2, m = (h + q)/2: rel_entr is jointly convex
-        m = (h + q) / 2
-        out.append(cp.sum(cp.rel_entr(h, m)) / 2 + cp.sum(cp.rel_entr(qs, m[sup])) / 2 <= delta)
+    out.append(_CVX_FORMS[name](h, q, q[sup], sup, delta))
     return out
 
 

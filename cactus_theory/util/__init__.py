@@ -1,2 +1,2 @@
 """Infrastructure with no project imports: atomic file writes (``atomic``), command-line value checks
-(``args``), public module-path aliases (``aliases``)."""
+(``args``), public module-path aliases (``aliases``), keyed result caches (``keyed_cache``)."""

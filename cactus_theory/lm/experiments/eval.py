@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import math
 import os
 import time
@@ -47,15 +46,18 @@ from pathlib import Path
 import numpy as np
 
 from ...core import registry
+from ...core.sampling import SAMPLING as _SAMPLING
+from ...core.sampling import Sampling
 from ...theory.stats import paired_difference, proportion_interval
 from ...util.args import positive_int
 from ...util.atomic import atomic_path, atomic_write_json, atomic_write_text
+from ...util.keyed_cache import config_key, keyed_subdir, read_json
 from . import tasks
 
 __all__ = ["EVAL_GRID", "SAMPLING", "Method", "EvalConfig", "methods", "run_eval", "summarise", "format_table",
            "plot_accuracy_vs_al", "configure", "run"]
 
-SAMPLING = {"temperature": 0.6, "top_k": 20, "top_p": 0.95}
+SAMPLING = _SAMPLING  # the paper's (core.sampling.SAMPLING)
 # the issue's sweep per registry key; rules not named here run once at their registry defaults
 EVAL_GRID: dict[str, list[dict]] = {
     "sps": [{}],
@@ -136,7 +138,7 @@ class EvalConfig:
     k: int = 4
     max_new_tokens: int = 128
     batch_size: int = 32
-    sampling: dict = field(default_factory=lambda: dict(SAMPLING))
+    sampling: dict = field(default_factory=SAMPLING.as_dict)
     pair: str = "smollm2+embedded"
 
     def check(self) -> None:
@@ -147,9 +149,7 @@ class EvalConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
-        from ...core.transforms import check_sampling
-
-        check_sampling(self.sampling["temperature"], self.sampling["top_k"], self.sampling["top_p"])
+        Sampling(self.sampling["temperature"], self.sampling["top_k"], self.sampling["top_p"])
 
     def as_dict(self) -> dict:
         return {"task": self.task, "problems": self.problems, "seed": self.seed, "k": self.k,
@@ -157,15 +157,8 @@ class EvalConfig:
                 "sampling": dict(self.sampling), "pair": self.pair}
 
     def key(self) -> str:
-        """Names the cache folder."""
-        return hashlib.sha256(json.dumps(self.as_dict(), sort_keys=True).encode()).hexdigest()[:12]
-
-
-def _read_json(path: Path):
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None  # absent, or damaged by hand (writes are atomic): recomputed
+        """Names the cache folder (``util.keyed_cache.config_key`` of ``as_dict()``, 12 digits)."""
+        return config_key(self.as_dict(), 12)
 
 
 # -- decoding one batch ---------------------------------------------------------------------------
@@ -198,14 +191,12 @@ class _Cache:
     """``<root>/<config key>/<method slug>/b<batch>.json``; a config file records what the key means."""
 
     def __init__(self, root: Path | None, cfg: EvalConfig):
-        self.dir = None if root is None else Path(root) / cfg.key()
-        if self.dir is not None:
-            atomic_write_json(self.dir / "config.json", cfg.as_dict())
+        self.dir = None if root is None else keyed_subdir(root, cfg.as_dict(), 12)
 
     def get(self, method: Method, b: int, compute):
         path = None if self.dir is None else self.dir / method.slug / f"b{b:04d}.json"
         if path is not None:
-            got = _read_json(path)
+            got = read_json(path)  # None when absent or damaged: recomputed
             if got is not None and got.get("rule") == method.rule_id:
                 return got, True
         val = compute()
@@ -652,9 +643,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-k", type=int, default=4, help="drafted tokens per step")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per problem at most")
     parser.add_argument("--batch-size", type=int, default=32, help="problems decoded together (one cache piece)")
-    parser.add_argument("--temperature", type=float, default=SAMPLING["temperature"], help="sampling temperature")
-    parser.add_argument("--top-k", type=int, default=SAMPLING["top_k"], help="sampling top-k (0 = off)")
-    parser.add_argument("--top-p", type=float, default=SAMPLING["top_p"], help="sampling top-p (1 = off)")
+    parser.add_argument("--temperature", type=float, default=SAMPLING.temperature, help="sampling temperature")
+    parser.add_argument("--top-k", type=int, default=SAMPLING.top_k, help="sampling top-k (0 = off)")
+    parser.add_argument("--top-p", type=float, default=SAMPLING.top_p, help="sampling top-p (1 = off)")
     parser.add_argument("--seed", type=int, default=0, help="problems and decoding seed")
     parser.add_argument("--draft", default="embedded", help="'embedded', a .gguf path, a folder or a hub id")
     parser.add_argument("--verifier", default="smollm2", help="'smollm2', a .gguf path, a folder or a hub id")
@@ -696,7 +687,7 @@ def check(args) -> None:
 def _check_args(args) -> EvalConfig:
     cfg = EvalConfig(task=args.task, problems=args.problems, seed=args.seed, k=args.k,
                      max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                     sampling={"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p},
+                     sampling=Sampling(args.temperature, args.top_k, args.top_p).as_dict(),
                      pair=f"{args.draft}->{args.verifier}")
     cfg.check()
     for name in ("lawtest_prompts", "lawtest_draws", "loop_draws"):

@@ -35,6 +35,7 @@ import torch
 from ...core.exact import induced_distribution
 from ...core.rules import Cactus, SpS, TopK
 from ...core.sampler import verify
+from ...core.sampling import SAMPLING
 from ...theory.stats import detectable_tv, goodness_of_fit, homogeneity
 
 __all__ = ["ALPHA", "BETA", "HORIZON", "LOOP_PROMPT", "step_position", "verify_step_test", "run_lawtests", "format_lawtests",
@@ -158,7 +159,7 @@ def run_lawtests(pair, method_list, problems, draws: int = 20_000, loop_draws: i
 
     from ..data import encode_prompts
 
-    sampling = sampling or {"temperature": 0.6, "top_k": 20, "top_p": 0.95}
+    sampling = sampling or SAMPLING.as_dict()
     rules = [m for m in method_list if m.rule is not None and not m.rule.reads_head]
     # a rule that reads the verifier's head (DropMatch) has no one-step law from (p, q) alone: its law
     # needs the dropout paths' law (dropmatch.path_law), tested in tests/test_dropmatch.py instead
