@@ -10,10 +10,14 @@ Drafters propose ``k`` tokens with their laws: ``propose(k, sampling, gen)``; ``
 feats)`` tells them what the verifier kept. ``TokenDrafter`` wraps a causal LM (its own cache);
 ``FeatureDrafter`` wraps the EAGLE-3-style head, which reads the verifier's features.
 
-Two cache implementations: the compact Llama (``llama.py``; static cache written at per-row
-offsets, stale slots overwritten) for Llama-family models, and any Hugging Face causal LM (a
-growing cache whose rejected slots are masked out; positions count only unmasked slots, so each row
-sees exactly the sequence it would see alone).
+Both adapters talk to a model through one stream interface (``open_stream``): ``length`` (B,) the
+tokens of each row that are final, ``forward(ids, n, logits_at)`` reads a block after them (row
+``b``'s first ``n[b]`` tokens are real), ``keep(n)`` makes the first ``n[b]`` tokens of the block
+just read final, ``rewind(n)`` forgets the last ``n[b]`` final tokens, ``select(idx)`` keeps rows.
+Two implementations: the compact Llama (``llama.py``; static cache written at per-row offsets,
+stale slots overwritten) for Llama-family models, and any Hugging Face causal LM (a growing cache
+whose rejected slots are masked out; positions count only unmasked slots, so each row sees exactly
+the sequence it would see alone).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from ..core.transforms import sampling_probs
 from .draft import FeatureDraft
 from .llama import Llama
 
-__all__ = ["Target", "TokenDrafter", "FeatureDrafter", "make_target", "make_drafter", "right_pad"]
+__all__ = ["Target", "TokenDrafter", "FeatureDrafter", "make_target", "make_drafter", "right_pad", "open_stream"]
 
 
 def right_pad(prompts: list[list[int]], pad: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -39,37 +43,59 @@ def right_pad(prompts: list[list[int]], pad: int, device) -> tuple[torch.Tensor,
 
 
 class _LlamaStream:
-    """A compact Llama's cache for a batch: ``length[b]`` slots of row ``b`` are final."""
+    """A compact Llama's static cache for a batch: slots ``0 .. length[b] - 1`` of row ``b`` are final;
+    a block is written at slots ``length[b] ..`` and stays there only as far as ``keep`` moves the
+    length (the rest is overwritten by the next block)."""
 
     def __init__(self, model: Llama, batch: int, capacity: int, aux_layers=()):
         self.model, self.aux_layers = model, tuple(aux_layers)
         self.cache = model.new_cache(batch, capacity)
         self.length = torch.zeros(batch, dtype=torch.long, device=model.device)
 
-    def feed(self, ids: torch.Tensor, logits_at: torch.Tensor | None = None):
-        """Read block ``ids`` (B, W) after each row's final slots (the length does not move)."""
+    def forward(self, ids: torch.Tensor, n: torch.Tensor | None = None, logits_at: torch.Tensor | None = None):
+        """Read block ``ids`` (B, W) after each row's final tokens (row ``b``'s tokens past ``n[b]`` are
+        padding, never attended by real ones); returns logits (B, W, V) float32 (or (B, 1, V) at column
+        ``logits_at[b]``) and the features (list of (B, W, dim), one per ``aux_layers``)."""
         return self.model(ids, self.length, self.cache, self.aux_layers, logits_at=logits_at)
 
-    def select(self, idx):
+    def keep(self, n: torch.Tensor) -> None:
+        """The first ``n[b]`` (B,) tokens of the block just read become final."""
+        self.length = self.length + n
+
+    def rewind(self, n: torch.Tensor) -> None:
+        """Forget the last ``n[b]`` (B,) final tokens of each row."""
+        self.length = self.length - n
+
+    def select(self, idx: torch.Tensor) -> None:
+        """Keep rows ``idx``."""
         self.cache.select(idx)
         self.length = self.length[idx]
 
 
 class _HFStream:
-    """A Hugging Face model's cache for a batch: blocks are appended; slots of rejected tokens are
-    masked out (``mask = 0``) rather than cut, so rows that kept different numbers of tokens stay
-    in one rectangular cache."""
+    """A Hugging Face model's cache for a batch: blocks are appended; slots of padding and of tokens
+    not kept are masked out (``mask = 0``) rather than cut, so rows that kept different numbers of
+    tokens stay in one rectangular cache; a token's position counts the unmasked slots before it."""
 
     def __init__(self, model, batch: int, device, aux_layers=()):
         self.model, self.aux_layers = model, tuple(aux_layers)
         self.kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         self.cache = None
         self.mask = torch.zeros((batch, 0), dtype=torch.long, device=device)
+        self._w = 0  # width of the block just read
 
-    def feed(self, ids: torch.Tensor, valid: torch.Tensor | None = None, logits_at=None):
-        valid = torch.ones_like(ids) if valid is None else valid.long()
+    @property
+    def length(self) -> torch.Tensor:
+        """(B,) final tokens per row (unmasked slots)."""
+        return self.mask.sum(-1)
+
+    def forward(self, ids: torch.Tensor, n: torch.Tensor | None = None, logits_at: torch.Tensor | None = None):
+        """As ``_LlamaStream.forward``; the block's real tokens are unmasked until ``keep``."""
+        valid = (torch.ones_like(ids) if n is None else
+                 (torch.arange(ids.shape[1], device=ids.device)[None] < n[:, None]).long())
         pos = (self.mask.sum(-1, keepdim=True) + valid.cumsum(-1) - 1).clamp_min(0)
         self.mask = torch.cat([self.mask, valid], dim=1)
+        self._w = ids.shape[1]
         out = self.model(input_ids=ids, attention_mask=self.mask, position_ids=pos, use_cache=True,
                          output_hidden_states=bool(self.aux_layers), **{self.kw: self.cache})
         c = getattr(out, "past_key_values", None)
@@ -80,19 +106,29 @@ class _HFStream:
             logits = logits[torch.arange(ids.shape[0], device=ids.device), logits_at].unsqueeze(1)
         return logits.float(), aux
 
-    def keep(self, n: torch.Tensor, w: int) -> None:
-        """Of the last ``w`` slots, keep the first ``n[b]`` of row ``b`` (mask the rest)."""
+    def keep(self, n: torch.Tensor) -> None:
+        """The first ``n[b]`` tokens of the block just read stay; its other slots are masked out."""
+        w = self._w
         if w:
             keep = torch.arange(w, device=n.device)[None, :] < n[:, None]
             self.mask[:, -w:] *= keep.long()
 
-    def select(self, idx):
+    def rewind(self, n: torch.Tensor) -> None:
+        """Mask out the last ``n[b]`` unmasked slots of each row."""
+        from_end = self.mask.flip(-1).cumsum(-1).flip(-1)  # unmasked slots at or after each slot
+        self.mask = self.mask * (from_end > n[:, None]).long()
+
+    def select(self, idx: torch.Tensor) -> None:
+        """Keep rows ``idx``."""
         self.mask = self.mask[idx]
         if self.cache is not None:
             self.cache.batch_select_indices(idx)
 
 
-def _stream(model, batch: int, capacity: int, device, aux_layers=()):
+def open_stream(model, batch: int, capacity: int, device, aux_layers=()):
+    """The stream (see the module docstring) of ``model`` for ``batch`` rows of up to ``capacity``
+    tokens, returning the features entering ``aux_layers``: the static-cache stream for a compact
+    ``Llama``, the masked growing cache for a Hugging Face causal LM."""
     if isinstance(model, Llama):
         return _LlamaStream(model, batch, capacity, aux_layers)
     return _HFStream(model, batch, device, aux_layers)
@@ -102,33 +138,24 @@ class Target:
     """The verifier's side of the loop (see the module docstring)."""
 
     def __init__(self, model, batch: int, capacity: int, device, aux_layers=()):
-        self.s = _stream(model, batch, capacity, device, aux_layers)
+        self.s = open_stream(model, batch, capacity, device, aux_layers)
         self.pending = None  # (B,) the emitted token not yet read
 
     def prefill(self, ids: torch.Tensor, lens: torch.Tensor):
         """Read the prompts (right-padded ``ids`` (B, L), lengths ``lens``); returns the logits of the
         first new token (B, V) and the features at every prompt position (list of (B, L, dim))."""
-        s = self.s
-        if isinstance(s, _LlamaStream):
-            logits, aux = s.feed(ids, logits_at=lens - 1)
-            s.length = lens.clone()
-        else:  # left-aligned valid slots: padding is masked out, positions count only real tokens
-            valid = (torch.arange(ids.shape[1], device=ids.device)[None] < lens[:, None]).long()
-            logits, aux = s.feed(ids, valid, logits_at=lens - 1)
+        logits, aux = self.s.forward(ids, lens, logits_at=lens - 1)
+        self.s.keep(lens)
         return logits[:, 0], aux
 
     def score(self, drafts: torch.Tensor | None):
         """Read ``[pending, drafts]`` (B, 1 + k); returns logits (B, 1 + k, V) float32 and features."""
         block = self.pending[:, None] if drafts is None else torch.cat([self.pending[:, None], drafts], 1)
-        self._w = block.shape[1]
-        return self.s.feed(block)
+        return self.s.forward(block)
 
     def advance(self, a: torch.Tensor, last: torch.Tensor) -> None:
         """Keep the pending token and ``a`` (B,) accepted drafts; ``last`` (B,) is the new pending token."""
-        if isinstance(self.s, _LlamaStream):
-            self.s.length = self.s.length + a + 1
-        else:
-            self.s.keep(a + 1, self._w)
+        self.s.keep(a + 1)
         self.pending = last
 
     def select(self, idx):
@@ -150,7 +177,7 @@ class TokenDrafter:
     feature_layers: tuple[int, ...] = ()
 
     def __init__(self, model, batch: int, capacity: int, device):
-        self.s = _stream(model, batch, capacity, device)
+        self.s = open_stream(model, batch, capacity, device)
         self.ids = None  # (B, W) pending block
         self.n = None  # (B,) pending count per row
 
@@ -161,13 +188,8 @@ class TokenDrafter:
 
     def _read(self, block: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
         """Read a ragged block (row ``b`` has ``n[b]`` real tokens); returns each row's last logits (B, V)."""
-        s = self.s
-        if isinstance(s, _LlamaStream):
-            logits, _ = s.feed(block, logits_at=n - 1)
-            s.length = s.length + n
-        else:
-            valid = (torch.arange(block.shape[1], device=block.device)[None] < n[:, None]).long()
-            logits, _ = s.feed(block, valid, logits_at=n - 1)
+        logits, _ = self.s.forward(block, n, logits_at=n - 1)
+        self.s.keep(n)
         return logits[:, 0]
 
     def propose(self, k: int, sampling, gen):
@@ -186,11 +208,7 @@ class TokenDrafter:
         """``a`` (B,) drafts kept; ``tokens`` (B, k + 1) from ``verify``: kept drafts then the new token."""
         k = tokens.shape[1] - 1
         read = torch.clamp(a, max=k - 1)  # drafts 1..k-1 were read speculatively; those kept stay
-        s = self.s
-        if isinstance(s, _LlamaStream):
-            s.length = s.length - (k - 1) + read
-        else:
-            s.keep(read, k - 1)  # the k - 1 drafts read one by one: keep those the verifier kept
+        self.s.rewind(k - 1 - read)  # the k - 1 drafts read one by one: forget those the verifier rejected
         B = tokens.shape[0]
         rows = torch.arange(B, device=tokens.device)
         full = a == k

@@ -1,10 +1,14 @@
-"""The project's draft for the embedded SmolLM2 verifier: a feature-level head in the style of
-EAGLE-3 (Li et al., 2025), in the layout vLLM's ``Eagle3LlamaForCausalLM`` loads.
+"""The project's draft for a Llama verifier (by default the embedded SmolLM2): a feature-level head in
+the style of EAGLE-3 (Li et al., 2025), in the layout vLLM's ``Eagle3LlamaForCausalLM`` loads. The
+head is built from the verifier's own parts (``llama.py``): its ``LlamaArgs`` (``HeadArgs`` extends
+them), its attention projections, rotary embedding and masked attention (``llama.attend``, also used
+by the training-time unrolling), its RMSNorm, SwiGLU MLP and KV cache.
 
 The head reads, at position ``j``, the verifier's residual stream entering three of its layers
-(low, middle, high: ``aux_layers``), fused by ``fc`` to one vector ``a_j``, and the embedding of the
-token at ``j + 1``; one decoder layer (attention over the head's own KV cache, then an MLP) gives a
-vector ``g_j`` whose normalised image through a head over a token shortlist ``S`` is the draft law
+(low, middle, high: ``aux_layers``, by default ``eagle3_aux_layers`` of the verifier's depth), fused
+by ``fc`` to one vector ``a_j``, and the embedding of the token at ``j + 1``; one decoder layer
+(attention over the head's own KV cache, then an MLP) gives a vector ``g_j`` whose normalised image
+through a head over a token shortlist ``S`` is the draft law
 ``p`` of the token at ``j + 2``. For the next draft step ``g_j`` replaces the verifier feature, so a
 whole block of ``k`` drafts costs ``k`` small forwards and no verifier call. Outside ``S`` the draft
 has ``p_i = 0``, which every rule handles exactly.
@@ -17,7 +21,7 @@ has ``p_i = 0``, which every rule handles exactly.
 Training (``draft_build.py``) distils the verifier's next-token laws, including the head's own
 predicted features for later steps ("training-time test"), on the verifier's own answers to seeded
 requests and on Wikipedia summaries; ``cactus-theory build-draft`` builds it, seeded, cached and
-written atomically.
+written atomically. The cache file is keyed by the verifier (``draft_path``).
 """
 
 from __future__ import annotations
@@ -26,25 +30,50 @@ import hashlib
 import json
 import math
 import os
-from dataclasses import asdict, dataclass, field
+import re
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 from torch import nn
 
 from ..core.sampling import SAMPLING
-from .llama import MLP, Attention, Block, KVCache, LlamaArgs, RMSNorm, block_inputs, rope_tables
+from .llama import (
+    MLP,
+    Attention,
+    Block,
+    KVCache,
+    LlamaArgs,
+    RMSNorm,
+    attend,
+    block_inputs,
+    hf_args,
+    rope_tables,
+)
 
-__all__ = ["DraftConfig", "FeatureDraft", "cache_dir", "draft_path", "load_draft", "MissingDraftError",
-           "FORMAT_VERSION", "export_eagle3"]
+__all__ = ["DraftConfig", "FeatureDraft", "HeadArgs", "cache_dir", "draft_path", "load_draft", "MissingDraftError",
+           "FORMAT_VERSION", "export_eagle3", "eagle3_aux_layers", "verifier_tag", "head_args",
+           "DEFAULT_VERIFIER", "DEFAULT_VERIFIER_LAYERS"]
 
 FORMAT_VERSION = 4
+DEFAULT_VERIFIER = "smollm2"  # the embedded verifier (``pair.load_model``'s spec)
+DEFAULT_VERIFIER_LAYERS = 30  # its depth (SmolLM2-135M): names its draft's file without loading it
+
+
+def eagle3_aux_layers(n_layers: int) -> tuple[int, int, int]:
+    """The verifier layers whose input the head reads: EAGLE-3's low / middle / high choice, as vLLM
+    sets it, ``(2, L // 2, L - 3)`` for a verifier of ``L`` decoder layers ((2, 15, 27) for ``L = 30``).
+    Defined for ``L >= 6`` (the three indices increase); give ``DraftConfig.aux_layers`` otherwise."""
+    if not isinstance(n_layers, int) or isinstance(n_layers, bool) or n_layers < 6:
+        raise ValueError(f"the default aux_layers (2, L // 2, L - 3) need a verifier of >= 6 layers, got L = "
+                         f"{n_layers!r}: give DraftConfig(aux_layers=...)")
+    return (2, n_layers // 2, n_layers - 3)
 
 
 @dataclass(frozen=True)
 class DraftConfig:
     """Architecture, data and training of the embedded draft (every field enters the cache key)."""
 
-    aux_layers: tuple[int, int, int] = (2, 15, 27)  # vLLM's choice for 30 layers: (2, L // 2, L - 3)
+    aux_layers: tuple[int, int, int] | None = None  # None: eagle3_aux_layers(verifier depth), see ``resolved``
     shortlist: int = 8192  # draft vocabulary (the verifier's most likely tokens on the training data)
     mlp_hidden: int = 1536
     head_layers: int = 1  # decoder layers of the head (vLLM's EAGLE-3 loads any number)
@@ -79,8 +108,11 @@ class DraftConfig:
                 raise ValueError(f"{name} must be an integer >= 0, got {v!r}")
         if self.onpolicy_prompts + self.wiki_docs < 1:
             raise ValueError("the draft needs training text: onpolicy_prompts + wiki_docs must be >= 1")
-        if len(self.aux_layers) != 3 or not all(isinstance(i, int) and i >= 0 for i in self.aux_layers):
-            raise ValueError(f"aux_layers must be three layer indices >= 0, got {self.aux_layers!r}")
+        if self.aux_layers is not None:  # None: from the verifier's depth (``resolved``)
+            if (not isinstance(self.aux_layers, (tuple, list)) or len(self.aux_layers) != 3
+                    or not all(isinstance(i, int) and i >= 0 for i in self.aux_layers)):
+                raise ValueError(f"aux_layers must be three layer indices >= 0, got {self.aux_layers!r}")
+            object.__setattr__(self, "aux_layers", tuple(self.aux_layers))
         if self.loss not in ("kl", "tv", "kl+tv", "acc+kl1"):
             raise ValueError(f"loss must be 'kl', 'tv', 'kl+tv' or 'acc+kl1', got {self.loss!r}")
         if not (isinstance(self.temperature, (int, float)) and 0 < self.temperature < math.inf):
@@ -90,7 +122,18 @@ class DraftConfig:
         if self.dtype not in ("auto", "float32", "bfloat16"):
             raise ValueError(f"dtype must be 'auto', 'float32' or 'bfloat16', got {self.dtype!r}")
 
+    def resolved(self, n_layers: int) -> DraftConfig:
+        """This config for a verifier of ``n_layers`` decoder layers: ``aux_layers`` filled in
+        (``eagle3_aux_layers``) when None, and checked to be layers of that verifier."""
+        cfg = self if self.aux_layers is not None else replace(self, aux_layers=eagle3_aux_layers(n_layers))
+        if max(cfg.aux_layers) >= n_layers:
+            raise ValueError(f"aux_layers {cfg.aux_layers} are not all layers of a {n_layers}-layer verifier")
+        return cfg
+
     def key(self) -> str:
+        """A hash of every field (``aux_layers`` must be resolved: see ``resolved``)."""
+        if self.aux_layers is None:
+            raise ValueError("the config's aux_layers are not resolved: call cfg.resolved(n_layers) first")
         return hashlib.sha1(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:10]
 
 
@@ -103,10 +146,12 @@ class MissingDraftError(ValueError):
     """The embedded draft has not been built yet (``cactus-theory build-draft``)."""
 
     @classmethod
-    def not_built(cls, path: str) -> MissingDraftError:
-        """The error for a draft file ``path`` that does not exist, naming the command and its cost."""
-        return cls(f"the embedded draft is not built yet ({path} does not exist): run "
-                   f"`cactus-theory build-draft` ({BUILD_TIME})")
+    def not_built(cls, path: str, verifier: str = "smollm2") -> MissingDraftError:
+        """The error for a draft file ``path`` that does not exist, naming the command and its cost
+        (the cost measured for the default verifier; a larger verifier takes longer)."""
+        cmd = "cactus-theory build-draft" + ("" if verifier == "smollm2" else f" --verifier {verifier}")
+        return cls(f"the embedded draft is not built yet ({path} does not exist): run `{cmd}` ({BUILD_TIME} "
+                   "for SmolLM2-135M)")
 
 
 def cache_dir() -> str:
@@ -117,25 +162,51 @@ def cache_dir() -> str:
     return os.path.join(base, "cactus-theory")
 
 
-def draft_path(cfg: DraftConfig = DraftConfig()) -> str:
-    return os.path.join(cache_dir(), f"smollm2-eagle3-v{FORMAT_VERSION}-S{cfg.shortlist}-{cfg.key()}.pt")
+def verifier_tag(verifier: str = DEFAULT_VERIFIER) -> str:
+    """The verifier's part of a draft file name: ``"smollm2"`` for the default verifier, else the last
+    part of the model argument (path or hub id) reduced to ``[A-Za-z0-9._-]`` plus 8 hex digits of its
+    SHA-1 (two arguments with one last part stay apart)."""
+    if verifier == DEFAULT_VERIFIER:
+        return DEFAULT_VERIFIER
+    if not isinstance(verifier, str) or not verifier:
+        raise ValueError(f"verifier must be a model argument (a non-empty string), got {verifier!r}")
+    base = re.sub(r"[^A-Za-z0-9._-]+", "_", os.path.basename(verifier.rstrip("/\\")) or "model")[:48]
+    return f"{base}-{hashlib.sha1(verifier.encode()).hexdigest()[:8]}"
 
 
-@dataclass
-class HeadArgs:
-    dim: int
-    n_heads: int
-    n_kv_heads: int
-    head_dim: int
-    hidden: int
-    vocab: int  # the verifier's vocabulary size V
-    shortlist: int  # |S|
-    aux_layers: tuple[int, ...] = (2, 15, 27)
-    n_layers: int = 1
-    norm_eps: float = 1e-5
-    rope_theta: float = 10000.0
-    max_positions: int = 8192
+def draft_path(cfg: DraftConfig = DraftConfig(), verifier: str = DEFAULT_VERIFIER, n_layers: int | None = None) -> str:
+    """The cache file of the draft built with ``cfg`` for ``verifier`` (a model argument) of
+    ``n_layers`` decoder layers (needed when ``cfg.aux_layers`` is None, except for the default
+    verifier, whose depth is ``DEFAULT_VERIFIER_LAYERS``). The default verifier's files are named
+    ``smollm2-eagle3-v{FORMAT_VERSION}-S{shortlist}-{key}.pt``; another verifier's start with its
+    ``verifier_tag``."""
+    if cfg.aux_layers is None:
+        if n_layers is None:
+            if verifier != DEFAULT_VERIFIER:
+                raise ValueError(f"the draft file for verifier {verifier!r} needs its depth (n_layers) or "
+                                 "explicit aux_layers")
+            n_layers = DEFAULT_VERIFIER_LAYERS
+        cfg = cfg.resolved(n_layers)
+    return os.path.join(cache_dir(), f"{verifier_tag(verifier)}-eagle3-v{FORMAT_VERSION}-S{cfg.shortlist}-{cfg.key()}.pt")
+
+
+@dataclass(frozen=True)
+class HeadArgs(LlamaArgs):
+    """The head's architecture: the verifier's ``LlamaArgs`` (``dim``, heads, ``head_dim``, ``vocab`` =
+    the verifier's V, norm eps, RoPE) with the head's own ``n_layers`` (decoder layers of the head) and
+    ``hidden`` (its MLP width), plus the shortlist size |S|, the verifier layers it reads and free-form
+    ``extra`` metadata. The head's output map is its own (``tie_embeddings`` False)."""
+
+    shortlist: int = 0  # |S|
+    aux_layers: tuple[int, ...] = ()
+    tie_embeddings: bool = False
     extra: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.shortlist < 1 or not self.aux_layers:
+            raise ValueError(f"HeadArgs needs shortlist >= 1 and aux_layers, got {self.shortlist!r}, "
+                             f"{self.aux_layers!r}")
+        object.__setattr__(self, "aux_layers", tuple(self.aux_layers))
 
 
 class FeatureDraft(nn.Module):
@@ -157,9 +228,7 @@ class FeatureDraft(nn.Module):
         self.attn = Attention(2 * d, d, a.n_heads, a.n_kv_heads, a.head_dim)
         self.mlp_norm = RMSNorm(d, a.norm_eps)
         self.mlp = MLP(d, a.hidden)
-        block = LlamaArgs(dim=d, n_layers=1, n_heads=a.n_heads, n_kv_heads=a.n_kv_heads, head_dim=a.head_dim,
-                          hidden=a.hidden, vocab=a.vocab, norm_eps=a.norm_eps)
-        self.blocks = nn.ModuleList([Block(block) for _ in range(a.n_layers - 1)])
+        self.blocks = nn.ModuleList([Block(a) for _ in range(a.n_layers - 1)])
         self.norm = RMSNorm(d, a.norm_eps)
         self.head = nn.Linear(d, a.shortlist, bias=False)
         self.register_buffer("d2t", torch.zeros(a.shortlist, dtype=torch.long))
@@ -229,42 +298,39 @@ class FeatureDraft(nn.Module):
         outs = []
         feat = a
         for s in range(1, steps + 1):
+            mask = ttt_mask(T, s, a.device)
             x = torch.cat([e, self.feat_norm(feat)], -1)
-            g = feat + self._ttt_attention(self.attn, x, kv[0], s, cos, sin)
+            g = feat + _ttt_attention(self.attn, x, kv[0], s, cos, sin, mask)
             g = g + self.mlp(self.mlp_norm(g))
             for i, blk in enumerate(self.blocks, start=1):
-                g = g + self._ttt_attention(blk.attn, blk.attn_norm(g), kv[i], s, cos, sin)
+                g = g + _ttt_attention(blk.attn, blk.attn_norm(g), kv[i], s, cos, sin, mask)
                 g = g + blk.mlp(blk.mlp_norm(g))
             outs.append(g)
             feat = _shift(g, 1, dim=1)
         return outs
 
-    def _ttt_attention(self, attn: Attention, x: torch.Tensor, kv: list, s: int, cos, sin) -> torch.Tensor:
-        """Attention of step ``s`` over step-1 keys (causal, ``s - 1`` entries back) and the block's
-        own diagonal keys of steps 2..s (see ``unrolled``); appends this step's (k, v) to ``kv``."""
-        N, T, _ = x.shape
-        H, Hk, hd = self.args.n_heads, self.args.n_kv_heads, self.args.head_dim
-        rep = H // Hk
-        q, k, v = attn.wqkv(x).split([H * hd, Hk * hd, Hk * hd], dim=-1)
-        q = _rope(q.view(N, T, H, hd).transpose(1, 2), cos, sin)
-        k = _rope(k.view(N, T, Hk, hd).transpose(1, 2), cos, sin).repeat_interleave(rep, 1)
-        v = v.view(N, T, Hk, hd).transpose(1, 2).repeat_interleave(rep, 1)
-        kv.append((k, v))
-        scale = 1 / math.sqrt(hd)
-        idx = torch.arange(T, device=x.device)
-        sc = (q @ kv[0][0].transpose(-1, -2)) * scale  # (N, H, T, T) against step-1 entries
-        sc = sc.masked_fill(~(idx[None, :] <= idx[:, None] - (s - 1)), -math.inf)
-        diag = [((q * _shift(kv[r - 1][0], s - r)) * scale).sum(-1, keepdim=True) for r in range(2, s + 1)]
-        w = torch.cat([sc, *diag], -1).softmax(-1)
-        y = w[..., :T] @ kv[0][1]
-        for i, r in enumerate(range(2, s + 1)):
-            y = y + w[..., T + i:T + i + 1] * _shift(kv[r - 1][1], s - r)
-        return attn.wo(y.transpose(1, 2).reshape(N, T, H * hd))
+
+def ttt_mask(T: int, s: int, device=None) -> torch.Tensor:
+    """Which keys query ``j`` of draft step ``s`` reads in ``FeatureDraft.unrolled``: (1, 1, T, s T)
+    bool over the keys ``[step 1 entries 0..T-1, step 2 shifted by s - 2, ..., step s shifted by 0]``:
+    step-1 entries ``i <= j - (s - 1)`` and, of each later step's block, only entry ``j`` (the shifted
+    key of the same draft chain)."""
+    i = torch.arange(T, device=device)
+    causal = i[None, :] <= i[:, None] - (s - 1)
+    diag = (i[None, :] == i[:, None]).repeat(1, s - 1)
+    return torch.cat([causal, diag], 1)[None, None]
 
 
-def _rope(x, cos, sin):
-    h = x.shape[-1] // 2
-    return x * cos + torch.cat([-x[..., h:], x[..., :h]], -1) * sin
+def _ttt_attention(attn: Attention, x: torch.Tensor, kv: list, s: int, cos, sin, mask) -> torch.Tensor:
+    """Attention of draft step ``s`` at every entry (see ``unrolled``): ``x`` (N, T, in_dim) through
+    ``attn``'s projections and rotary embedding, this step's (k, v) (each (N, Hk, T, hd)) appended to
+    ``kv``, then ``llama.attend`` over the step-1 keys and the later steps' keys shifted to their
+    chain's entry, under ``mask`` (``ttt_mask``). Returns (N, T, dim)."""
+    q, k, v = attn.project(x, cos, sin)
+    kv.append((k, v))
+    keys = torch.cat([kv[0][0]] + [_shift(kv[r - 1][0], s - r) for r in range(2, s + 1)], 2)
+    values = torch.cat([kv[0][1]] + [_shift(kv[r - 1][1], s - r) for r in range(2, s + 1)], 2)
+    return attn.output(attend(q, keys, values, mask))
 
 
 def _shift(x: torch.Tensor, m: int, dim: int = 2) -> torch.Tensor:
@@ -276,28 +342,41 @@ def _shift(x: torch.Tensor, m: int, dim: int = 2) -> torch.Tensor:
 
 
 def head_args(verifier_config, cfg: DraftConfig) -> HeadArgs:
-    c = verifier_config
-    rope = getattr(c, "rope_parameters", None) or {}
-    return HeadArgs(dim=c.hidden_size, n_heads=c.num_attention_heads, n_kv_heads=c.num_key_value_heads,
-                    head_dim=getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
-                    hidden=cfg.mlp_hidden, vocab=c.vocab_size, shortlist=cfg.shortlist, aux_layers=cfg.aux_layers,
-                    n_layers=cfg.head_layers,
-                    norm_eps=c.rms_norm_eps, rope_theta=float(rope.get("rope_theta", getattr(c, "rope_theta", 1e4))),
-                    max_positions=c.max_position_embeddings)
+    """The head's ``HeadArgs`` for a verifier with Hugging Face Llama config ``verifier_config``: its
+    ``LlamaArgs`` with the head's depth, MLP width, shortlist and ``aux_layers`` (resolved from the
+    verifier's depth when ``cfg.aux_layers`` is None)."""
+    v = hf_args(verifier_config)
+    cfg = cfg.resolved(v.n_layers)
+    return HeadArgs(**{**asdict(v), "n_layers": cfg.head_layers, "hidden": cfg.mlp_hidden, "tie_embeddings": False},
+                    shortlist=cfg.shortlist, aux_layers=cfg.aux_layers)
 
 
-def load_draft(verifier: nn.Module, cfg: DraftConfig = DraftConfig(), path: str | None = None) -> FeatureDraft:
-    """The cached draft for ``verifier`` (the embedded SmolLM2); never builds it: a missing file raises
-    ``MissingDraftError`` telling to run ``cactus-theory build-draft``."""
-    path = path or draft_path(cfg)
+def _depth(verifier: nn.Module) -> int:
+    """The decoder layers of a Hugging Face model or a compact ``Llama``."""
+    cfg = getattr(verifier, "config", None)
+    n = getattr(cfg, "num_hidden_layers", None)
+    return int(n) if n is not None else int(verifier.args.n_layers)
+
+
+def load_draft(verifier: nn.Module, cfg: DraftConfig = DraftConfig(), path: str | None = None,
+               spec: str = DEFAULT_VERIFIER) -> FeatureDraft:
+    """The cached draft for ``verifier`` (the loaded model of model argument ``spec``, by default the
+    embedded SmolLM2), from ``path`` or ``draft_path(cfg, spec, verifier's depth)``; never builds it: a
+    missing file raises ``MissingDraftError`` telling to run ``cactus-theory build-draft``."""
+    path = path or draft_path(cfg, spec, None if spec == DEFAULT_VERIFIER else _depth(verifier))
     if not os.path.exists(path):
-        raise MissingDraftError.not_built(path)
+        raise MissingDraftError.not_built(path, spec)
     blob = torch.load(path, map_location="cpu", weights_only=False)
     if blob.get("format") != FORMAT_VERSION:
         raise MissingDraftError(f"{path} has format {blob.get('format')}, expected {FORMAT_VERSION}: rebuild it "
                                 f"with `cactus-theory build-draft --force`")
     embed = verifier.get_input_embeddings() if hasattr(verifier, "get_input_embeddings") else verifier.embed
-    draft = FeatureDraft(HeadArgs(**blob["args"]), embed)
+    args = HeadArgs(**blob["args"])
+    if (args.vocab, args.dim) != tuple(embed.weight.shape) or max(args.aux_layers) >= _depth(verifier):
+        raise ValueError(f"{path} is a draft for a verifier with vocabulary {args.vocab}, width {args.dim} and "
+                         f"layers {args.aux_layers}, not for this one ({tuple(embed.weight.shape)}, "
+                         f"{_depth(verifier)} layers)")
+    draft = FeatureDraft(args, embed)
     missing, unexpected = draft.load_state_dict(blob["state"], strict=False)
     bad = [k for k in missing if not k.startswith("embed.")] + list(unexpected)
     if bad:

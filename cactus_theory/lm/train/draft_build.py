@@ -1,4 +1,6 @@
-"""``cactus-theory build-draft``: build the embedded feature-level draft for SmolLM2 (see ``draft.py``).
+"""``cactus-theory build-draft``: build the embedded feature-level draft for a Llama verifier
+(``--verifier``, SmolLM2 by default; see ``draft.py``). The head reads the verifier layers
+``DraftConfig.aux_layers``, by default ``draft.eagle3_aux_layers`` of the verifier's depth.
 
 1. **Data.** The verifier (compact Llama, ``llama.py``) answers seeded requests in the three styles
    of the evaluation prompts (``data.training_prompts``) with the decoding sampling (temperature 0.6,
@@ -15,7 +17,7 @@
 4. **Report.** Held-out acceptance ``sum min(p', q')`` at draft depths 1..4, both laws after the
    same sampling transforms (exact: the teacher's top 32 tokens determine ``q'``).
 
-Seeded, with a progress bar per phase; the result is written atomically to ``draft_path(cfg)``.
+Seeded, with a progress bar per phase; the result is written atomically to ``draft_path(cfg, verifier)``.
 """
 
 from __future__ import annotations
@@ -35,8 +37,17 @@ from tqdm.auto import tqdm
 from ...core.transforms import sampling_probs
 from ...util.args import positive_int
 from ...util.atomic import atomic_path
-from ..draft import FORMAT_VERSION, DraftConfig, FeatureDraft, draft_path, head_args
+from ..draft import (
+    DEFAULT_VERIFIER,
+    FORMAT_VERSION,
+    DraftConfig,
+    FeatureDraft,
+    draft_path,
+    head_args,
+    verifier_tag,
+)
 from ..llama import Llama
+from ..loading import check_model
 
 __all__ = ["Corpus", "collect_onpolicy", "collect_forced", "choose_shortlist", "train_head", "depth_acceptance",
            "step_loss", "build_draft", "configure", "run", "compute_dtype", "init_head", "encode_chat"]
@@ -110,7 +121,9 @@ def _teacher(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def collect_onpolicy(model: Llama, prompts: list[list[int]], cfg: DraftConfig, eos: int | None,
                      generator: torch.Generator, progress: bool = True, desc: str = "verifier transcripts") -> Corpus:
     """The verifier's own answers to ``prompts`` (token ids), sampled with ``cfg``'s sampling, batched
-    ``cfg.gen_batch`` at a time; rows stop at EOS or after ``cfg.onpolicy_tokens`` new tokens."""
+    ``cfg.gen_batch`` at a time; rows stop at EOS or after ``cfg.onpolicy_tokens`` new tokens. The
+    features are those of ``cfg.aux_layers`` (resolved from ``model``'s depth when None)."""
+    cfg = cfg.resolved(model.args.n_layers)
     out = Corpus()
     samp = (cfg.temperature, cfg.top_k, cfg.top_p)
     dev = model.device
@@ -390,8 +403,10 @@ def encode_chat(tok, user: str, answer: str | None = None) -> tuple[list[int], i
 
 
 def build_draft(cfg: DraftConfig | None = None, path: str | None = None, progress: bool = True,
-                verifier=None, tokenizer=None) -> str:
-    """Build the embedded draft (data, shortlist, training, held-out report); returns the file path."""
+                verifier=None, tokenizer=None, spec: str = DEFAULT_VERIFIER) -> str:
+    """Build the embedded draft (data, shortlist, training, held-out report) for the verifier ``spec``
+    (a model argument of ``pair.load_model``; or the already loaded ``verifier`` and ``tokenizer`` of
+    that argument); returns the file path (default ``draft_path(cfg, spec)``)."""
     from ..data import training_prompts, wiki_answers
     from ..pair import load_model
 
@@ -401,15 +416,16 @@ def build_draft(cfg: DraftConfig | None = None, path: str | None = None, progres
     times = {}
     torch.manual_seed(cfg.seed)
     if verifier is None or tokenizer is None:
-        verifier, tokenizer = load_model("smollm2")
+        verifier, tokenizer = load_model(spec)
+    cfg = cfg.resolved(verifier.config.num_hidden_layers)  # aux_layers from the verifier's depth
     dt = compute_dtype(cfg.dtype, next(verifier.parameters()).device)
     model = Llama.from_hf(verifier, dtype=dt)
     eos = tokenizer.eos_token_id
     times["load"] = time.time() - t0
     gen = torch.Generator(model.device).manual_seed(cfg.seed)
 
-    path = path or draft_path(cfg)
-    data_file = data_path(cfg, path)
+    path = path or draft_path(cfg, spec)
+    data_file = data_path(cfg, path, spec)
     resumed = os.path.exists(data_file)
     if resumed:  # an interrupted build resumes after its data phase
         blob = torch.load(data_file, map_location="cpu", weights_only=False)
@@ -473,13 +489,13 @@ DATA_FIELDS = ("aux_layers", "onpolicy_prompts", "onpolicy_tokens", "wiki_docs",
                "gen_batch", "temperature", "top_k", "top_p", "dtype", "seed")
 
 
-def data_path(cfg: DraftConfig, out: str | None = None) -> str:
-    """File of the build's data phase, beside the draft file ``out`` (keyed by the fields the data
-    depends on); it lets an interrupted build resume after its data phase and is removed once the
-    draft is saved."""
+def data_path(cfg: DraftConfig, out: str | None = None, verifier: str = DEFAULT_VERIFIER) -> str:
+    """File of the build's data phase for ``verifier``, beside the draft file ``out`` (keyed by the
+    verifier and the fields the data depends on; ``cfg.aux_layers`` resolved); it lets an interrupted
+    build resume after its data phase and is removed once the draft is saved."""
     key = hashlib.sha1(json.dumps({f: getattr(cfg, f) for f in DATA_FIELDS}, sort_keys=True).encode()).hexdigest()[:10]
-    folder = os.path.dirname(out or draft_path(cfg)) or "."
-    return os.path.join(folder, f"smollm2-draft-data-v{FORMAT_VERSION}-{key}.pt")
+    folder = os.path.dirname(out or draft_path(cfg, verifier)) or "."
+    return os.path.join(folder, f"{verifier_tag(verifier)}-draft-data-v{FORMAT_VERSION}-{key}.pt")
 
 
 def init_head(draft: FeatureDraft, verifier, shortlist: torch.Tensor) -> None:
@@ -504,6 +520,9 @@ def init_head(draft: FeatureDraft, verifier, shortlist: torch.Tensor) -> None:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     d = DraftConfig()
+    parser.add_argument("--verifier", default=DEFAULT_VERIFIER,
+                        help=f"the Llama verifier the draft is built for: {DEFAULT_VERIFIER!r} (default), a .gguf "
+                             "file, a folder or a hub id; the head reads its layers (2, L // 2, L - 3)")
     parser.add_argument("--prompts", type=int, default=d.onpolicy_prompts,
                         help=f"requests answered by the verifier for training (default {d.onpolicy_prompts})")
     parser.add_argument("--wiki-docs", type=int, default=d.wiki_docs,
@@ -523,6 +542,7 @@ def args_config(args) -> DraftConfig:
 def check(args) -> None:
     """Every check that needs no model (``ValueError`` naming the field), before ``run``."""
     args_config(args)
+    check_model(args.verifier, "--verifier")
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be an integer >= 1, got {args.threads!r}")
 
@@ -531,11 +551,13 @@ def run(args) -> int:
     cfg = args_config(args)
     if args.threads:
         torch.set_num_threads(args.threads)
-    path = draft_path(cfg)
+    from ..pair import embedded_draft_path
+
+    path = embedded_draft_path(args.verifier, cfg)
     if os.path.exists(path) and not args.force:
         info = torch.load(path, map_location="cpu", weights_only=False)["info"]
         acc = ", ".join(f"{a:.3f}" for a in info["heldout_acceptance_by_depth"])
         print(f"draft already built: {path} (held-out SpS acceptance by depth {acc})")
         return 0
-    build_draft(cfg, path=path)
+    build_draft(cfg, path=path, spec=args.verifier)
     return 0
