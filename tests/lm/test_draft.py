@@ -67,6 +67,7 @@ def test_feature_draft_sps_gives_the_verifiers_law(compact):
     assert 1 < res.stats.al < 3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rule", [ct.Cactus(0.5), ct.TAS()], ids=repr)
 def test_feature_draft_lossy_rules_follow_the_exact_law(rule):
     prompt = [2, 6]

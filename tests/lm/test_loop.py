@@ -49,7 +49,8 @@ def test_sps_gives_the_verifiers_own_law(k, sampling, compact):
     assert 1 < res.stats.al < k + 1  # a different draft: some but not all drafts accepted
 
 
-@pytest.mark.parametrize("rule,k,T,compact", [(ct.Cactus(1.0), 1, 3, True), (ct.Cactus(0.5), 2, 4, True),
+@pytest.mark.parametrize("rule,k,T,compact", [(ct.Cactus(1.0), 1, 3, True),
+                                              pytest.param(ct.Cactus(0.5), 2, 4, True, marks=pytest.mark.slow),
                                               (ct.TAS(), 2, 3, True), (ct.Cactus(0.5), 2, 3, False)])
 def test_lossy_rules_follow_the_exact_sequence_law(rule, k, T, compact):
     prompt = [1, 8]

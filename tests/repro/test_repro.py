@@ -132,6 +132,7 @@ def tiny_pair():
     return ModelPair(tiny(1), tiny(2), None)
 
 
+@pytest.mark.slow
 def test_repro_end_to_end_then_resumes_from_cache(tmp_path, tiny_pair):
     c = ctx(tmp_path, lm={"pair": tiny_pair})
     out = repro(c, [*STEPS, "verify"], cases=4, report=tmp_path / "REPORT.md")
