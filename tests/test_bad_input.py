@@ -21,7 +21,6 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import cases, fitted
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -30,6 +29,7 @@ from cactus_theory import registry
 from cactus_theory.rules import DropMatch, MedusaTypical, TargetRule
 from cactus_theory.sampler import verify, verify_flat
 from cactus_theory.validate import prob_atol
+from tests.helpers import cases, fitted
 
 ERRORS = (ValueError, TypeError)
 FAST = settings(max_examples=30, derandomize=True, deadline=None)

@@ -11,13 +11,11 @@ import hashlib
 import inspect
 import json
 import re
-import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # paper_repro lives beside the package
 
 from cactus_theory.core import registry  # noqa: E402
 from cactus_theory.core.divergences import F_DIVERGENCES  # noqa: E402

@@ -83,7 +83,7 @@ def _table(text: str, header: str) -> list[dict[str, str]]:
     for line in lines[start + 2:]:
         if not line.startswith("|"):
             break
-        rows.append(dict(zip(cols, [c.strip() for c in line.strip().strip("|").split("|")])))
+        rows.append(dict(zip(cols, [c.strip() for c in line.strip().strip("|").split("|")], strict=True)))
     return rows
 
 

@@ -114,7 +114,7 @@ VERIFICATION = {
 }
 """The taxonomy of lossy verification ("Revisiting Lossy Verification in Speculative Decoding", 2026, as the
 issue names its two classes; our one-line reading of each). Every registry entry declares its class and why;
-``tests/test_registry.py`` checks the declaration against the rule's behaviour (a truncation rule's
+``tests/core/test_registry.py`` checks the declaration against the rule's behaviour (a truncation rule's
 acceptance does not change with ``p``)."""
 
 _DELTA = Param("delta", "--delta", float, "Cactus budget delta (nats for KL)")

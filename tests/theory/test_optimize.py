@@ -2,12 +2,12 @@
 
 import numpy as np
 import pytest
-from conftest import cases
 from hypothesis import given, settings
 
 import cactus_theory as ct
 from cactus_theory.optimize import CVX_DIVERGENCES, gamma_search, max_acceptance, solve_target
 from cactus_theory.rules import Cactus
+from tests.helpers import cases
 
 
 @pytest.mark.parametrize("div", CVX_DIVERGENCES)

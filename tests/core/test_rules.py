@@ -3,7 +3,6 @@
 import numpy as np
 import pytest
 import torch
-from conftest import cases, deltas, fitted
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -23,6 +22,7 @@ from cactus_theory.rules import (
     two_block_root,
 )
 from cactus_theory.theory.reference import COVERED as REFERENCE_COVERED
+from tests.helpers import cases, deltas, fitted
 
 ROOT_DIVS = ("kl", "reverse_kl", "chi2", "tv", "hellinger", "js")
 ALL_RULES = [

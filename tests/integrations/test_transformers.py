@@ -91,6 +91,7 @@ def tiny_pair():
     torch.set_num_threads(old)
 
 
+@pytest.mark.slow  # one transformers generate() per sequence
 def test_generate_law_equals_exact_law(tiny_pair):
     target, draft = tiny_pair
     rule = ct.Cactus(0.5)
@@ -180,13 +181,12 @@ def test_use_rule_restores_and_refuses_bad_input(tiny_pair):
 
 
 @pytest.mark.lm
-def test_smollm2_with_truncated_assistant():
-    from cactus_theory.lm.pair import load_model
-
+@pytest.mark.slow
+def test_smollm2_with_truncated_assistant(smollm2):
     old = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        model, tok = load_model("smollm2")
+        model, tok = smollm2  # load_model("smollm2"), shared with tests/lm/test_smollm2.py (conftest)
         cfg = copy.deepcopy(model.config)
         cfg.num_hidden_layers = 4  # an untrained early exit: the first 4 of 30 layers, shared head
         draft = type(model)(cfg).eval()

@@ -1,23 +1,19 @@
 """The vLLM end-to-end benchmark's pieces that need no vLLM (benchmarks/vllm_engine.py, run by
 ``make vllm``), the synthetic-mode rule of the plugin module, and the model exports' argument checks.
 
-The n-gram lookup is also checked against vLLM's own numba function in tests/vllm_cpu_checks.py;
+The n-gram lookup is also checked against vLLM's own numba function in tests/integrations/vllm_cpu_checks.py;
 here it is checked against hand-worked cases."""
 
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
+import vllm_engine as ve  # benchmarks/vllm_engine.py (pytest's pythonpath)
 
 import cactus_theory as ct
 from cactus_theory.integrations.vllm import VllmSynthetic
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import vllm_engine as ve  # noqa: E402
 
 
 @pytest.mark.parametrize("tokens,min_n,max_n,k,expected", [

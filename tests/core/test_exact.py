@@ -4,7 +4,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from conftest import cases
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -12,6 +11,7 @@ import cactus_theory as ct
 from cactus_theory.exact import induced_generic, induced_scaling, step_divergence
 from cactus_theory.rules import EARS, TAS, Cactus, Interpolation, SpS, TopK
 from cactus_theory.theory.cases import CASE_KINDS, make_pair
+from tests.helpers import cases
 
 SCALING = [SpS(), Cactus(0.05), Cactus(0.5), Cactus(3.0), *(Cactus(0.3, d, "exact") for d in
            ("kl", "reverse_kl", "chi2", "tv", "hellinger", "js"))]

@@ -4,7 +4,6 @@ import math
 
 import numpy as np
 import pytest
-from conftest import cases, deltas
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -14,6 +13,7 @@ from cactus_theory.divergences import F_DIVERGENCES
 from cactus_theory.exact import induced_generic
 from cactus_theory.optimize import max_acceptance, solve_target
 from cactus_theory.rules import TAS, Cactus, SpS, taylor_gamma, two_block_divergence, two_block_root
+from tests.helpers import cases, deltas
 
 THM2_DIVS = ("kl", "reverse_kl", "chi2", "tv", "hellinger", "js")
 
@@ -91,9 +91,6 @@ def test_corollary5_rows_turn_red_without_the_factor_two(monkeypatch, tmp_path):
     r = taylor_convergence([0.3])
     assert abs(r["ratio"][0][0] * 1e-7) < abs(r["ratio"][0][-1] * 1e-4)
 
-    import sys
-    from pathlib import Path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from paper_repro import fig_b_gamma
 
     d = {"rate": taylor_convergence(np.linspace(0.05, 0.95, 7)), "points": [

@@ -3,13 +3,13 @@
 import numpy as np
 import pytest
 import torch
-from conftest import cases
 from hypothesis import given
 from scipy.spatial.distance import jensenshannon
 from scipy.special import rel_entr
 
 import cactus_theory as ct
 from cactus_theory.divergences import DIVERGENCES, F_DIVERGENCES
+from tests.helpers import cases
 
 # generators f with D_f(h || q) = sum_{q_i > 0} q_i f(h_i / q_i) + (mass of h where q = 0) * f'(inf)
 GENERATORS = {

@@ -1,8 +1,8 @@
 """A live vLLM engine on CPU with n-gram speculative decoding verified by a project rule (the plugin
-chosen through ``additional_config``). Run by tests/vllm_cpu_checks.py in a subprocess (vLLM starts
+chosen through ``additional_config``). Run by tests/integrations/vllm_cpu_checks.py in a subprocess (vLLM starts
 its own processes); prints one ``tokens [...]`` line per request.
 
-    .venv-vllm/bin/python tests/vllm_cpu_engine.py MODEL_DIR [RULE]
+    .venv-vllm/bin/python tests/integrations/vllm_cpu_engine.py MODEL_DIR [RULE]
 """
 
 import os

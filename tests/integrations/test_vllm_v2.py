@@ -15,7 +15,7 @@ suite has no vLLM. So ``standin()`` below builds modules with the same names, si
 structure as 0.33's (read from 0.33's source; written here, not copied), whose Triton kernels are
 replaced by a small torch reference of V2's standard rejection sampling (``reference_rejection_sample``),
 and installs them, with the few V1 modules ``register`` also patches, as a fake ``vllm`` package. The
-plugin's own ``register`` then patches them exactly as it patches vLLM. tests/vllm_cpu_checks.py runs the
+plugin's own ``register`` then patches them exactly as it patches vLLM. tests/integrations/vllm_cpu_checks.py runs the
 same checks against vLLM's real V2 ``RejectionSampler`` (opt-in, in a vLLM environment), with only its
 kernels replaced by the references here.
 

@@ -36,7 +36,7 @@ from cactus_theory.lm.draft import (
     verifier_tag,
 )
 from cactus_theory.lm.llama import Llama, LlamaArgs, attend
-from tests.conftest import tiny_llama
+from tests.helpers import tiny_llama
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

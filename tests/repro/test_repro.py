@@ -5,23 +5,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from transformers import LlamaForCausalLM
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # paper_repro lives beside the package
-
-from conftest import tiny_llama
-
-import cactus_theory as ct  # noqa: E402
-from cactus_theory.lm import ModelPair  # noqa: E402
-from paper_repro import fig_a_worked_example, fig_b_gamma, fig_c_tradeoff, lm_runs  # noqa: E402
-from paper_repro.common import Claim, Ctx, NotCached, Parts, cached  # noqa: E402
-from paper_repro.main import STEPS, configure, repro  # noqa: E402
-from paper_repro.main import run as main_run  # noqa: E402
+import cactus_theory as ct
+from cactus_theory.lm import ModelPair
+from paper_repro import fig_a_worked_example, fig_b_gamma, fig_c_tradeoff, lm_runs
+from paper_repro.common import Claim, Ctx, NotCached, Parts, cached
+from paper_repro.main import STEPS, configure, repro
+from paper_repro.main import run as main_run
+from tests.helpers import tiny_llama
 
 
 def ctx(tmp_path: Path, **kw) -> Ctx:
@@ -136,6 +132,7 @@ def tiny_pair():
     return ModelPair(tiny(1), tiny(2), None)
 
 
+@pytest.mark.slow
 def test_repro_end_to_end_then_resumes_from_cache(tmp_path, tiny_pair):
     c = ctx(tmp_path, lm={"pair": tiny_pair})
     out = repro(c, [*STEPS, "verify"], cases=4, report=tmp_path / "REPORT.md")

@@ -19,18 +19,12 @@ from cactus_theory import cli
 from cactus_theory.lm import ModelPair, autoregressive_generate, speculative_generate
 from cactus_theory.lm import pair as pair_mod
 from cactus_theory.lm.draft import DraftConfig, FeatureDraft, head_args
-from cactus_theory.lm.pair import check_same_tokenizer, load_model
+from cactus_theory.lm.pair import check_same_tokenizer
 from cactus_theory.lm.train.draft_build import init_head
 
-pytestmark = [pytest.mark.lm, pytest.mark.usefixtures("one_thread")]
+pytestmark = [pytest.mark.lm, pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
 PROMPTS = ["What is 7 times 8?", "Write a haiku about rain."]
-
-
-@pytest.fixture(scope="module")
-def smollm2(one_thread):
-    model, tok = load_model("smollm2")
-    return model, tok
 
 
 @pytest.fixture(scope="module")

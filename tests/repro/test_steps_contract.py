@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # paper_repro lives beside the package
+ROOT = Path(__file__).resolve().parents[2]
 
 from paper_repro import main, report, steps  # noqa: E402
 from paper_repro.common import Claim, Ctx, StepResult, cached_step  # noqa: E402

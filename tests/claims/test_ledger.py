@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,8 +24,6 @@ from cactus_theory.claims.ledger import (
     resolve,
     t_interval,
 )
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def claim(**kw) -> Claim:

@@ -17,7 +17,6 @@ import re
 
 import numpy as np
 import pytest
-from conftest import tiny_llama
 from scipy import stats as sps
 from transformers import LlamaForCausalLM
 
@@ -39,6 +38,7 @@ from cactus_theory.lm.experiments.tasks import (
 )
 from cactus_theory.rules import Cactus, DropMatch, Interpolation, SpS
 from cactus_theory.stats import detectable_tv, paired_difference, power, proportion_interval
+from tests.helpers import tiny_llama
 
 ALPHABET = "0123456789 Answer:"  # 18 symbols: the tiny models' whole vocabulary
 V = len(ALPHABET)

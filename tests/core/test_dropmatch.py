@@ -13,7 +13,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_llama
 from transformers import LlamaForCausalLM
 
 import cactus_theory as ct
@@ -33,6 +32,7 @@ from cactus_theory.rules import DropMatch
 from cactus_theory.stats import goodness_of_fit, power
 from cactus_theory.theory.reference import reference_law
 from cactus_theory.toy import one_step_test
+from tests.helpers import tiny_llama
 
 ALPHA, N, EPS = 1e-3, 20000, 0.06
 V = 10

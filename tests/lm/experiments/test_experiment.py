@@ -1,0 +1,46 @@
+"""``lm.experiments.experiment``: the benchmark on the tiny pair, its numbers against recomputations."""
+
+from __future__ import annotations
+
+import pytest
+
+import cactus_theory as ct
+from tests.lm.common import pair
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_run_benchmark_on_the_tiny_pair():
+    from cactus_theory.lm.experiments.experiment import format_table, run_benchmark, targets
+
+    rules = [("SpS", ct.SpS()), ("Cactus d=1.0", ct.Cactus(1.0))]
+    res = run_benchmark(pair(), [[1, 2], [3], [4, 5]], rules=rules, ks=(1, 4), batch_sizes=(1, 2),
+                        max_new_tokens=6, progress=False)
+    rows = res["rows"]
+    assert [(r["rule"], r["k"], r["batch_size"]) for r in rows] == [
+        (n, k, b) for b in (1, 2) for k in (1, 4) for n in ("SpS", "Cactus d=1.0")]
+    assert set(res["baselines"]) == {"1", "2"} and all(len(b["runs"]) == 2 for b in res["baselines"].values())
+    for r in rows:
+        ref = res["baselines"][str(r["batch_size"])]["tokens_per_s"]
+        assert r["speedup"] == pytest.approx(r["tokens_per_s"] / ref)
+        assert r["new_tokens"] == 18 and 1 <= r["al"] <= r["k"] + 1
+        lo, hi = r["al_ci"]
+        assert lo <= r["al"] <= hi
+        assert ("speedup_ci" in r) == (r["batch_size"] == 1)
+        assert sum(c["new_tokens"] for c in r["per_sequence"]) == 18
+    assert all(r["al_vs_sps"] == 1 for r in rows if r["rule"] == "SpS")
+
+    def pooled_al(seq):  # tokens per verifier call from the per-prompt counters, bonus included
+        steps = sum(c["steps"] for c in seq)
+        return (sum(c["accepted"] for c in seq) + steps) / steps
+
+    for r in rows:
+        if r["rule"] != "SpS":
+            sps = next(x for x in rows if x["rule"] == "SpS" and (x["k"], x["batch_size"]) == (r["k"], r["batch_size"]))
+            assert r["al_vs_sps"] == pytest.approx(pooled_al(r["per_sequence"]) / pooled_al(sps["per_sequence"]))
+            lo, hi = r["al_vs_sps_ci"]
+            assert lo <= r["al_vs_sps"] <= hi
+    assert "Cactus d=1.0" in format_table(res)
+    assert all(len(t) == 5 for t in targets(res))
+    names = [t[0] for t in targets(res)]
+    assert "SpS AL" in names and "Cactus d=1 AL / SpS AL" in names
