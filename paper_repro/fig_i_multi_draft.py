@@ -247,7 +247,7 @@ def claims(d: dict) -> list[Claim]:
     acc = "; ".join(f"K = {K}: {fmt(t['mean'][K][0.0], 3)} -> {fmt(t['mean'][K][DELTA_REF], 3)}" for K in Ks)
     out.append(Claim(
         "multi-draft-gain", f"the acceptance a KL budget buys shrinks as drafts are added: at delta = {DELTA_REF:g} "
-        f"the gain over the lossless optimum at K = {Kmax} is smaller than at K = 1", "ours (issue 14)", "derived",
+        f"the gain over the lossless optimum at K = {Kmax} is smaller than at K = 1", "ours", "derived",
         f"exact optima (optimize.solve_target_multi) on {d['R']} random pairs, V = {d['V']}; 95% bootstrap interval "
         f"over pairs of gain(K = 1) - gain(K = {Kmax})",
         f"mean acceptance lossless -> delta = {DELTA_REF:g}: {acc}; share of the K = 1 gain kept: {surv}; "
@@ -259,7 +259,7 @@ def claims(d: dict) -> list[Claim]:
         "multi-draft-shape", "the optimum is not Cactus's two-block target: h*_i / q_i is non-decreasing in p_i / q_i "
         "(h moves towards the draft); with one draft it is h* = clip(p, c_b q, c_a q): tokens the draft under-weights "
         "share one scale-down factor c_b, those it over-weights one scale-up factor c_a, and h* = p in between; with "
-        "K > 1 the middle becomes a staircase of intermediate levels", "ours (issue 14)", "derived",
+        "K > 1 the middle becomes a staircase of intermediate levels", "ours", "derived",
         f"every unsaturated optimum (A < 1: then it is unique) of the K x delta grid, {sh['rows']} in all, on the "
         f"tokens with q_i >= {SHAPE_MIN_Q:g} (below, the solver's ~1e-9 absolute error swamps h_i / q_i); tolerance "
         f"{0.1 * SHAPE_TOL:g} on h, {SHAPE_TOL:g} on log(h_i / q_i)",

@@ -112,8 +112,8 @@ VERIFICATION = {
     "collaborative": "weighs the draft's probability p_n against the verifier's q_n (a ratio test, possibly relaxed "
                      "or towards a moved target), so the draft's law shapes the decision",
 }
-"""The taxonomy of lossy verification ("Revisiting Lossy Verification in Speculative Decoding", 2026, as the
-issue names its two classes; our one-line reading of each). Every registry entry declares its class and why;
+"""The taxonomy of lossy verification ("Revisiting Lossy Verification in Speculative Decoding", 2026: its two
+classes, in our one-line reading of each). Every registry entry declares its class and why;
 ``tests/core/test_registry.py`` checks the declaration against the rule's behaviour (a truncation rule's
 acceptance does not change with ``p``)."""
 
@@ -158,7 +158,7 @@ RULES: dict[str, RuleSpec] = {s.key: s for s in (
              ("beta", (0.0, 0.25, 0.5, 1.0, 2.0, 4.0)), verification="collaborative",
              why="q_n / p_n plus an uncertainty slack beta (1 - max q): a relaxed ratio test",
              summary="accept iff u < q_n/p_n + beta (1 - max q)"),
-    # lossy rules that production servers ship (issue 11)
+    # lossy rules that production servers ship
     RuleSpec("sglang", R.SGLangThreshold, "SGLang threshold", "tab:brown", "P",
              (Param("threshold_single", "--sglang-threshold-single", float,
                     "SGLang speculative_accept_threshold_single: accept iff q_n >= it"),
@@ -192,7 +192,7 @@ RULES: dict[str, RuleSpec] = {s.key: s for s in (
              ("entropy_threshold", (1.2, 0.8, 0.6, 0.3, 0.1, 0.0)), verification="collaborative",
              why="SpS's ratio test; a rejection is deferred where q's top-k entropy is high",
              summary="vLLM FLy: SpS, plus deferral of a rejection where the top-k entropy of q is high"),
-    # the seed's other systems (issue 14)
+    # other systems the paper and its peers compare
     RuleSpec("dropmatch", R.DropMatch, "DropMatch", "tab:cyan", "p",
              (Param("rate", "--dropmatch-rate", float, "DropMatch dropout probability on the LM head's input"),
               Param("num_paths", "--dropmatch-paths", int, "DropMatch: dropout decoding paths per position"),

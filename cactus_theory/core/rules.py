@@ -673,8 +673,9 @@ class SGLangThreshold(Rule):
 
     @property
     def revision(self) -> int:
-        """2 at ``threshold_single = 0``, where a draft with ``q_n = 0`` is no longer accepted; every other
-        setting's law is unchanged (there ``q_n = 0`` already gave ``phi_n = q_n / threshold_acc = 0``)."""
+        """2 at ``threshold_single = 0``, where revision 2 never accepts a draft with ``q_n = 0`` (revision 1
+        did); every other setting's law is the same in both (``q_n = 0`` gives ``phi_n = q_n / threshold_acc
+        = 0`` there)."""
         return 2 if self.threshold_single == 0 else 1
 
     def __post_init__(self):
@@ -792,7 +793,7 @@ class MedusaTypical(Rule):
     bonus are ``argmax q``; the temperature does not move an argmax). The ``fast=False`` path, which
     would sample the truncated ``q``, raises a TypeError upstream (``evaluate_posterior`` passes six
     arguments to the five-parameter ``get_typical_posterior_mask``), so no released or runnable Medusa
-    samples the truncated ``q`` and this class no longer does. Match: yes for a chain; Medusa verifies
+    samples the truncated ``q``, and neither does this class. Match: yes for a chain; Medusa verifies
     a tree of candidates from its heads and keeps the longest accepted path, not modelled.
 
     Relation to ``TAS``: vLLM's typical acceptance sampler took Medusa's test with these constants

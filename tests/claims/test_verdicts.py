@@ -62,7 +62,8 @@ def fake_eval(n=300, lenient=None, strict=None, al_diff=(0.3, 0.2, 0.4), rej=(-0
             row.update(al=[2.0, 1.9, 2.1], al_diff_vs_sps=list(al_diff), rej_vs_sps=list(rej), acceptance=[0.2, 0.1, 0.3],
                        step_kl=[0.1, 0.1, 0.1], speedup=[1.0, 0.9, 1.1])
         summary[lab] = row
-    return {"config": {"task": "arith", "problems": n, "k": 4, "seed": 0, "batch_size": 32},
+    return {"config": {"task": "arith", "problems": n, "k": 4, "seed": 0, "batch_size": 32,
+                       "sampling": {"temperature": 0.6, "top_k": 20, "top_p": 0.95}},
             "methods": [{"label": lab, "key": key, "params": p} for lab, key, p in labels],
             "records": recs, "summary": summary, "seconds": secs}
 
