@@ -40,6 +40,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     g.add_argument("-k", "--num-drafts", dest="num_drafts", type=positive_int, default=4,
                    help="drafted tokens per step (the paper's m)")
     g.add_argument("--max-new-tokens", type=positive_int, default=128, help="new tokens per prompt at most")
+    g.add_argument("--tree-branching", default=None, metavar="B1,B2,...",
+                   help="tree decoding: draft a static tree whose nodes at depth d have B_d children (e.g. 2,2: "
+                        "6 nodes) and verify it in one verifier forward (needs a token-level --draft; -k unused)")
+    g.add_argument("--tree-scheme", default="iid",
+                   help="how a tree node's children are drawn: iid, without_replacement, deterministic (top-k) or "
+                        "eagle (default iid; the first three keep SpS lossless)")
+    g.add_argument("--tree-mode", default="rounds", help="rounds or joint (a lossy rule over a node's children)")
     g.add_argument("--batch-size", type=positive_int, default=8, help="prompts decoded together")
     g.add_argument("--seed", type=int, default=0, help="seed of every draw (batch i uses seed + i)")
     add_sampling_arguments(parser)
@@ -82,8 +89,47 @@ def check(args: argparse.Namespace) -> None:
     args.prompts = _prompts(args)
     check_model(args.verifier, "--verifier")
     check_model(args.draft, "--draft")
+    args.tree = _check_tree_args(args)
     if args.json:
         check_writable_file(args.json, "--json")
+
+
+TREE_SCHEMES = ("iid", "without_replacement", "deterministic", "eagle")  # core.tree.SCHEMES (torch-free here)
+TREE_MODES = ("rounds", "joint")  # core.tree.MODES
+
+
+def _check_tree_args(args: argparse.Namespace) -> tuple[int, ...] | None:
+    """``--tree-branching`` parsed (None without it), with its scheme, mode, rule and draft checked; no
+    torch (argument errors answer before anything loads)."""
+    from ..core.rules import ScalingRule
+
+    if getattr(args, "tree_branching", None) is None:
+        return None
+    try:
+        branching = tuple(int(x) for x in args.tree_branching.split(","))
+    except ValueError:
+        branching = ()
+    if not branching or min(branching) < 1:
+        raise ValueError(f"--tree-branching must be comma-separated integers >= 1 (e.g. 2,2), got "
+                         f"{args.tree_branching!r}")
+    nodes, width = 0, 1
+    for b in branching:
+        width *= b
+        nodes += width
+    if nodes > 256:
+        raise ValueError(f"--tree-branching {args.tree_branching} makes {nodes} nodes; at most 256")
+    if args.tree_scheme not in TREE_SCHEMES:
+        raise ValueError(f"--tree-scheme must be one of {', '.join(TREE_SCHEMES)}, got {args.tree_scheme!r}")
+    if args.tree_mode not in TREE_MODES:
+        raise ValueError(f"--tree-mode must be one of {', '.join(TREE_MODES)}, got {args.tree_mode!r}")
+    if args.tree_mode == "joint" and not isinstance(args.rule_obj, ScalingRule):
+        raise ValueError(f"--tree-mode joint needs a two-block rule (sps, cactus), got --rule {args.rule}")
+    if args.rule_obj.reads_head:
+        raise ValueError(f"--rule {args.rule}: a rule that reads the verifier's LM head is not supported on trees")
+    if args.draft == "embedded":
+        raise ValueError("--draft: tree decoding (--tree-branching) drafts with a token-level causal LM; the embedded "
+                         "feature draft is not supported on trees yet (pass a small Llama-family model)")
+    return branching
 
 
 def _load(args):
@@ -132,6 +178,9 @@ def _decode(fn, batches: list[list[str]], label: str, seed: int, **kw):
 def _stats_lines(label: str, s) -> list[str]:
     lines = [f"[{label}] {s.sequences} sequences, {s.new_tokens} new tokens, {s.tokens_per_s:.2f} tokens/s "
              f"(decode time), {s.verifier_calls} verifier forwards"]
+    if s.method == "tree":
+        lines.append(f"[{label}] AL {s.al:.3f} tokens per verifier call (bonus included), accepted per step "
+                     f"{s.accepted_per_step:.3f} of a {s.k}-node tree (step KL not computed for trees)")
     if s.method == "speculative":
         kl = (f"{s.mean_step_kl:.4f} nats" if s.kl_count else
               f"not computed (skipped at {s.kl_skipped} positions: the rule reads the verifier's head, as "
@@ -148,7 +197,8 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from ..core.registry import label
-    from ..lm.loop import autoregressive_generate, speculative_generate
+    from ..core.tree import branching_parents
+    from ..lm.loop import autoregressive_generate, speculative_generate, tree_generate
     from ..util.atomic import atomic_write_json
 
     if args.threads:
@@ -166,6 +216,11 @@ def run(args: argparse.Namespace) -> int:
     bs = args.batch_size
     batches = [prompts[i:i + bs] for i in range(0, len(prompts), bs)]
     runs = [("speculative", speculative_generate, spec_kw)]
+    if args.tree is not None:
+        parents = branching_parents(args.tree)
+        runs = [("speculative", tree_generate, dict(pair=pair, rule=rule, tree=parents, scheme=args.tree_scheme,
+                                                    mode=args.tree_mode, **sampling))]
+        k = f"tree {args.tree_branching} ({len(parents)} nodes, {args.tree_scheme}, {args.tree_mode})"
     if args.baseline:
         runs.append(("verifier alone", autoregressive_generate, base_kw))
     with quiet_transformers(args.verbose):
@@ -181,7 +236,7 @@ def run(args: argparse.Namespace) -> int:
     base_texts, base = results.get("verifier alone", (None, None))
     for i, prompt in enumerate(prompts):
         print(f"--- [{i}] {prompt[:60]!r}")
-        print(f"speculative ({label(rule)}, k={k}):\n{spec_texts[i]}\n")
+        print(f"speculative ({label(rule)}, k={k}):\n{spec_texts[i]}\n")  # k: drafts, or the tree
         if base_texts is not None:
             print(f"verifier alone:\n{base_texts[i]}\n")
     for line in _stats_lines(f"{label(rule)}, k={k}", spec):

@@ -18,6 +18,12 @@ Two implementations: the compact Llama (``llama.py``; static cache written at pe
 stale slots overwritten) for Llama-family models, and any Hugging Face causal LM (a growing cache
 whose rejected slots are masked out; positions count only unmasked slots, so each row sees exactly
 the sequence it would see alone).
+
+Trees (compact Llama only): ``forward_tree(ids, parents, lo)`` reads nodes ``lo..`` of a tree drafted
+after the final tokens (tree attention, ``Llama.forward_tree``); ``keep_path(nodes, n)`` makes the first
+``n[b]`` nodes of ``nodes[b]`` (a root-to-node path) final, moving their cache entries into consecutive
+slots. ``Target.score_tree`` / ``advance_tree`` and ``TokenDrafter.propose_tree`` / ``advance_tree`` are
+the tree versions of the chain methods.
 """
 
 from __future__ import annotations
@@ -26,7 +32,9 @@ import inspect
 
 import torch
 
+from ..core.sampler import sample_rows
 from ..core.transforms import sampling_probs
+from ..core.tree import SCHEMES, without
 from .draft import FeatureDraft
 from .llama import Llama
 
@@ -66,6 +74,19 @@ class _LlamaStream:
         """Forget the last ``n[b]`` (B,) final tokens of each row."""
         self.length = self.length - n
 
+    def forward_tree(self, ids: torch.Tensor, parents: torch.Tensor, lo: int = 0,
+                     logits_at: torch.Tensor | None = None):
+        """Read nodes ``lo .. lo + W - 1`` (``ids`` (B, W)) of the tree ``parents`` (B, M) drafted after
+        each row's final tokens (``Llama.forward_tree``); returns logits (B, W, V) float32 and features."""
+        return self.model.forward_tree(ids, parents, self.length, self.cache, lo, self.aux_layers, logits_at)
+
+    def keep_path(self, nodes: torch.Tensor, n: torch.Tensor) -> None:
+        """Nodes ``nodes[b, :n[b]]`` (B, M) int64 of the tree just read, a root-to-node path, become final."""
+        M = nodes.shape[1]
+        keep = torch.arange(M, device=nodes.device)[None] < n[:, None]
+        self.cache.keep_path(self.length, torch.where(keep, nodes, torch.full_like(nodes, -1)))
+        self.length = self.length + n
+
     def select(self, idx: torch.Tensor) -> None:
         """Keep rows ``idx``."""
         self.cache.select(idx)
@@ -88,6 +109,12 @@ class _HFStream:
     def length(self) -> torch.Tensor:
         """(B,) final tokens per row (unmasked slots)."""
         return self.mask.sum(-1)
+
+    def forward_tree(self, ids, parents, lo=0, logits_at=None):
+        raise ValueError("tree decoding runs on the compact Llama (lm/llama.py): pass Llama-family models "
+                         "with compact=True")
+
+    keep_path = forward_tree
 
     def forward(self, ids: torch.Tensor, n: torch.Tensor | None = None, logits_at: torch.Tensor | None = None):
         """As ``_LlamaStream.forward``; the block's real tokens are unmasked until ``keep``."""
@@ -158,6 +185,26 @@ class Target:
         self.s.keep(a + 1)
         self.pending = last
 
+    def score_tree(self, tokens: torch.Tensor, parents: torch.Tensor):
+        """Read ``pending`` and a drafted tree in one forward: ``tokens`` (B, N) int64 (``-1``: absent
+        node), ``parents`` (B, N) int64 (``-1``: a child of the pending token). Returns logits
+        (B, N + 1, V) float32 (column 0 at the pending token, column ``j + 1`` after node ``j``) and
+        the features at those positions."""
+        B = tokens.shape[0]
+        block = torch.cat([self.pending[:, None], tokens.clamp_min(0)], 1)
+        par = torch.where((parents >= 0) & (tokens >= 0), parents + 1, torch.zeros_like(parents))
+        par = torch.cat([torch.full((B, 1), -1, dtype=par.dtype, device=par.device), par], 1)
+        return self.s.forward_tree(block, par.long())
+
+    def advance_tree(self, path: torch.Tensor, a: torch.Tensor, last: torch.Tensor) -> None:
+        """Keep the pending token and the accepted path ``path[b, :a[b]]`` (B, N) node ids (``verify_tree``'s
+        ``accepted_nodes``); ``last`` (B,) is the new pending token."""
+        B = path.shape[0]
+        nodes = torch.cat([torch.zeros((B, 1), dtype=torch.long, device=path.device),
+                           torch.where(path >= 0, path + 1, path)], 1)
+        self.s.keep_path(nodes, a + 1)
+        self.pending = last
+
     def select(self, idx):
         self.s.select(idx)
         self.pending = self.pending[idx]
@@ -203,6 +250,84 @@ class TokenDrafter:
                 one = torch.ones_like(self.n)
                 logits = self._read(t[:, None], one)
         return torch.stack(toks, 1), torch.stack(laws, 1)
+
+    def propose_tree(self, parents: tuple[int, ...], scheme: str, sampling, gen):
+        """Draft the static tree ``parents`` (N,) (topological, nodes in breadth-first order: depth never
+        decreases along the node order) after each row: one forward for the pending tokens, then one
+        tree forward per depth level whose nodes have children. A node's children are drawn from the
+        draft law ``p`` at the node per ``scheme``: ``"iid"`` i.i.d. from ``p``; ``"without_replacement"``
+        from ``p`` without the earlier siblings, renormalised (once ``p``'s support is exhausted a
+        placeholder ``x ~ p`` is stored, which ``verify_tree`` skips); ``"deterministic"`` / ``"eagle"``
+        the ``rank``-th most likely token (ties to the lower id). Each random node takes one float64
+        uniform per row from ``gen`` (inverse CDF, ``sampler.sample_rows``), in node order.
+
+        Returns ``tokens`` (B, N) int64 and ``draft_probs`` (B, N, V) float32 (``p`` at each node's
+        parent), as ``verify_tree`` reads them."""
+        if scheme not in SCHEMES:
+            raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
+        N = len(parents)
+        depth: list[int] = []
+        for j, a in enumerate(parents):
+            depth.append(0 if a < 0 else depth[a] + 1)
+            if j and depth[j] < depth[j - 1]:
+                raise ValueError(f"parents must list the nodes level by level (breadth-first), got {parents}")
+        has_kids = [False] * N
+        for a in parents:
+            if a >= 0:
+                has_kids[a] = True
+        self._has_kids = has_kids
+        law = {-1: sampling_probs(self._read(self.ids, self.n), *sampling)}  # p at the root
+        B = law[-1].shape[0]
+        dev = law[-1].device
+        par_t = torch.tensor(parents, dtype=torch.long, device=dev).expand(B, N)
+        tokens = torch.full((B, N), -1, dtype=torch.long, device=dev)
+        probs = law[-1].new_zeros((B, N, law[-1].shape[-1]))
+        removed: dict[int, torch.Tensor] = {}
+        rows = torch.arange(B, device=dev)
+        lo = 0
+        while lo < N:
+            hi = lo
+            while hi < N and depth[hi] == depth[lo]:
+                hi += 1
+            for j in range(lo, hi):
+                a = parents[j]
+                p = law[a]
+                rank = sum(1 for i in range(j) if parents[i] == a)
+                if scheme in ("deterministic", "eagle"):
+                    if rank >= p.shape[-1]:
+                        raise ValueError(f"a node has more than V = {p.shape[-1]} deterministic children")
+                    x = torch.sort(-p, dim=-1, stable=True).indices[:, rank]
+                else:
+                    gone = removed.setdefault(a, torch.zeros_like(p, dtype=torch.bool))
+                    src = p if scheme == "iid" else without(p, gone)
+                    src = torch.where(src.sum(-1, keepdim=True) > 0, src, p)  # support exhausted: placeholder
+                    u = torch.rand(B, generator=gen, dtype=torch.float64, device=gen.device if gen is not None else dev)
+                    x = sample_rows(src, u.to(dev))
+                    gone[rows, x] = True
+                tokens[:, j] = x
+                probs[:, j] = p
+            if any(has_kids[lo:hi]):  # speculative read: nothing becomes final
+                logits, _ = self.s.forward_tree(tokens[:, lo:hi], par_t[:, :hi], lo)
+                for j in range(lo, hi):
+                    if has_kids[j]:
+                        law[j] = sampling_probs(logits[:, j - lo], *sampling)
+            lo = hi
+        return tokens, probs
+
+    def advance_tree(self, a: torch.Tensor, path: torch.Tensor, tokens: torch.Tensor) -> None:
+        """``a`` (B,) nodes kept along ``path`` (B, N) (``verify_tree``'s ``accepted_nodes``); ``tokens``
+        (B, N + 1) from ``verify_tree``: the path's tokens then the new token. The path's nodes the
+        draft read (those with children) stay in its cache; an accepted leaf was never read and is
+        pending with the new token."""
+        B = a.shape[0]
+        rows = torch.arange(B, device=a.device)
+        lastnode = path[rows, (a - 1).clamp_min(0)]
+        kids = torch.tensor(self._has_kids + [False], device=a.device)
+        unread = (a > 0) & ~kids[lastnode.clamp_min(0)]
+        self.s.keep_path(path.clamp_min(0), a - unread.long())
+        self.ids = torch.stack([torch.where(unread, tokens[rows, (a - 1).clamp_min(0)], tokens[rows, a]),
+                                tokens[rows, a]], 1)
+        self.n = 1 + unread.long()
 
     def advance(self, a: torch.Tensor, tokens: torch.Tensor, feats=None) -> None:
         """``a`` (B,) drafts kept; ``tokens`` (B, k + 1) from ``verify``: kept drafts then the new token."""
