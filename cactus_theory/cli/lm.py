@@ -43,6 +43,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--tree-branching", default=None, metavar="B1,B2,...",
                    help="tree decoding: draft a static tree whose nodes at depth d have B_d children (e.g. 2,2: "
                         "6 nodes) and verify it in one verifier forward (needs a token-level --draft; -k unused)")
+    g.add_argument("--tree-dynamic", default=None, metavar="DEPTH,WIDTH,CHILDREN",
+                   help="tree decoding with a dynamic tree: the root gets CHILDREN candidates, then at each of "
+                        "DEPTH - 1 levels the WIDTH most probable paths get CHILDREN each (e.g. 4,4,2)")
     g.add_argument("--tree-scheme", default="iid",
                    help="how a tree node's children are drawn: iid, without_replacement, deterministic (top-k) or "
                         "eagle (default iid; the first three keep SpS lossless)")
@@ -99,25 +102,36 @@ TREE_MODES = ("rounds", "joint")  # core.tree.MODES
 
 
 def _check_tree_args(args: argparse.Namespace) -> tuple[int, ...] | None:
-    """``--tree-branching`` parsed (None without it), with its scheme, mode, rule and draft checked; no
-    torch (argument errors answer before anything loads)."""
+    """``("branching", (b1, b2, ...))`` from ``--tree-branching``, ``("dynamic", (depth, width, children))``
+    from ``--tree-dynamic``, or None; with the scheme, mode, rule and draft checked; no torch (argument
+    errors answer before anything loads)."""
     from ..core.rules import ScalingRule
 
-    if getattr(args, "tree_branching", None) is None:
+    branching, dynamic = getattr(args, "tree_branching", None), getattr(args, "tree_dynamic", None)
+    if branching is None and dynamic is None:
         return None
+    if branching is not None and dynamic is not None:
+        raise ValueError("--tree-branching and --tree-dynamic: give one tree, not both")
+    flag, text = ("--tree-branching", branching) if branching is not None else ("--tree-dynamic", dynamic)
     try:
-        branching = tuple(int(x) for x in args.tree_branching.split(","))
+        nums = tuple(int(x) for x in text.split(","))
     except ValueError:
-        branching = ()
-    if not branching or min(branching) < 1:
-        raise ValueError(f"--tree-branching must be comma-separated integers >= 1 (e.g. 2,2), got "
-                         f"{args.tree_branching!r}")
-    nodes, width = 0, 1
-    for b in branching:
-        width *= b
-        nodes += width
+        nums = ()
+    if not nums or min(nums) < 1 or (flag == "--tree-dynamic" and len(nums) != 3):
+        raise ValueError(f"{flag} must be {'comma-separated integers' if flag == '--tree-branching' else 'three integers DEPTH,WIDTH,CHILDREN'} "
+                         f">= 1 (e.g. {'2,2' if flag == '--tree-branching' else '4,4,2'}), got {text!r}")
+    if flag == "--tree-branching":
+        nodes, width = 0, 1
+        for b in nums:
+            width *= b
+            nodes += width
+    else:
+        nodes, size = nums[2], nums[2]
+        for _ in range(nums[0] - 1):
+            size = min(nums[1], size) * nums[2]
+            nodes += size
     if nodes > 256:
-        raise ValueError(f"--tree-branching {args.tree_branching} makes {nodes} nodes; at most 256")
+        raise ValueError(f"{flag} {text} makes {nodes} nodes; at most 256")
     if args.tree_scheme not in TREE_SCHEMES:
         raise ValueError(f"--tree-scheme must be one of {', '.join(TREE_SCHEMES)}, got {args.tree_scheme!r}")
     if args.tree_mode not in TREE_MODES:
@@ -127,9 +141,9 @@ def _check_tree_args(args: argparse.Namespace) -> tuple[int, ...] | None:
     if args.rule_obj.reads_head:
         raise ValueError(f"--rule {args.rule}: a rule that reads the verifier's LM head is not supported on trees")
     if args.draft == "embedded":
-        raise ValueError("--draft: tree decoding (--tree-branching) drafts with a token-level causal LM; the embedded "
+        raise ValueError("--draft: tree decoding (--tree-branching / --tree-dynamic) drafts with a token-level causal LM; the embedded "
                          "feature draft is not supported on trees yet (pass a small Llama-family model)")
-    return branching
+    return ("branching" if flag == "--tree-branching" else "dynamic"), nums
 
 
 def _load(args):
@@ -197,7 +211,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from ..core.registry import label
-    from ..core.tree import branching_parents
+    from ..core.tree import DynamicTree, branching_parents
     from ..lm.loop import autoregressive_generate, speculative_generate, tree_generate
     from ..util.atomic import atomic_write_json
 
@@ -217,10 +231,12 @@ def run(args: argparse.Namespace) -> int:
     batches = [prompts[i:i + bs] for i in range(0, len(prompts), bs)]
     runs = [("speculative", speculative_generate, spec_kw)]
     if args.tree is not None:
-        parents = branching_parents(args.tree)
-        runs = [("speculative", tree_generate, dict(pair=pair, rule=rule, tree=parents, scheme=args.tree_scheme,
+        kind, nums = args.tree
+        tree = branching_parents(nums) if kind == "branching" else DynamicTree(*nums)
+        runs = [("speculative", tree_generate, dict(pair=pair, rule=rule, tree=tree, scheme=args.tree_scheme,
                                                     mode=args.tree_mode, **sampling))]
-        k = f"tree {args.tree_branching} ({len(parents)} nodes, {args.tree_scheme}, {args.tree_mode})"
+        size = len(tree) if kind == "branching" else tree.nodes
+        k = f"{kind} tree {','.join(map(str, nums))} ({size} nodes, {args.tree_scheme}, {args.tree_mode})"
     if args.baseline:
         runs.append(("verifier alone", autoregressive_generate, base_kw))
     with quiet_transformers(args.verbose):

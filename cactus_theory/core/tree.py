@@ -10,6 +10,7 @@ Tensor layout (``verify_tree``): ``tokens`` / ``parents`` (B, N) int64, ``draft_
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -21,7 +22,7 @@ from .validate import check_positive_int, check_probs
 
 __all__ = ["SCHEMES", "MODES", "RuleSpec", "set_target", "chain_parents", "branching_parents", "children_lists",
            "top_candidates", "TreeVerifyResult", "verify_tree", "check_scheme", "check_rules", "check_mode",
-           "round_rule", "check_parents", "drop_token", "without"]
+           "round_rule", "check_parents", "drop_token", "without", "DynamicTree"]
 
 SCHEMES = ("iid", "without_replacement", "deterministic", "eagle")
 MODES = ("rounds", "joint")
@@ -106,6 +107,37 @@ def branching_parents(branching: Sequence[int]) -> tuple[int, ...]:
                 nxt.append(len(parents) - 1)
         level = nxt
     return tuple(parents)
+
+
+@dataclass(frozen=True)
+class DynamicTree:
+    """A draft tree grown from the draft's own probabilities: the root gets ``children`` candidates;
+    at each of the next ``depth - 1`` levels the ``width`` nodes of the previous level with the highest
+    path probability (product of the draft probabilities of the path's tokens, ties to the lower node
+    index) get ``children`` candidates each (drawn per the scheme). Level sizes are fixed
+    (``level_sizes``), so every row has the same number of nodes and the shape differs by row only in
+    its parents. Nothing drawn is pruned afterwards: which nodes grow children depends only on the
+    tokens drawn before them, never on the children themselves, so a lossless scheme stays lossless
+    (each node's children are the scheme's draws from ``p`` at that node, whatever their number)."""
+
+    depth: int
+    width: int
+    children: int
+
+    def __post_init__(self):
+        for name in ("depth", "width", "children"):
+            check_positive_int(getattr(self, name), name)
+
+    def level_sizes(self) -> tuple[int, ...]:
+        """Nodes per level: ``children``, then ``min(width, previous level) * children``."""
+        sizes = [self.children]
+        for _ in range(self.depth - 1):
+            sizes.append(min(self.width, sizes[-1]) * self.children)
+        return tuple(sizes)
+
+    @property
+    def nodes(self) -> int:
+        return sum(self.level_sizes())
 
 
 def check_parents(parents) -> tuple[int, ...]:

@@ -34,7 +34,7 @@ import torch
 
 from ..core.sampler import sample_rows
 from ..core.transforms import sampling_probs
-from ..core.tree import SCHEMES, without
+from ..core.tree import SCHEMES, DynamicTree, without
 from .draft import FeatureDraft
 from .llama import Llama
 
@@ -251,79 +251,89 @@ class TokenDrafter:
                 logits = self._read(t[:, None], one)
         return torch.stack(toks, 1), torch.stack(laws, 1)
 
-    def propose_tree(self, parents: tuple[int, ...], scheme: str, sampling, gen):
-        """Draft the static tree ``parents`` (N,) (topological, nodes in breadth-first order: depth never
-        decreases along the node order) after each row: one forward for the pending tokens, then one
-        tree forward per depth level whose nodes have children. A node's children are drawn from the
-        draft law ``p`` at the node per ``scheme``: ``"iid"`` i.i.d. from ``p``; ``"without_replacement"``
-        from ``p`` without the earlier siblings, renormalised (once ``p``'s support is exhausted a
-        placeholder ``x ~ p`` is stored, which ``verify_tree`` skips); ``"deterministic"`` / ``"eagle"``
-        the ``rank``-th most likely token (ties to the lower id). Each random node takes one float64
-        uniform per row from ``gen`` (inverse CDF, ``sampler.sample_rows``), in node order.
+    def propose_tree(self, tree, scheme: str, sampling, gen):
+        """Draft a tree after each row: a static ``parents`` tuple (N,) (topological, listed level by
+        level: depth never decreases along the node order) or a ``core.tree.DynamicTree`` (each level's
+        highest-path-probability nodes grow children; per-row parents). One forward reads the pending
+        tokens, then one tree forward per level that has a next level. A node's children are drawn from
+        the draft law ``p`` at the node per ``scheme``: ``"iid"`` i.i.d. from ``p``;
+        ``"without_replacement"`` from ``p`` without the earlier siblings, renormalised (once ``p``'s
+        support is exhausted a placeholder ``x ~ p`` is stored, which ``verify_tree`` skips);
+        ``"deterministic"`` / ``"eagle"`` the ``rank``-th most likely token (ties to the lower id). Each
+        random node takes one float64 uniform per row from ``gen`` (inverse CDF, ``sampler.sample_rows``),
+        in node order.
 
-        Returns ``tokens`` (B, N) int64 and ``draft_probs`` (B, N, V) float32 (``p`` at each node's
-        parent), as ``verify_tree`` reads them."""
+        Returns ``tokens`` (B, N) int64, ``parents`` (B, N) int64 and ``draft_probs`` (B, N, V) float32
+        (``p`` at each node's parent), as ``verify_tree`` reads them."""
         if scheme not in SCHEMES:
             raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
-        N = len(parents)
-        depth: list[int] = []
-        for j, a in enumerate(parents):
-            depth.append(0 if a < 0 else depth[a] + 1)
-            if j and depth[j] < depth[j - 1]:
-                raise ValueError(f"parents must list the nodes level by level (breadth-first), got {parents}")
-        has_kids = [False] * N
-        for a in parents:
-            if a >= 0:
-                has_kids[a] = True
-        self._has_kids = has_kids
-        law = {-1: sampling_probs(self._read(self.ids, self.n), *sampling)}  # p at the root
-        B = law[-1].shape[0]
-        dev = law[-1].device
-        par_t = torch.tensor(parents, dtype=torch.long, device=dev).expand(B, N)
-        tokens = torch.full((B, N), -1, dtype=torch.long, device=dev)
-        probs = law[-1].new_zeros((B, N, law[-1].shape[-1]))
-        removed: dict[int, torch.Tensor] = {}
+        dynamic = isinstance(tree, DynamicTree)
+        if dynamic:
+            sizes = tree.level_sizes()
+        else:
+            depth: list[int] = []
+            for j, a in enumerate(tree):
+                depth.append(0 if a < 0 else depth[a] + 1)
+                if j and depth[j] < depth[j - 1]:
+                    raise ValueError(f"parents must list the nodes level by level (breadth-first), got {tree}")
+            sizes = tuple(depth.count(d) for d in range(depth[-1] + 1))
+        N = sum(sizes)
+        p0 = sampling_probs(self._read(self.ids, self.n), *sampling)  # p at the root
+        (B, V), dev = p0.shape, p0.device
         rows = torch.arange(B, device=dev)
+        laws = p0.new_zeros((B, N + 1, V))  # slot 0: the root, slot j + 1: after node j
+        laws[:, 0] = p0
+        tokens = torch.full((B, N), -1, dtype=torch.long, device=dev)
+        parents = torch.full((B, N), -1, dtype=torch.long, device=dev)
+        probs = p0.new_zeros((B, N, V))
+        logpath = torch.zeros((B, N + 1), dtype=torch.float64, device=dev)
+        removed = torch.zeros((B, N + 1, V), dtype=torch.bool, device=dev) if scheme == "without_replacement" else None
+        read = torch.zeros((B, N), dtype=torch.bool, device=dev)
         lo = 0
-        while lo < N:
-            hi = lo
-            while hi < N and depth[hi] == depth[lo]:
-                hi += 1
+        for d, size in enumerate(sizes):
+            hi = lo + size
+            if not dynamic:
+                parents[:, lo:hi] = torch.tensor(tree[lo:hi], dtype=torch.long, device=dev)
+            elif d > 0:  # the previous level's best paths grow ``children`` each, kept in node order
+                plo = lo - sizes[d - 1]
+                order = torch.sort(-logpath[:, plo + 1:lo + 1], dim=-1, stable=True).indices
+                best = order[:, :size // tree.children].sort(-1).values + plo
+                parents[:, lo:hi] = best.repeat_interleave(tree.children, dim=1)
             for j in range(lo, hi):
-                a = parents[j]
-                p = law[a]
-                rank = sum(1 for i in range(j) if parents[i] == a)
+                slot = parents[:, j] + 1
+                p = laws[rows, slot]
+                rank = (j - lo) % tree.children if dynamic else sum(1 for i in range(j) if tree[i] == tree[j])
                 if scheme in ("deterministic", "eagle"):
-                    if rank >= p.shape[-1]:
-                        raise ValueError(f"a node has more than V = {p.shape[-1]} deterministic children")
+                    if rank >= V:
+                        raise ValueError(f"a node has more than V = {V} deterministic children")
                     x = torch.sort(-p, dim=-1, stable=True).indices[:, rank]
                 else:
-                    gone = removed.setdefault(a, torch.zeros_like(p, dtype=torch.bool))
-                    src = p if scheme == "iid" else without(p, gone)
+                    src = p if removed is None else without(p, removed[rows, slot])
                     src = torch.where(src.sum(-1, keepdim=True) > 0, src, p)  # support exhausted: placeholder
                     u = torch.rand(B, generator=gen, dtype=torch.float64, device=gen.device if gen is not None else dev)
                     x = sample_rows(src, u.to(dev))
-                    gone[rows, x] = True
+                    if removed is not None:
+                        removed[rows, slot, x] = True
                 tokens[:, j] = x
                 probs[:, j] = p
-            if any(has_kids[lo:hi]):  # speculative read: nothing becomes final
-                logits, _ = self.s.forward_tree(tokens[:, lo:hi], par_t[:, :hi], lo)
-                for j in range(lo, hi):
-                    if has_kids[j]:
-                        law[j] = sampling_probs(logits[:, j - lo], *sampling)
+                logpath[:, j + 1] = logpath[rows, slot] + p[rows, x].double().log()
+            if d + 1 < len(sizes):  # speculative read: nothing becomes final
+                logits, _ = self.s.forward_tree(tokens[:, lo:hi], parents[:, :hi], lo)
+                laws[:, lo + 1:hi + 1] = sampling_probs(logits, *sampling)
+                read[:, lo:hi] = True
             lo = hi
-        return tokens, probs
+        self._read_nodes = read
+        return tokens, parents, probs
 
     def advance_tree(self, a: torch.Tensor, path: torch.Tensor, tokens: torch.Tensor) -> None:
         """``a`` (B,) nodes kept along ``path`` (B, N) (``verify_tree``'s ``accepted_nodes``); ``tokens``
         (B, N + 1) from ``verify_tree``: the path's tokens then the new token. The path's nodes the
-        draft read (those with children) stay in its cache; an accepted leaf was never read and is
-        pending with the new token."""
+        draft read stay in its cache; an accepted node it never read (on the last level) is pending
+        with the new token."""
         B = a.shape[0]
         rows = torch.arange(B, device=a.device)
-        lastnode = path[rows, (a - 1).clamp_min(0)]
-        kids = torch.tensor(self._has_kids + [False], device=a.device)
-        unread = (a > 0) & ~kids[lastnode.clamp_min(0)]
+        lastnode = path[rows, (a - 1).clamp_min(0)].clamp_min(0)
+        unread = (a > 0) & ~self._read_nodes[rows, lastnode]
         self.s.keep_path(path.clamp_min(0), a - unread.long())
         self.ids = torch.stack([torch.where(unread, tokens[rows, (a - 1).clamp_min(0)], tokens[rows, a]),
                                 tokens[rows, a]], 1)
@@ -344,6 +354,8 @@ class TokenDrafter:
     def select(self, idx):
         self.s.select(idx)
         self.ids, self.n = self.ids[idx], self.n[idx]
+        if getattr(self, "_read_nodes", None) is not None:
+            self._read_nodes = self._read_nodes[idx]
 
 
 class FeatureDrafter:

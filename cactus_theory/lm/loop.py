@@ -25,8 +25,11 @@ One step, for every unfinished row (``_tree_rows``)::
     res = verify_tree(tokens, parents, p, q, rule, scheme, mode=mode)   # a path + one token
     target.advance_tree(res.accepted_nodes, a, last); drafter.advance_tree(a, res.accepted_nodes, res.tokens)
 
-The tree is static: ``branching_parents((2, 2))`` (every root child has 2 children) or any
-topological ``parents`` listed level by level. Tree attention and the cache compaction to the
+The tree is static (``branching_parents((2, 2))``: every root child has 2 children; or any
+topological ``parents`` listed level by level) or dynamic (``core.tree.DynamicTree(depth, width,
+children)``: the root gets ``children`` candidates, then at each level the ``width`` nodes of highest
+draft path probability get ``children`` each; per-row parents, nothing pruned after drawing, so the
+lossless schemes stay lossless). Tree attention and the cache compaction to the
 accepted path are ``Llama.forward_tree`` / ``KVCache.keep_path``; so both models run as the compact
 Llama (a Llama-family draft and verifier), and the draft is a token-level causal LM (the feature
 draft is not wired to trees yet). First token, EOS, ragged rows and finished rows as in the chain
@@ -52,7 +55,15 @@ from ..core.rules import Rule
 from ..core.sampler import verify
 from ..core.sampling import SAMPLING as _SAMPLING
 from ..core.transforms import check_sampling, sampling_probs
-from ..core.tree import MODES, SCHEMES, check_mode, check_parents, check_rules, verify_tree
+from ..core.tree import (
+    MODES,
+    SCHEMES,
+    DynamicTree,
+    check_mode,
+    check_parents,
+    check_rules,
+    verify_tree,
+)
 from .cache import Target, TokenDrafter, make_drafter, right_pad
 from .head_tap import HeadTap
 from .llama import Llama, supports_hf
@@ -396,11 +407,15 @@ def first_step_laws(pair: ModelPair, ids: list[int], lo: int, hi: int, temperatu
 
 # -- trees --------------------------------------------------------------------------------------
 
-def check_tree(tree) -> tuple[int, ...]:
-    """``tree``: a ``parents`` sequence (topological, level by level) -> the parents tuple (N,)."""
+def check_tree(tree):
+    """``tree``: a ``DynamicTree`` (returned as is) or a ``parents`` sequence (topological, level by
+    level) -> the parents tuple (N,)."""
+    if isinstance(tree, DynamicTree):
+        return tree
     par = check_parents(tree) if isinstance(tree, (list, tuple)) else None
     if par is None:
-        raise ValueError(f"tree must be a parents sequence such as branching_parents((2, 2)), got {tree!r}")
+        raise ValueError(f"tree must be a parents sequence such as branching_parents((2, 2)) or a DynamicTree, "
+                         f"got {tree!r}")
     depth: list[int] = []
     for j, a in enumerate(par):
         depth.append(0 if a < 0 else depth[a] + 1)
@@ -410,10 +425,12 @@ def check_tree(tree) -> tuple[int, ...]:
 
 
 @torch.inference_mode()
-def _tree_rows(draft, verifier, prompts, rules, parents, scheme, mode, max_new, sampling, gen, stats, per_seq,
+def _tree_rows(draft, verifier, prompts, rules, tree, scheme, mode, max_new, sampling, gen, stats, per_seq,
                eos):
     dev = _device(verifier)
-    B, N = len(prompts), len(parents)
+    B = len(prompts)
+    dynamic = isinstance(tree, DynamicTree)
+    N = tree.nodes if dynamic else len(tree)
     ids, lens = right_pad(prompts, eos or 0, dev)
     cap = int(lens.max()) + max_new + N + 3
     drafter = TokenDrafter(draft, B, cap, dev)
@@ -422,14 +439,11 @@ def _tree_rows(draft, verifier, prompts, rules, parents, scheme, mode, max_new, 
     first, _, alive = _first_tokens(target, ids, lens, sampling, gen, out, per_seq, stats, eos, max_new)
     drafter.start(ids, lens, first)
     rows = _drop_finished(alive, list(range(B)), [target, drafter], dev)
-    dep = _depths(parents)
-    inner = {dep[a] for a in parents if a >= 0}
-    levels = 1 + len(inner)  # draft forwards per step: the pending tokens, then each level with children
-    par_all = torch.tensor(parents, dtype=torch.long, device=dev)
+    # draft forwards per step: the pending tokens, then each level but the last
+    levels = tree.depth if dynamic else 1 + max(_depths(tree))
     while rows:
         t0 = time.perf_counter()
-        tokens, p = drafter.propose_tree(parents, scheme, sampling, gen)  # (n, N), (n, N, V)
-        par = par_all.expand(len(rows), N)
+        tokens, par, p = drafter.propose_tree(tree, scheme, sampling, gen)  # (n, N), (n, N), (n, N, V)
         t1 = time.perf_counter()
         logits, _ = target.score_tree(tokens, par)  # (n, N + 1, V)
         q = sampling_probs(logits, *sampling)
@@ -475,13 +489,14 @@ def tree_generate(pair: ModelPair, prompts, rule, tree, scheme: str = "iid", mod
                   top_p: float = SAMPLING.top_p, batch_size: int = 8, seed: int = 0,
                   chat: bool = True) -> DecodeResult:
     """Tree speculative decoding of ``prompts`` (as ``speculative_generate``): each step drafts the static
-    tree ``tree`` (a parents sequence, e.g. ``core.tree.branching_parents((2, 2))``) with candidates
+    tree ``tree`` (a parents sequence, e.g. ``core.tree.branching_parents((2, 2))``, or a
+    ``core.tree.DynamicTree(depth, width, children)`` grown by path probability) with candidates
     drawn per ``scheme`` (``core.tree.SCHEMES``), scores it in one verifier forward and verifies it with
     ``core.tree.verify_tree(rule, scheme, mode)``. ``rule``: a Rule or a sequence of Rules (one per
     round). Both models must be Llama-family (run as the compact Llama); the draft a causal LM.
     Returns ``DecodeResult`` (``stats.k`` = N nodes per tree; ``stats.al`` tokens per verifier call)."""
     rules = check_rules(rule if isinstance(rule, (list, tuple)) else _as_rule(rule))
-    parents = check_tree(tree)
+    tree = check_tree(tree)
     if scheme not in SCHEMES:
         raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
     if mode not in MODES:
@@ -498,8 +513,9 @@ def tree_generate(pair: ModelPair, prompts, rule, tree, scheme: str = "iid", mod
         if not isinstance(m, Llama):
             raise ValueError(f"tree decoding runs the compact Llama: the {name} must be a Llama-family model, "
                              f"got {type(m).__name__}")
-    stats = DecodeStats("tree", rule=repr(rules[0] if len(rules) == 1 else rules), k=len(parents))
+    stats = DecodeStats("tree", rule=repr(rules[0] if len(rules) == 1 else rules),
+                        k=tree.nodes if isinstance(tree, DynamicTree) else len(tree))
     sampling = (temperature, top_k, top_p)
     return _run(pair, prompts, max_new_tokens, batch_size, seed, chat, stats,
-                lambda b, gen, ps: _tree_rows(draft, verifier, b, rules, parents, scheme, mode, max_new_tokens,
+                lambda b, gen, ps: _tree_rows(draft, verifier, b, rules, tree, scheme, mode, max_new_tokens,
                                               sampling, gen, stats, ps, pair.eos_token_id))

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import cactus_theory as ct
-from cactus_theory.core.tree import branching_parents
+from cactus_theory.core.tree import DynamicTree, branching_parents
 from cactus_theory.lm import autoregressive_generate, sampling_probs
 from cactus_theory.lm.cache import Target, TokenDrafter, right_pad
 from cactus_theory.lm.llama import Llama
@@ -30,6 +30,7 @@ from tests.lm.common import DRAFT, EOS, RAW, VERIFIER, N, V, assert_fits, cond, 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 TREE = branching_parents((2, 2))  # (-1, -1, 0, 0, 1, 1)
+DYNAMIC = DynamicTree(depth=3, width=2, children=2)  # 2 + 4 + 4 nodes, the best paths grow
 
 
 def verifier_first_law(draft, verifier, rule, parents, scheme, T, prompt, mode="rounds"):
@@ -71,14 +72,15 @@ def _plain(m: Llama, seq: list[int]) -> torch.Tensor:
     return m(torch.tensor([seq]), torch.zeros(1, dtype=torch.long), c)[0][0, -1]
 
 
-def test_the_laws_given_to_verify_tree_are_the_models_laws_at_every_node():
+@pytest.mark.parametrize("tree", [(-1, -1, 0, 1, 1, 2, 4), DynamicTree(3, 2, 2)], ids=["static", "dynamic"])
+def test_the_laws_given_to_verify_tree_are_the_models_laws_at_every_node(tree):
     """Drive ``TokenDrafter`` / ``Target`` through several tree steps on ragged rows (float64 compact
     models): every node's ``p`` (at its parent) and ``q`` (after it) equal a fresh forward of that
     node's context, so the tree caches, their compaction and the draft's pending tokens are right."""
     dm, vm = Llama.from_hf(DRAFT, dtype=torch.float64), Llama.from_hf(VERIFIER, dtype=torch.float64)
     prompts = [[6], [3, 5, 7, 1, 2], [2, 9]]
     ids, lens = right_pad(prompts, 0, "cpu")
-    parents = (-1, -1, 0, 1, 1, 2, 4)  # a ragged shape: 2, then 1 and 2, then 1 and 1 children
+    # static: an uneven shape (2, then 1 and 2, then 1 and 1 children); dynamic: per-row parents
     gen = torch.Generator().manual_seed(0)
     drafter, target = TokenDrafter(dm, 3, 64, "cpu"), Target(vm, 3, 64, "cpu")
     sampling = (1.0, 0, 1.0)
@@ -92,18 +94,29 @@ def test_the_laws_given_to_verify_tree_are_the_models_laws_at_every_node():
         err, accepted = 0.0, []
         for step in range(6):
             scheme = ("iid", "without_replacement", "deterministic")[step % 3]
-            tokens, p = drafter.propose_tree(parents, scheme, sampling, gen)
-            logits, _ = target.score_tree(tokens, torch.tensor(parents).expand(3, -1))
+            tokens, parents, p = drafter.propose_tree(tree, scheme, sampling, gen)
+            if isinstance(tree, tuple):
+                assert parents.tolist() == [list(tree)] * 3
+            else:  # the grown nodes are the previous level's most probable paths
+                pp = p.gather(-1, tokens[:, :, None])[:, :, 0].double().log()
+                path = pp.clone()
+                for j in range(tokens.shape[1]):
+                    a = parents[:, j]
+                    path[:, j] += torch.where(a >= 0, path.gather(1, a.clamp_min(0)[:, None])[:, 0], 0.0)
+                top = lambda x: torch.sort(-x, dim=-1, stable=True).indices[:, :2].sort(-1).values  # noqa: E731
+                assert (parents[:, 2:6] == top(path[:, :2]).repeat_interleave(2, 1)).all()
+                grown = top(path[:, 2:6]) + 2
+                assert (parents[:, 6:] == grown.repeat_interleave(2, 1)).all()
+            logits, _ = target.score_tree(tokens, parents)
             q = soft(logits)
             for b in range(3):
                 ctx = {-1: seqs[b]}
-                for j, a in enumerate(parents):
+                for j, a in enumerate(parents[b].tolist()):
                     ctx[j] = ctx[a] + [int(tokens[b, j])]
                     err = max(err, float((p[b, j] - soft(_plain(dm, ctx[a]))).abs().max()))
                     err = max(err, float((q[b, j + 1] - soft(_plain(vm, ctx[j]))).abs().max()))
                 err = max(err, float((q[b, 0] - soft(_plain(vm, ctx[-1]))).abs().max()))
-            res = ct.tree.verify_tree(tokens, torch.tensor(parents).expand(3, -1), p, q, ct.SpS(), scheme,
-                                      generator=gen)
+            res = ct.tree.verify_tree(tokens, parents, p, q, ct.SpS(), scheme, generator=gen)
             a = res.num_accepted
             target.advance_tree(res.accepted_nodes, a, res.tokens.gather(1, a[:, None])[:, 0])
             drafter.advance_tree(a, res.accepted_nodes, res.tokens)
@@ -114,21 +127,22 @@ def test_the_laws_given_to_verify_tree_are_the_models_laws_at_every_node():
     assert 0 in accepted and max(accepted) >= 2  # rejections and accepted paths of length >= 2 both seen
 
 
-@pytest.mark.parametrize("scheme", ["iid", "deterministic"])
-def test_greedy_tree_decoding_is_the_verifiers_greedy_continuation(scheme):
+@pytest.mark.parametrize("scheme,tree", [("iid", TREE), ("deterministic", TREE), ("deterministic", DYNAMIC)])
+def test_greedy_tree_decoding_is_the_verifiers_greedy_continuation(scheme, tree):
     prompts = [[6], [3, 5, 7, 1, 2, 8, 8], [2, 9], [0, 1, 2, 3]]
-    res = tree_generate(pair(), prompts, ct.SpS(), TREE, scheme, max_new_tokens=12, temperature=0.0, batch_size=4)
+    res = tree_generate(pair(), prompts, ct.SpS(), tree, scheme, max_new_tokens=12, temperature=0.0, batch_size=4)
     ar = autoregressive_generate(pair(), prompts, max_new_tokens=12, temperature=0.0, batch_size=4)
     assert res.tokens == ar.tokens
     assert 0 < res.stats.accepted and res.stats.al > 1
 
 
-@pytest.mark.parametrize("scheme,sampling", [("iid", (1.0, 0, 1.0)), ("without_replacement", (0.8, 6, 0.9)),
-                                             ("deterministic", (1.0, 0, 1.0))])
-def test_tree_sps_emits_the_verifiers_law(scheme, sampling):
+@pytest.mark.parametrize("scheme,sampling,tree", [
+    ("iid", (1.0, 0, 1.0), TREE), ("without_replacement", (0.8, 6, 0.9), TREE), ("deterministic", (1.0, 0, 1.0), TREE),
+    ("iid", (1.0, 0, 1.0), DYNAMIC), ("deterministic", (0.8, 6, 0.9), DYNAMIC)])
+def test_tree_sps_emits_the_verifiers_law(scheme, sampling, tree):
     prompt = [3, 5, 7]
     t, k, p = sampling
-    res = tree_generate(pair(), [prompt] * N, ct.SpS(), TREE, scheme, max_new_tokens=3, temperature=t, top_k=k,
+    res = tree_generate(pair(), [prompt] * N, ct.SpS(), tree, scheme, max_new_tokens=3, temperature=t, top_k=k,
                         top_p=p, batch_size=N, seed=1)
     assert all(len(x) == 3 for x in res.tokens)
     assert_fits(res.tokens, autoregressive_law(cond(VERIFIER, sampling), 3, prompt=tuple(prompt)), 3)
@@ -171,5 +185,40 @@ def test_bad_tree_arguments_raise_value_errors():
         tree_generate(pair(), [[1]], ct.SpS(), (-1, 1))
     with pytest.raises(ValueError, match="scheme"):
         tree_generate(pair(), [[1]], ct.SpS(), TREE, "gumbel")
+    with pytest.raises(ValueError, match="width"):
+        tree_generate(pair(), [[1]], ct.SpS(), DynamicTree(2, 0, 2))
     with pytest.raises(ValueError, match="joint"):
         tree_generate(pair(), [[1]], ct.TAS(), TREE, "iid", mode="joint")
+
+
+class _CharTokenizer:
+    """Text <-> the tiny models' 10 ids (one per character), enough for the decode command's plumbing."""
+
+    chat_template = None
+    eos_token_id = None
+
+    def __call__(self, text):
+        return {"input_ids": [ord(c) % V for c in text]}
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(str(i) for i in ids)
+
+
+@pytest.mark.parametrize("flag,value,nodes", [("--tree-branching", "2,2", 6), ("--tree-dynamic", "3,2,2", 10)])
+def test_decode_command_runs_tree_decoding(monkeypatch, tmp_path, capsys, flag, value, nodes):
+    import json
+
+    from cactus_theory import cli
+    from cactus_theory.cli import lm as cli_lm
+    from cactus_theory.lm import ModelPair
+
+    monkeypatch.setattr(cli_lm, "_load", lambda args: ModelPair(DRAFT, VERIFIER, _CharTokenizer(), name="tiny"))
+    out = tmp_path / "stats.json"
+    rc = cli.main(["decode", "--draft", "smollm2", "--rule", "sps", flag, value, "--tree-scheme", "deterministic",
+                   "--prompt", "abc", "--prompt", "hello", "--max-new-tokens", "6", "--no-warmup", "--json", str(out)])
+    assert rc == 0
+    cap = capsys.readouterr()
+    assert f"({nodes} nodes, deterministic, rounds)" in cap.out and "AL " in cap.out and "Traceback" not in cap.err
+    blob = json.loads(out.read_text())
+    assert blob["speculative"]["method"] == "tree" and blob["speculative"]["k"] == nodes
+    assert blob["speculative"]["new_tokens"] == 12 and blob["speculative"]["al"] >= 1
