@@ -34,7 +34,7 @@ import torch
 
 from ..core.sampler import sample_rows
 from ..core.transforms import sampling_probs
-from ..core.tree import SCHEMES, DynamicTree, without
+from ..core.tree import SCHEMES, without
 from .draft import FeatureDraft
 from .llama import Llama
 
@@ -267,7 +267,7 @@ class TokenDrafter:
         (``p`` at each node's parent), as ``verify_tree`` reads them."""
         if scheme not in SCHEMES:
             raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
-        dynamic = isinstance(tree, DynamicTree)
+        dynamic = callable(getattr(tree, "level_sizes", None))  # a DynamicTree; else a parents tuple
         if dynamic:
             sizes = tree.level_sizes()
         else:

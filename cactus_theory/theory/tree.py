@@ -1,5 +1,8 @@
 """Tree drafts: batched verification for any rule, their exact laws, and block verification of chains.
 
+The tree shapes, the schemes' helpers and the batched sampler ``verify_tree`` live in ``core/tree.py``
+(the LM runtime uses them too) and are re-exported here; the exact laws and the toy loop live here.
+
 Notation (the paper's): ``p`` draft law, ``q`` verifier law, ``x`` a drafted candidate, ``r`` the
 current target of a node's verification rounds, ``phi`` acceptance, ``g`` recovery law.
 
