@@ -79,7 +79,6 @@ BAD_ARGS = [
     (["decode", "--prompt", "x", "--tree-branching", "2,2", "--tree-scheme", "gumbel"], "--tree-scheme"),
     (["decode", "--prompt", "x", "--tree-branching", "2,2", "--tree-mode", "both"], "--tree-mode"),
     (["decode", "--prompt", "x", "--tree-branching", "2,2", "--tree-mode", "joint", "--rule", "tas"], "--tree-mode"),
-    (["decode", "--prompt", "x", "--tree-branching", "2,2"], "--draft: tree decoding"),
     (["decode", "--prompt", "x", "--tree-dynamic", "4,4"], "--tree-dynamic"),
     (["decode", "--prompt", "x", "--tree-dynamic", "4,4,2", "--tree-branching", "2"], "give one tree"),
     (["decode", "--prompt", "x", "--tree-dynamic", "40,40,40"], "at most 256"),

@@ -42,7 +42,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-new-tokens", type=positive_int, default=128, help="new tokens per prompt at most")
     g.add_argument("--tree-branching", default=None, metavar="B1,B2,...",
                    help="tree decoding: draft a static tree whose nodes at depth d have B_d children (e.g. 2,2: "
-                        "6 nodes) and verify it in one verifier forward (needs a token-level --draft; -k unused)")
+                        "6 nodes) and verify it in one verifier forward (-k unused)")
     g.add_argument("--tree-dynamic", default=None, metavar="DEPTH,WIDTH,CHILDREN",
                    help="tree decoding with a dynamic tree: the root gets CHILDREN candidates, then at each of "
                         "DEPTH - 1 levels the WIDTH most probable paths get CHILDREN each (e.g. 4,4,2)")
@@ -140,9 +140,6 @@ def _check_tree_args(args: argparse.Namespace) -> tuple[int, ...] | None:
         raise ValueError(f"--tree-mode joint needs a two-block rule (sps, cactus), got --rule {args.rule}")
     if args.rule_obj.reads_head:
         raise ValueError(f"--rule {args.rule}: a rule that reads the verifier's LM head is not supported on trees")
-    if args.draft == "embedded":
-        raise ValueError("--draft: tree decoding (--tree-branching / --tree-dynamic) drafts with a token-level causal LM; the embedded "
-                         "feature draft is not supported on trees yet (pass a small Llama-family model)")
     return ("branching" if flag == "--tree-branching" else "dynamic"), nums
 
 

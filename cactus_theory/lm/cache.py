@@ -38,7 +38,8 @@ from ..core.tree import SCHEMES, without
 from .draft import FeatureDraft
 from .llama import Llama
 
-__all__ = ["Target", "TokenDrafter", "FeatureDrafter", "make_target", "make_drafter", "right_pad", "open_stream"]
+__all__ = ["Target", "TokenDrafter", "FeatureDrafter", "make_target", "make_drafter", "right_pad", "open_stream",
+           "grow_tree", "tree_sizes"]
 
 
 def right_pad(prompts: list[list[int]], pad: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -216,6 +217,85 @@ def _sample(logits: torch.Tensor, sampling, gen) -> tuple[torch.Tensor, torch.Te
     return torch.multinomial(p, 1, generator=gen)[:, 0], p
 
 
+def tree_sizes(tree) -> tuple[int, ...]:
+    """Nodes per level of ``tree``: a ``core.tree.DynamicTree`` (its ``level_sizes``) or a parents tuple
+    listed level by level (depth never decreases along the node order)."""
+    if callable(getattr(tree, "level_sizes", None)):
+        return tree.level_sizes()
+    depth: list[int] = []
+    for j, a in enumerate(tree):
+        depth.append(0 if a < 0 else depth[a] + 1)
+        if j and depth[j] < depth[j - 1]:
+            raise ValueError(f"parents must list the nodes level by level (breadth-first), got {tree}")
+    return tuple(depth.count(d) for d in range(depth[-1] + 1))
+
+
+def grow_tree(p0: torch.Tensor, read_level, tree, scheme: str, gen):
+    """Draw a draft tree after each row (both drafters' ``propose_tree``).
+
+    ``p0`` (B, V) the draft law at the root; ``read_level(tokens, parents, lo)`` reads nodes
+    ``lo .. lo + W - 1`` (``tokens`` (B, W), ``parents`` (B, lo + W)) and returns the draft law after each
+    (B, W, V); ``tree`` a static parents tuple (listed level by level) or a ``core.tree.DynamicTree``
+    (the ``width`` nodes of highest path probability of each level grow ``children`` each, ties to the
+    lower node index). A node's children are drawn from the law ``p`` at the node per ``scheme``:
+    ``"iid"`` i.i.d. from ``p``; ``"without_replacement"`` from ``p`` without the earlier siblings,
+    renormalised (once ``p``'s support is exhausted a placeholder ``x ~ p`` is stored, which
+    ``verify_tree`` skips); ``"deterministic"`` / ``"eagle"`` the ``rank``-th most likely token (ties to the
+    lower id). Each random node takes one float64 uniform per row from ``gen`` (inverse CDF,
+    ``sampler.sample_rows``), in node order. Every level but the last is read (one call per level).
+
+    Returns ``tokens`` (B, N) int64, ``parents`` (B, N) int64, ``draft_probs`` (B, N, V) (``p`` at each
+    node's parent, as ``verify_tree`` reads them) and ``read`` (B, N) bool (the nodes read)."""
+    if scheme not in SCHEMES:
+        raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
+    dynamic = callable(getattr(tree, "level_sizes", None))  # a DynamicTree; else a parents tuple
+    sizes = tree_sizes(tree)
+    N = sum(sizes)
+    (B, V), dev = p0.shape, p0.device
+    rows = torch.arange(B, device=dev)
+    laws = p0.new_zeros((B, N + 1, V))  # slot 0: the root, slot j + 1: after node j
+    laws[:, 0] = p0
+    tokens = torch.full((B, N), -1, dtype=torch.long, device=dev)
+    parents = torch.full((B, N), -1, dtype=torch.long, device=dev)
+    probs = p0.new_zeros((B, N, V))
+    logpath = torch.zeros((B, N + 1), dtype=torch.float64, device=dev)
+    removed = torch.zeros((B, N + 1, V), dtype=torch.bool, device=dev) if scheme == "without_replacement" else None
+    read = torch.zeros((B, N), dtype=torch.bool, device=dev)
+    lo = 0
+    for d, size in enumerate(sizes):
+        hi = lo + size
+        if not dynamic:
+            parents[:, lo:hi] = torch.tensor(tree[lo:hi], dtype=torch.long, device=dev)
+        elif d > 0:  # the previous level's best paths grow ``children`` each, kept in node order
+            plo = lo - sizes[d - 1]
+            order = torch.sort(-logpath[:, plo + 1:lo + 1], dim=-1, stable=True).indices
+            best = order[:, :size // tree.children].sort(-1).values + plo
+            parents[:, lo:hi] = best.repeat_interleave(tree.children, dim=1)
+        for j in range(lo, hi):
+            slot = parents[:, j] + 1
+            p = laws[rows, slot]
+            rank = (j - lo) % tree.children if dynamic else sum(1 for i in range(j) if tree[i] == tree[j])
+            if scheme in ("deterministic", "eagle"):
+                if rank >= V:
+                    raise ValueError(f"a node has more than V = {V} deterministic children")
+                x = torch.sort(-p, dim=-1, stable=True).indices[:, rank]
+            else:
+                src = p if removed is None else without(p, removed[rows, slot])
+                src = torch.where(src.sum(-1, keepdim=True) > 0, src, p)  # support exhausted: placeholder
+                u = torch.rand(B, generator=gen, dtype=torch.float64, device=gen.device if gen is not None else dev)
+                x = sample_rows(src, u.to(dev))
+                if removed is not None:
+                    removed[rows, slot, x] = True
+            tokens[:, j] = x
+            probs[:, j] = p
+            logpath[:, j + 1] = logpath[rows, slot] + p[rows, x].double().log()
+        if d + 1 < len(sizes):  # speculative read: nothing becomes final
+            laws[:, lo + 1:hi + 1] = read_level(tokens[:, lo:hi], parents[:, :hi], lo)
+            read[:, lo:hi] = True
+        lo = hi
+    return tokens, parents, probs, read
+
+
 class TokenDrafter:
     """A causal LM as the draft: it reads tokens only. Pending tokens are those emitted but not yet
     read (one or two per row: the last accepted draft is never read when all ``k`` are kept)."""
@@ -252,80 +332,18 @@ class TokenDrafter:
         return torch.stack(toks, 1), torch.stack(laws, 1)
 
     def propose_tree(self, tree, scheme: str, sampling, gen):
-        """Draft a tree after each row: a static ``parents`` tuple (N,) (topological, listed level by
-        level: depth never decreases along the node order) or a ``core.tree.DynamicTree`` (each level's
-        highest-path-probability nodes grow children; per-row parents). One forward reads the pending
-        tokens, then one tree forward per level that has a next level. A node's children are drawn from
-        the draft law ``p`` at the node per ``scheme``: ``"iid"`` i.i.d. from ``p``;
-        ``"without_replacement"`` from ``p`` without the earlier siblings, renormalised (once ``p``'s
-        support is exhausted a placeholder ``x ~ p`` is stored, which ``verify_tree`` skips);
-        ``"deterministic"`` / ``"eagle"`` the ``rank``-th most likely token (ties to the lower id). Each
-        random node takes one float64 uniform per row from ``gen`` (inverse CDF, ``sampler.sample_rows``),
-        in node order.
-
-        Returns ``tokens`` (B, N) int64, ``parents`` (B, N) int64 and ``draft_probs`` (B, N, V) float32
-        (``p`` at each node's parent), as ``verify_tree`` reads them."""
-        if scheme not in SCHEMES:
-            raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
-        dynamic = callable(getattr(tree, "level_sizes", None))  # a DynamicTree; else a parents tuple
-        if dynamic:
-            sizes = tree.level_sizes()
-        else:
-            depth: list[int] = []
-            for j, a in enumerate(tree):
-                depth.append(0 if a < 0 else depth[a] + 1)
-                if j and depth[j] < depth[j - 1]:
-                    raise ValueError(f"parents must list the nodes level by level (breadth-first), got {tree}")
-            sizes = tuple(depth.count(d) for d in range(depth[-1] + 1))
-        N = sum(sizes)
+        """Draft ``tree`` (see ``grow_tree``) after each row: one forward reads the pending tokens, then
+        one tree forward (``Llama.forward_tree``) per level that has a next level. Returns ``tokens``
+        (B, N) int64, ``parents`` (B, N) int64 and ``draft_probs`` (B, N, V) float32."""
         p0 = sampling_probs(self._read(self.ids, self.n), *sampling)  # p at the root
-        (B, V), dev = p0.shape, p0.device
-        rows = torch.arange(B, device=dev)
-        laws = p0.new_zeros((B, N + 1, V))  # slot 0: the root, slot j + 1: after node j
-        laws[:, 0] = p0
-        tokens = torch.full((B, N), -1, dtype=torch.long, device=dev)
-        parents = torch.full((B, N), -1, dtype=torch.long, device=dev)
-        probs = p0.new_zeros((B, N, V))
-        logpath = torch.zeros((B, N + 1), dtype=torch.float64, device=dev)
-        removed = torch.zeros((B, N + 1, V), dtype=torch.bool, device=dev) if scheme == "without_replacement" else None
-        read = torch.zeros((B, N), dtype=torch.bool, device=dev)
-        lo = 0
-        for d, size in enumerate(sizes):
-            hi = lo + size
-            if not dynamic:
-                parents[:, lo:hi] = torch.tensor(tree[lo:hi], dtype=torch.long, device=dev)
-            elif d > 0:  # the previous level's best paths grow ``children`` each, kept in node order
-                plo = lo - sizes[d - 1]
-                order = torch.sort(-logpath[:, plo + 1:lo + 1], dim=-1, stable=True).indices
-                best = order[:, :size // tree.children].sort(-1).values + plo
-                parents[:, lo:hi] = best.repeat_interleave(tree.children, dim=1)
-            for j in range(lo, hi):
-                slot = parents[:, j] + 1
-                p = laws[rows, slot]
-                rank = (j - lo) % tree.children if dynamic else sum(1 for i in range(j) if tree[i] == tree[j])
-                if scheme in ("deterministic", "eagle"):
-                    if rank >= V:
-                        raise ValueError(f"a node has more than V = {V} deterministic children")
-                    x = torch.sort(-p, dim=-1, stable=True).indices[:, rank]
-                else:
-                    src = p if removed is None else without(p, removed[rows, slot])
-                    src = torch.where(src.sum(-1, keepdim=True) > 0, src, p)  # support exhausted: placeholder
-                    u = torch.rand(B, generator=gen, dtype=torch.float64, device=gen.device if gen is not None else dev)
-                    x = sample_rows(src, u.to(dev))
-                    if removed is not None:
-                        removed[rows, slot, x] = True
-                tokens[:, j] = x
-                probs[:, j] = p
-                logpath[:, j + 1] = logpath[rows, slot] + p[rows, x].double().log()
-            if d + 1 < len(sizes):  # speculative read: nothing becomes final
-                logits, _ = self.s.forward_tree(tokens[:, lo:hi], parents[:, :hi], lo)
-                laws[:, lo + 1:hi + 1] = sampling_probs(logits, *sampling)
-                read[:, lo:hi] = True
-            lo = hi
-        self._read_nodes = read
+
+        def read_level(tok, par, lo):
+            return sampling_probs(self.s.forward_tree(tok, par, lo)[0], *sampling)
+
+        tokens, parents, probs, self._read_nodes = grow_tree(p0, read_level, tree, scheme, gen)
         return tokens, parents, probs
 
-    def advance_tree(self, a: torch.Tensor, path: torch.Tensor, tokens: torch.Tensor) -> None:
+    def advance_tree(self, a: torch.Tensor, path: torch.Tensor, tokens: torch.Tensor, feats=None) -> None:
         """``a`` (B,) nodes kept along ``path`` (B, N) (``verify_tree``'s ``accepted_nodes``); ``tokens``
         (B, N + 1) from ``verify_tree``: the path's tokens then the new token. The path's nodes the
         draft read stay in its cache; an accepted node it never read (on the last level) is pending
@@ -403,6 +421,46 @@ class FeatureDrafter:
             if j < k - 1:
                 g = self._step(g, t[:, None], self.length + j)
         return torch.stack(toks, 1), torch.stack(laws, 1)
+
+    def _law(self, g: torch.Tensor, sampling) -> torch.Tensor:
+        """The head's transformed law over the full vocabulary (..., V) from its outputs ``g`` (..., dim):
+        the transforms on the shortlist, then written into the vocabulary (0 outside the shortlist)."""
+        p_s = sampling_probs(self.head.logits(g), *sampling)
+        return p_s.new_zeros((*p_s.shape[:-1], self.head.args.vocab)).index_copy_(-1, self.head.d2t, p_s)
+
+    def propose_tree(self, tree, scheme: str, sampling, gen):
+        """Draft ``tree`` (see ``grow_tree``) with the head: the pending entries are read (and stay),
+        then each level's nodes read their parent's output and their own token in one tree step
+        (``FeatureDraft.tree_step``), written after the final entries (scratch: the next pending entries
+        come from the verifier's features). Returns ``tokens`` (B, N) int64, ``parents`` (B, N) int64,
+        ``draft_probs`` (B, N, V) float32."""
+        rows = torch.arange(self.ids.shape[0], device=self.ids.device)
+        g0 = self._step(self.feat, self.ids, self.length)[rows, self.n - 1]  # (B, dim)
+        self.length = self.length + self.n
+        N = sum(tree_sizes(tree))
+        G = g0.new_zeros((g0.shape[0], N + 1, g0.shape[-1]))  # the head's output at the root and each node
+        G[:, 0] = g0
+
+        def read_level(tok, par, lo):
+            W = tok.shape[1]
+            feat = G.gather(1, (par[:, lo:] + 1)[:, :, None].expand(-1, -1, G.shape[-1]))
+            g = self.head.tree_step(feat, tok, self.cache, self.length, par, lo)
+            G[:, lo + 1:lo + W + 1] = g
+            return self._law(g, sampling)
+
+        tokens, parents, probs, _ = grow_tree(self._law(g0, sampling), read_level, tree, scheme, gen)
+        return tokens, parents, probs
+
+    def advance_tree(self, a: torch.Tensor, path: torch.Tensor, tokens: torch.Tensor, feats) -> None:
+        """As ``advance`` along the accepted path: the verifier's features (list of (B, N + 1, dim) from
+        ``Target.score_tree``) at the pending token and at the ``a`` accepted nodes ``path[b, :a[b]]``."""
+        B = tokens.shape[0]
+        rows = torch.arange(B, device=tokens.device)
+        f = self.head.fuse(feats)  # (B, N + 1, dim)
+        cols = torch.cat([torch.zeros((B, 1), dtype=torch.long, device=path.device),
+                          torch.where(path >= 0, path + 1, 0)], 1)
+        f = f.gather(1, cols[:, :, None].expand(-1, -1, f.shape[-1]))
+        self.advance_block(f, tokens.clamp_min(0), a + 1, tokens[rows, a])
 
     def advance(self, a: torch.Tensor, tokens: torch.Tensor, feats) -> None:
         """The verifier's features at its scored positions (list of (B, k + 1, dim)) become the next

@@ -28,7 +28,7 @@ from torch import nn
 from torch.nn import functional as F
 
 __all__ = ["LlamaArgs", "Llama", "KVCache", "RMSNorm", "Attention", "MLP", "Block", "rope_tables", "rotate",
-           "attend", "supports_hf", "hf_args", "tree_ancestry"]
+           "attend", "supports_hf", "hf_args", "tree_ancestry", "tree_block_inputs"]
 
 
 @dataclass(frozen=True)
@@ -235,6 +235,28 @@ def tree_ancestry(parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return anc, depth
 
 
+def tree_block_inputs(parents: torch.Tensor, start: torch.Tensor, lo: int, cos_t: torch.Tensor, sin_t: torch.Tensor,
+                      capacity: int):
+    """Inputs of a tree block, nodes ``lo .. M - 1`` of the tree ``parents`` (B, M): their ``slots``
+    (B, W) = ``start + j``, cos / sin (B, 1, W, hd) at positions ``start + depth(j)`` and the mask
+    (B, 1, W, used): the final slots ``< start`` and the node's ancestors and itself."""
+    B, M = parents.shape
+    W = M - lo
+    dev = parents.device
+    anc, depth = tree_ancestry(parents)
+    slots = start[:, None] + torch.arange(lo, M, device=dev)[None]
+    pos = start[:, None] + depth[:, lo:]
+    used = min(int(slots.max()) + 1, capacity)
+    if int(pos.max()) >= cos_t.shape[0]:
+        raise ValueError(f"tree positions reach {int(pos.max())}, past the model's {cos_t.shape[0]} positions")
+    cos, sin = cos_t[pos].unsqueeze(1), sin_t[pos].unsqueeze(1)
+    rel = torch.arange(used, device=dev)[None] - start[:, None]  # (B, used): key slot - start
+    inside = (rel >= 0) & (rel < M)
+    seen = anc[:, lo:].gather(2, rel.clamp(0, M - 1)[:, None, :].expand(B, W, used))  # (B, W, used)
+    mask = ((rel < 0)[:, None, :] | (seen & inside[:, None, :])).unsqueeze(1)
+    return slots, cos, sin, mask
+
+
 class Llama(nn.Module):
     """Decoder-only Llama: ``forward(ids, start, cache)`` -> logits (B, W, V) (and the residual stream
     entering the layers in ``aux_layers``, for feature-level drafts)."""
@@ -293,19 +315,8 @@ class Llama(nn.Module):
         M = lo + W
         if parents.ndim != 2 or parents.shape[0] != B or parents.shape[1] < M:
             raise ValueError(f"parents must have shape (B, >= lo + W) = ({B}, >= {M}), got {tuple(parents.shape)}")
-        dev = ids.device
-        anc, depth = tree_ancestry(parents[:, :M].to(dev).long())
-        node = torch.arange(lo, M, device=dev)
-        slots = start[:, None] + node[None]
-        pos = start[:, None] + depth[:, lo:]
-        used = min(int(slots.max()) + 1, cache.capacity)
-        if int(pos.max()) >= self.args.max_positions:
-            raise ValueError(f"tree positions reach {int(pos.max())}, past the model's {self.args.max_positions}")
-        cos, sin = self.cos[pos].unsqueeze(1), self.sin[pos].unsqueeze(1)
-        rel = torch.arange(used, device=dev)[None] - start[:, None]  # (B, used): key slot - start
-        inside = (rel >= 0) & (rel < M)
-        seen = anc[:, lo:].gather(2, rel.clamp(0, M - 1)[:, None, :].expand(B, W, used))  # (B, W, used)
-        mask = ((rel < 0)[:, None, :] | (seen & inside[:, None, :])).unsqueeze(1)
+        slots, cos, sin, mask = tree_block_inputs(parents[:, :M].to(ids.device).long(), start, lo, self.cos, self.sin,
+                                                  cache.capacity)
         return self._layers(ids, slots, cos, sin, mask, cache, aux_layers, logits_at)
 
     def _layers(self, ids, slots, cos, sin, mask, cache, aux_layers, logits_at):

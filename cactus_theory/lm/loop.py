@@ -30,9 +30,10 @@ topological ``parents`` listed level by level) or dynamic (``core.tree.DynamicTr
 children)``: the root gets ``children`` candidates, then at each level the ``width`` nodes of highest
 draft path probability get ``children`` each; per-row parents, nothing pruned after drawing, so the
 lossless schemes stay lossless). Tree attention and the cache compaction to the
-accepted path are ``Llama.forward_tree`` / ``KVCache.keep_path``; so both models run as the compact
-Llama (a Llama-family draft and verifier), and the draft is a token-level causal LM (the feature
-draft is not wired to trees yet). First token, EOS, ragged rows and finished rows as in the chain
+accepted path are ``Llama.forward_tree`` / ``KVCache.keep_path``; so the verifier runs as the compact
+Llama (Llama-family), and so does a token-level draft; the EAGLE-3-style feature draft grows the tree
+with the head's ``tree_step`` (each node reads its parent's output and its token) and takes the
+verifier's features along the accepted path. First token, EOS, ragged rows and finished rows as in the chain
 loop (``_first_tokens``, ``_emit``, ``_drop_finished``). AL is tokens per verifier call, bonus
 included; ``drafted`` counts the N nodes of each tree, ``judged`` the path plus one.
 
@@ -64,7 +65,7 @@ from ..core.tree import (
     check_rules,
     verify_tree,
 )
-from .cache import Target, TokenDrafter, make_drafter, right_pad
+from .cache import Target, make_drafter, right_pad
 from .head_tap import HeadTap
 from .llama import Llama, supports_hf
 from .metrics import DecodeResult, DecodeStats, SequenceCounters, nll_of, step_kl
@@ -433,11 +434,11 @@ def _tree_rows(draft, verifier, prompts, rules, tree, scheme, mode, max_new, sam
     N = tree.nodes if dynamic else len(tree)
     ids, lens = right_pad(prompts, eos or 0, dev)
     cap = int(lens.max()) + max_new + N + 3
-    drafter = TokenDrafter(draft, B, cap, dev)
-    target = Target(verifier, B, cap, dev)
+    drafter = make_drafter(draft, B, cap, dev)
+    target = Target(verifier, B, cap, dev, drafter.feature_layers if drafter.needs_features else ())
     out: list[list[int]] = [[] for _ in range(B)]
-    first, _, alive = _first_tokens(target, ids, lens, sampling, gen, out, per_seq, stats, eos, max_new)
-    drafter.start(ids, lens, first)
+    first, feats, alive = _first_tokens(target, ids, lens, sampling, gen, out, per_seq, stats, eos, max_new)
+    drafter.start(ids, lens, first, feats)
     rows = _drop_finished(alive, list(range(B)), [target, drafter], dev)
     # draft forwards per step: the pending tokens, then each level but the last
     levels = tree.depth if dynamic else 1 + max(_depths(tree))
@@ -445,7 +446,7 @@ def _tree_rows(draft, verifier, prompts, rules, tree, scheme, mode, max_new, sam
         t0 = time.perf_counter()
         tokens, par, p = drafter.propose_tree(tree, scheme, sampling, gen)  # (n, N), (n, N), (n, N, V)
         t1 = time.perf_counter()
-        logits, _ = target.score_tree(tokens, par)  # (n, N + 1, V)
+        logits, feats = target.score_tree(tokens, par)  # (n, N + 1, V)
         q = sampling_probs(logits, *sampling)
         t2 = time.perf_counter()
         res = verify_tree(tokens, par, p, q, rules, scheme, generator=gen, check=False, mode=mode)
@@ -453,7 +454,7 @@ def _tree_rows(draft, verifier, prompts, rules, tree, scheme, mode, max_new, sam
         a, path = res.num_accepted, res.accepted_nodes
         last = res.tokens.gather(1, a[:, None])[:, 0]
         target.advance_tree(path, a, last)
-        drafter.advance_tree(a, path, res.tokens)
+        drafter.advance_tree(a, path, res.tokens, feats)
         kept, alive = _emit(out, rows, res.tokens, a + 1, eos, max_new)
         stats.draft_seconds += t1 - t0
         stats.verifier_seconds += t2 - t1
@@ -505,14 +506,10 @@ def tree_generate(pair: ModelPair, prompts, rule, tree, scheme: str = "iid", mod
     if any(r.reads_head for r in rules):
         raise ValueError(f"rule: a rule that reads the verifier's LM head is not supported on trees, got {rule!r}")
     _check_args(1, batch_size, temperature, top_k, top_p)
-    if getattr(pair.draft, "needs_features", False):
-        raise ValueError("tree decoding drafts with a token-level causal LM; the feature draft is not "
-                         "supported on trees yet")
     draft, verifier = runtime_models(pair, True)
-    for name, m in (("draft", draft), ("verifier", verifier)):
-        if not isinstance(m, Llama):
-            raise ValueError(f"tree decoding runs the compact Llama: the {name} must be a Llama-family model, "
-                             f"got {type(m).__name__}")
+    if not isinstance(verifier, Llama) or not (isinstance(draft, Llama) or getattr(draft, "needs_features", False)):
+        raise ValueError(f"tree decoding runs the compact Llama: the verifier and a token-level draft must be "
+                         f"Llama-family models, got {type(verifier).__name__} and {type(draft).__name__}")
     stats = DecodeStats("tree", rule=repr(rules[0] if len(rules) == 1 else rules),
                         k=tree.nodes if isinstance(tree, DynamicTree) else len(tree))
     sampling = (temperature, top_k, top_p)

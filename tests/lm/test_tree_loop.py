@@ -9,6 +9,8 @@ the verifier's greedy continuation; the exact law of the loop's algorithm on the
 for SpS with each lossless scheme; and the loop's samples fit that exact law (chi-square at ALPHA =
 1e-3, N = 20000 rows, power >= 0.99 at TV 0.06 asserted in ``assert_fits``; the ragged / EOS test has
 2500 rows per prompt and TV 0.12), for SpS (the verifier's law) and for Cactus (its own tree law).
+Static (``branching_parents``) and dynamic (``DynamicTree``) trees; a token-level draft and the
+EAGLE-3-style feature draft (its node laws against ``head_law``, 2e-5 in float32); the decode command.
 """
 
 from __future__ import annotations
@@ -19,13 +21,26 @@ import torch
 
 import cactus_theory as ct
 from cactus_theory.core.tree import DynamicTree, branching_parents
-from cactus_theory.lm import autoregressive_generate, sampling_probs
-from cactus_theory.lm.cache import Target, TokenDrafter, right_pad
+from cactus_theory.lm import ModelPair, autoregressive_generate, sampling_probs
+from cactus_theory.lm.cache import FeatureDrafter, Target, TokenDrafter, right_pad
 from cactus_theory.lm.llama import Llama
 from cactus_theory.lm.loop import tree_generate
 from cactus_theory.theory.tree import tree_sequence_law
 from cactus_theory.toy import autoregressive_law
-from tests.lm.common import DRAFT, EOS, RAW, VERIFIER, N, V, assert_fits, cond, pair
+from tests.lm.common import (
+    DRAFT,
+    EOS,
+    HEAD,
+    HEAD_VER,
+    RAW,
+    VERIFIER,
+    N,
+    V,
+    assert_fits,
+    cond,
+    head_law,
+    pair,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -210,8 +225,6 @@ def test_decode_command_runs_tree_decoding(monkeypatch, tmp_path, capsys, flag, 
 
     from cactus_theory import cli
     from cactus_theory.cli import lm as cli_lm
-    from cactus_theory.lm import ModelPair
-
     monkeypatch.setattr(cli_lm, "_load", lambda args: ModelPair(DRAFT, VERIFIER, _CharTokenizer(), name="tiny"))
     out = tmp_path / "stats.json"
     rc = cli.main(["decode", "--draft", "smollm2", "--rule", "sps", flag, value, "--tree-scheme", "deterministic",
@@ -222,3 +235,66 @@ def test_decode_command_runs_tree_decoding(monkeypatch, tmp_path, capsys, flag, 
     blob = json.loads(out.read_text())
     assert blob["speculative"]["method"] == "tree" and blob["speculative"]["k"] == nodes
     assert blob["speculative"]["new_tokens"] == 12 and blob["speculative"]["al"] >= 1
+
+
+# -- the EAGLE-3-style feature draft on trees -------------------------------------------------------
+
+@pytest.mark.parametrize("tree", [(-1, -1, 0, 1, 1, 2, 4), DynamicTree(3, 2, 2)], ids=["static", "dynamic"])
+def test_feature_draft_tree_laws_are_the_heads_laws_at_every_node(tree):
+    """The feature drafter's law at each node is the head's law given the committed sequence and the
+    node's path (``head_law``: full verifier forwards and a fresh head cache), over several steps on
+    ragged rows, so its tree steps and the verifier's features along the accepted path are right
+    (float32 models: 2e-5)."""
+    ver = Llama.from_hf(HEAD_VER)
+    law = head_law()
+    prompts = [[6], [3, 5, 7, 1, 2], [2, 9]]
+    ids, lens = right_pad(prompts, 0, "cpu")
+    gen = torch.Generator().manual_seed(1)
+    drafter = FeatureDrafter(HEAD, 3, 64, "cpu")
+    target = Target(ver, 3, 64, "cpu", drafter.feature_layers)
+    sampling = (1.0, 0, 1.0)
+    with torch.no_grad():
+        logits, feats = target.prefill(ids, lens)
+        first = torch.multinomial(sampling_probs(logits, *sampling), 1, generator=gen)[:, 0]
+        target.pending = first
+        drafter.start(ids, lens, first, feats)
+        seqs = [p + [int(t)] for p, t in zip(prompts, first, strict=True)]
+        err, accepted = 0.0, []
+        for step in range(4):
+            scheme = ("iid", "deterministic")[step % 2]
+            tokens, parents, p = drafter.propose_tree(tree, scheme, sampling, gen)
+            logits, feats = target.score_tree(tokens, parents)
+            q = sampling_probs(logits, *sampling)
+            for b in range(3):
+                path = {-1: []}
+                for j, a in enumerate(parents[b].tolist()):
+                    path[j] = path[a] + [int(tokens[b, j])]
+                    err = max(err, float(np.abs(p[b, j].double().numpy() - law(seqs[b], path[a])).max()))
+            res = ct.tree.verify_tree(tokens, parents, p, q, ct.SpS(), scheme, generator=gen)
+            a = res.num_accepted
+            target.advance_tree(res.accepted_nodes, a, res.tokens.gather(1, a[:, None])[:, 0])
+            drafter.advance_tree(a, res.accepted_nodes, res.tokens, feats)
+            for b in range(3):
+                seqs[b] += res.tokens[b, :int(a[b]) + 1].tolist()
+            accepted += a.tolist()
+    assert err < 2e-5, err
+    assert 0 in accepted and max(accepted) >= 1
+
+
+@pytest.mark.parametrize("scheme,tree", [("iid", TREE), ("deterministic", DYNAMIC)])
+def test_feature_draft_tree_sps_emits_the_verifiers_law(scheme, tree):
+    prompt = [3, 5, 7]
+    res = tree_generate(ModelPair(HEAD, HEAD_VER, None), [prompt] * N, ct.SpS(), tree, scheme, max_new_tokens=3,
+                        batch_size=N, seed=5, **RAW)
+    assert_fits(res.tokens, autoregressive_law(cond(HEAD_VER), 3, prompt=tuple(prompt)), 3)
+    assert 1 < res.stats.al
+
+
+def test_feature_draft_greedy_tree_is_the_verifiers_greedy_continuation():
+    prompts = [[6], [3, 5, 7, 1, 2, 8, 8], [2, 9], [0, 1, 2, 3]]
+    pr = ModelPair(HEAD, HEAD_VER, None)
+    ar = autoregressive_generate(pr, prompts, max_new_tokens=12, temperature=0.0, batch_size=4)
+    for tree in (TREE, DYNAMIC):
+        res = tree_generate(pr, prompts, ct.SpS(), tree, "deterministic", max_new_tokens=12, temperature=0.0,
+                            batch_size=4)
+        assert res.tokens == ar.tokens and res.stats.accepted > 0
