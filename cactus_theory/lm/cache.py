@@ -19,7 +19,7 @@ stale slots overwritten) for Llama-family models, and any Hugging Face causal LM
 whose rejected slots are masked out; positions count only unmasked slots, so each row sees exactly
 the sequence it would see alone).
 
-Trees (compact Llama only): ``forward_tree(ids, parents, lo)`` reads nodes ``lo..`` of a tree drafted
+Trees: ``forward_tree(ids, parents, lo)`` reads nodes ``lo..`` of a tree drafted
 after the final tokens (tree attention, ``Llama.forward_tree``); ``keep_path(nodes, n)`` makes the first
 ``n[b]`` nodes of ``nodes[b]`` (a root-to-node path) final, moving their cache entries into consecutive
 slots. ``Target.score_tree`` / ``advance_tree`` and ``TokenDrafter.propose_tree`` / ``advance_tree`` are
@@ -36,7 +36,7 @@ from ..core.sampler import sample_rows
 from ..core.transforms import sampling_probs
 from ..core.tree import SCHEMES, without
 from .draft import FeatureDraft
-from .llama import Llama
+from .llama import Llama, tree_ancestry
 
 __all__ = ["Target", "TokenDrafter", "FeatureDrafter", "make_target", "make_drafter", "right_pad", "open_stream",
            "grow_tree", "tree_sizes"]
@@ -111,11 +111,40 @@ class _HFStream:
         """(B,) final tokens per row (unmasked slots)."""
         return self.mask.sum(-1)
 
-    def forward_tree(self, ids, parents, lo=0, logits_at=None):
-        raise ValueError("tree decoding runs on the compact Llama (lm/llama.py): pass Llama-family models "
-                         "with compact=True")
+    def forward_tree(self, ids: torch.Tensor, parents: torch.Tensor, lo: int = 0,
+                     logits_at: torch.Tensor | None = None):
+        """As ``_LlamaStream.forward_tree``, through the model's own forward with a 4D additive mask
+        (B, 1, W, slots): a node sees the unmasked slots before the tree and its ancestors and itself;
+        positions ``length + depth``. The tree's slots are appended masked (not final) until ``keep_path``."""
+        B, W = ids.shape
+        M = lo + W
+        dev = ids.device
+        if lo == 0:
+            self._tree_base = self.mask.shape[1]
+        base = self._tree_base
+        anc, depth = tree_ancestry(parents[:, :M].to(dev).long())
+        seen = torch.cat([self.mask[:, :base].bool()[:, None, :].expand(B, W, base), anc[:, lo:, :M]], -1)
+        dtype = next(self.model.parameters()).dtype
+        mask4 = torch.zeros(seen.shape, dtype=dtype, device=dev).masked_fill_(~seen, torch.finfo(dtype).min)
+        pos = self.mask[:, :base].sum(-1, keepdim=True) + depth[:, lo:]
+        self.mask = torch.cat([self.mask, torch.zeros_like(ids)], 1)
+        self._w = 0
+        out = self.model(input_ids=ids, attention_mask=mask4[:, None], position_ids=pos, use_cache=True,
+                         output_hidden_states=bool(self.aux_layers), **{self.kw: self.cache})
+        c = getattr(out, "past_key_values", None)
+        self.cache = c if c is not None else getattr(out, "cache", None)
+        aux = [out.hidden_states[i] for i in self.aux_layers] if self.aux_layers else []
+        logits = out.logits
+        if logits_at is not None:
+            logits = logits[torch.arange(B, device=dev), logits_at].unsqueeze(1)
+        return logits.float(), aux
 
-    keep_path = forward_tree
+    def keep_path(self, nodes: torch.Tensor, n: torch.Tensor) -> None:
+        """Nodes ``nodes[b, :n[b]]`` of the tree just read become final (their slots unmasked)."""
+        M = nodes.shape[1]
+        keep = torch.arange(M, device=nodes.device)[None] < n[:, None]
+        b, i = torch.nonzero(keep, as_tuple=True)
+        self.mask[b, self._tree_base + nodes[b, i]] = 1
 
     def forward(self, ids: torch.Tensor, n: torch.Tensor | None = None, logits_at: torch.Tensor | None = None):
         """As ``_LlamaStream.forward``; the block's real tokens are unmasked until ``keep``."""

@@ -30,8 +30,9 @@ topological ``parents`` listed level by level) or dynamic (``core.tree.DynamicTr
 children)``: the root gets ``children`` candidates, then at each level the ``width`` nodes of highest
 draft path probability get ``children`` each; per-row parents, nothing pruned after drawing, so the
 lossless schemes stay lossless). Tree attention and the cache compaction to the
-accepted path are ``Llama.forward_tree`` / ``KVCache.keep_path``; so the verifier runs as the compact
-Llama (Llama-family), and so does a token-level draft; the EAGLE-3-style feature draft grows the tree
+accepted path are ``Llama.forward_tree`` / ``KVCache.keep_path`` on the compact Llama (other Hugging
+Face models, or ``compact=False``: a 4D mask through their own forward, the unkept slots masked out,
+``cache._HFStream``); the EAGLE-3-style feature draft grows the tree
 with the head's ``tree_step`` (each node reads its parent's output and its token) and takes the
 verifier's features along the accepted path. First token, EOS, ragged rows and finished rows as in the chain
 loop (``_first_tokens``, ``_emit``, ``_drop_finished``). AL is tokens per verifier call, bonus
@@ -488,14 +489,15 @@ def _depths(parents: Sequence[int]) -> list[int]:
 def tree_generate(pair: ModelPair, prompts, rule, tree, scheme: str = "iid", mode: str = "rounds",
                   max_new_tokens: int = 64, temperature: float = SAMPLING.temperature, top_k: int = SAMPLING.top_k,
                   top_p: float = SAMPLING.top_p, batch_size: int = 8, seed: int = 0,
-                  chat: bool = True) -> DecodeResult:
+                  chat: bool = True, compact: bool = True) -> DecodeResult:
     """Tree speculative decoding of ``prompts`` (as ``speculative_generate``): each step drafts the static
     tree ``tree`` (a parents sequence, e.g. ``core.tree.branching_parents((2, 2))``, or a
     ``core.tree.DynamicTree(depth, width, children)`` grown by path probability) with candidates
     drawn per ``scheme`` (``core.tree.SCHEMES``), scores it in one verifier forward and verifies it with
     ``core.tree.verify_tree(rule, scheme, mode)``. ``rule``: a Rule or a sequence of Rules (one per
-    round). Both models must be Llama-family (run as the compact Llama); the draft a causal LM.
-    Returns ``DecodeResult`` (``stats.k`` = N nodes per tree; ``stats.al`` tokens per verifier call)."""
+    round). Llama-family models run as the compact Llama (``compact=False``: through their own
+    forward with a 4D tree mask, as any other Hugging Face causal LM); the draft a causal LM or the
+    EAGLE-3-style feature head. Returns ``DecodeResult`` (``stats.k`` = N nodes per tree; ``stats.al`` tokens per verifier call)."""
     rules = check_rules(rule if isinstance(rule, (list, tuple)) else _as_rule(rule))
     tree = check_tree(tree)
     if scheme not in SCHEMES:
@@ -506,10 +508,7 @@ def tree_generate(pair: ModelPair, prompts, rule, tree, scheme: str = "iid", mod
     if any(r.reads_head for r in rules):
         raise ValueError(f"rule: a rule that reads the verifier's LM head is not supported on trees, got {rule!r}")
     _check_args(1, batch_size, temperature, top_k, top_p)
-    draft, verifier = runtime_models(pair, True)
-    if not isinstance(verifier, Llama) or not (isinstance(draft, Llama) or getattr(draft, "needs_features", False)):
-        raise ValueError(f"tree decoding runs the compact Llama: the verifier and a token-level draft must be "
-                         f"Llama-family models, got {type(verifier).__name__} and {type(draft).__name__}")
+    draft, verifier = runtime_models(pair, compact)
     stats = DecodeStats("tree", rule=repr(rules[0] if len(rules) == 1 else rules),
                         k=tree.nodes if isinstance(tree, DynamicTree) else len(tree))
     sampling = (temperature, top_k, top_p)

@@ -142,23 +142,29 @@ def test_the_laws_given_to_verify_tree_are_the_models_laws_at_every_node(tree):
     assert 0 in accepted and max(accepted) >= 2  # rejections and accepted paths of length >= 2 both seen
 
 
-@pytest.mark.parametrize("scheme,tree", [("iid", TREE), ("deterministic", TREE), ("deterministic", DYNAMIC)])
-def test_greedy_tree_decoding_is_the_verifiers_greedy_continuation(scheme, tree):
+@pytest.mark.parametrize("scheme,tree,compact", [("iid", TREE, True), ("deterministic", TREE, True),
+                                                 ("deterministic", DYNAMIC, True), ("deterministic", TREE, False),
+                                                 ("deterministic", DYNAMIC, False)])
+def test_greedy_tree_decoding_is_the_verifiers_greedy_continuation(scheme, tree, compact):
+    """Deterministic check of tree masks, positions and the caches kept along the path, on the compact
+    Llama and on the Hugging Face forward (4D mask, ``compact=False``)."""
     prompts = [[6], [3, 5, 7, 1, 2, 8, 8], [2, 9], [0, 1, 2, 3]]
-    res = tree_generate(pair(), prompts, ct.SpS(), tree, scheme, max_new_tokens=12, temperature=0.0, batch_size=4)
+    res = tree_generate(pair(), prompts, ct.SpS(), tree, scheme, max_new_tokens=12, temperature=0.0, batch_size=4,
+                        compact=compact)
     ar = autoregressive_generate(pair(), prompts, max_new_tokens=12, temperature=0.0, batch_size=4)
     assert res.tokens == ar.tokens
     assert 0 < res.stats.accepted and res.stats.al > 1
 
 
-@pytest.mark.parametrize("scheme,sampling,tree", [
-    ("iid", (1.0, 0, 1.0), TREE), ("without_replacement", (0.8, 6, 0.9), TREE), ("deterministic", (1.0, 0, 1.0), TREE),
-    ("iid", (1.0, 0, 1.0), DYNAMIC), ("deterministic", (0.8, 6, 0.9), DYNAMIC)])
-def test_tree_sps_emits_the_verifiers_law(scheme, sampling, tree):
+@pytest.mark.parametrize("scheme,sampling,tree,compact", [
+    ("iid", (1.0, 0, 1.0), TREE, True), ("without_replacement", (0.8, 6, 0.9), TREE, True),
+    ("deterministic", (1.0, 0, 1.0), TREE, True), ("iid", (1.0, 0, 1.0), DYNAMIC, True),
+    ("deterministic", (0.8, 6, 0.9), DYNAMIC, True), ("without_replacement", (1.0, 0, 1.0), DYNAMIC, False)])
+def test_tree_sps_emits_the_verifiers_law(scheme, sampling, tree, compact):
     prompt = [3, 5, 7]
     t, k, p = sampling
     res = tree_generate(pair(), [prompt] * N, ct.SpS(), tree, scheme, max_new_tokens=3, temperature=t, top_k=k,
-                        top_p=p, batch_size=N, seed=1)
+                        top_p=p, batch_size=N, seed=1, compact=compact)
     assert all(len(x) == 3 for x in res.tokens)
     assert_fits(res.tokens, autoregressive_law(cond(VERIFIER, sampling), 3, prompt=tuple(prompt)), 3)
     assert 1 < res.stats.al < 4
@@ -294,7 +300,7 @@ def test_feature_draft_greedy_tree_is_the_verifiers_greedy_continuation():
     prompts = [[6], [3, 5, 7, 1, 2, 8, 8], [2, 9], [0, 1, 2, 3]]
     pr = ModelPair(HEAD, HEAD_VER, None)
     ar = autoregressive_generate(pr, prompts, max_new_tokens=12, temperature=0.0, batch_size=4)
-    for tree in (TREE, DYNAMIC):
+    for tree, compact in ((TREE, True), (DYNAMIC, True), (DYNAMIC, False)):
         res = tree_generate(pr, prompts, ct.SpS(), tree, "deterministic", max_new_tokens=12, temperature=0.0,
-                            batch_size=4)
+                            batch_size=4, compact=compact)
         assert res.tokens == ar.tokens and res.stats.accepted > 0
