@@ -170,10 +170,11 @@ def test_tree_sps_emits_the_verifiers_law(scheme, sampling, tree, compact):
     assert 1 < res.stats.al < 4
 
 
-@pytest.mark.parametrize("scheme,mode", [("iid", "rounds"), ("deterministic", "joint")])
-def test_tree_cactus_emits_its_exact_tree_law(scheme, mode):
+@pytest.mark.parametrize("rule,scheme,mode", [(ct.Cactus(0.5), "iid", "rounds"), (ct.Cactus(0.5), "deterministic", "joint"),
+                                              ((ct.TAS(), ct.SpS()), "without_replacement", "rounds")],
+                         ids=["cactus-iid-rounds", "cactus-deterministic-joint", "tas-then-sps-wor-rounds"])
+def test_tree_lossy_rules_emit_their_exact_tree_law(rule, scheme, mode):
     prompt = [1, 8]
-    rule = ct.Cactus(0.5)
     res = tree_generate(pair(), [prompt] * N, rule, TREE, scheme, mode=mode, max_new_tokens=3, batch_size=N, seed=2,
                         **RAW)
     law = verifier_first_law(cond(DRAFT), cond(VERIFIER), rule, TREE, scheme, 3, prompt, mode=mode)
