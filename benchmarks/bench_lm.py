@@ -11,6 +11,7 @@ targets, each marked met or missed. Writes the results JSON atomically.
 
     .venv/bin/python benchmarks/bench_lm.py --threads 1                     # the targets' run (k = 4, B = 1)
     .venv/bin/python benchmarks/bench_lm.py --ks 2 4 6 8 --batch-sizes 1 4 8 --rules sps cactus
+    .venv/bin/python benchmarks/bench_lm.py --rules sps cactus --tree-branching 2,2 4,2,1 --tree-dynamic 4,4,2
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import time
 
 import torch
 
+from cactus_theory.core.tree import SCHEMES, DynamicTree, branching_parents
 from cactus_theory.lm.data import prompt_set
 from cactus_theory.lm.experiments.experiment import (
     DEFAULT_RULES,
@@ -44,6 +46,11 @@ def main(argv=None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--ks", type=int, nargs="+", default=[4], help="drafts per step")
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1])
+    ap.add_argument("--tree-branching", nargs="+", default=[], metavar="B1,B2,...",
+                    help="also run every rule on these static trees (depth d nodes have B_d children)")
+    ap.add_argument("--tree-dynamic", nargs="+", default=[], metavar="DEPTH,WIDTH,CHILDREN",
+                    help="also run every rule on these dynamic trees (core.tree.DynamicTree)")
+    ap.add_argument("--tree-scheme", default="iid", choices=list(SCHEMES), help="how tree candidates are drawn")
     ap.add_argument("--rules", nargs="+", default=["all"], choices=sorted(RULE_SETS),
                     help="rule sets: all (SpS, TAS, top-k, interpolation, Cactus 0.25 / 0.5 / 1), sps, cactus")
     ap.add_argument("--seed", type=int, default=0)
@@ -52,6 +59,12 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", default="bench_lm.json")
     args = ap.parse_args(argv)
+    trees = []
+    try:
+        trees += [(f"tree {t}", branching_parents(tuple(int(x) for x in t.split(",")))) for t in args.tree_branching]
+        trees += [(f"dyn {t}", DynamicTree(*(int(x) for x in t.split(",")))) for t in args.tree_dynamic]
+    except (ValueError, TypeError) as e:
+        ap.error(f"--tree-branching / --tree-dynamic: {e}")
     if args.threads:
         torch.set_num_threads(args.threads)
     rules = []
@@ -69,7 +82,7 @@ def main(argv=None) -> int:
           f"{info.get('heldout_acceptance_by_depth', 'n/a')}", flush=True)
     res = run_benchmark(pair, prompt_set(args.per_style), rules=rules, ks=tuple(args.ks),
                         batch_sizes=tuple(args.batch_sizes), max_new_tokens=args.max_new_tokens, seed=args.seed,
-                        sampling=SAMPLING)
+                        sampling=SAMPLING, trees=trees, tree_scheme=args.tree_scheme)
     res["draft_info"] = {k: v for k, v in info.items() if k != "losses"}
     res["settings"].update(dtype=args.dtype, device=args.device)
     res["targets"] = [dict(zip(("what", "measured", "ci", "target", "met"), t, strict=True)) for t in

@@ -40,6 +40,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
     g.add_argument("-k", "--num-drafts", dest="num_drafts", type=positive_int, default=4,
                    help="drafted tokens per step (the paper's m)")
     g.add_argument("--max-new-tokens", type=positive_int, default=128, help="new tokens per prompt at most")
+    g.add_argument("--tree-branching", default=None, metavar="B1,B2,...",
+                   help="tree decoding: draft a static tree whose nodes at depth d have B_d children (e.g. 2,2: "
+                        "6 nodes) and verify it in one verifier forward (-k unused)")
+    g.add_argument("--tree-dynamic", default=None, metavar="DEPTH,WIDTH,CHILDREN",
+                   help="tree decoding with a dynamic tree: the root gets CHILDREN candidates, then at each of "
+                        "DEPTH - 1 levels the WIDTH most probable paths get CHILDREN each (e.g. 4,4,2)")
+    g.add_argument("--tree-scheme", default="iid",
+                   help="how a tree node's children are drawn: iid, without_replacement, deterministic (top-k) or "
+                        "eagle (default iid; the first three keep SpS lossless)")
+    g.add_argument("--tree-mode", default="rounds", help="rounds or joint (a lossy rule over a node's children)")
     g.add_argument("--batch-size", type=positive_int, default=8, help="prompts decoded together")
     g.add_argument("--seed", type=int, default=0, help="seed of every draw (batch i uses seed + i)")
     add_sampling_arguments(parser)
@@ -82,8 +92,55 @@ def check(args: argparse.Namespace) -> None:
     args.prompts = _prompts(args)
     check_model(args.verifier, "--verifier")
     check_model(args.draft, "--draft")
+    args.tree = _check_tree_args(args)
     if args.json:
         check_writable_file(args.json, "--json")
+
+
+TREE_SCHEMES = ("iid", "without_replacement", "deterministic", "eagle")  # core.tree.SCHEMES (torch-free here)
+TREE_MODES = ("rounds", "joint")  # core.tree.MODES
+
+
+def _check_tree_args(args: argparse.Namespace) -> tuple[int, ...] | None:
+    """``("branching", (b1, b2, ...))`` from ``--tree-branching``, ``("dynamic", (depth, width, children))``
+    from ``--tree-dynamic``, or None; with the scheme, mode, rule and draft checked; no torch (argument
+    errors answer before anything loads)."""
+    from ..core.rules import ScalingRule
+
+    branching, dynamic = getattr(args, "tree_branching", None), getattr(args, "tree_dynamic", None)
+    if branching is None and dynamic is None:
+        return None
+    if branching is not None and dynamic is not None:
+        raise ValueError("--tree-branching and --tree-dynamic: give one tree, not both")
+    flag, text = ("--tree-branching", branching) if branching is not None else ("--tree-dynamic", dynamic)
+    try:
+        nums = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        nums = ()
+    if not nums or min(nums) < 1 or (flag == "--tree-dynamic" and len(nums) != 3):
+        raise ValueError(f"{flag} must be {'comma-separated integers' if flag == '--tree-branching' else 'three integers DEPTH,WIDTH,CHILDREN'} "
+                         f">= 1 (e.g. {'2,2' if flag == '--tree-branching' else '4,4,2'}), got {text!r}")
+    if flag == "--tree-branching":
+        nodes, width = 0, 1
+        for b in nums:
+            width *= b
+            nodes += width
+    else:
+        nodes, size = nums[2], nums[2]
+        for _ in range(nums[0] - 1):
+            size = min(nums[1], size) * nums[2]
+            nodes += size
+    if nodes > 256:
+        raise ValueError(f"{flag} {text} makes {nodes} nodes; at most 256")
+    if args.tree_scheme not in TREE_SCHEMES:
+        raise ValueError(f"--tree-scheme must be one of {', '.join(TREE_SCHEMES)}, got {args.tree_scheme!r}")
+    if args.tree_mode not in TREE_MODES:
+        raise ValueError(f"--tree-mode must be one of {', '.join(TREE_MODES)}, got {args.tree_mode!r}")
+    if args.tree_mode == "joint" and not isinstance(args.rule_obj, ScalingRule):
+        raise ValueError(f"--tree-mode joint needs a two-block rule (sps, cactus), got --rule {args.rule}")
+    if args.rule_obj.reads_head:
+        raise ValueError(f"--rule {args.rule}: a rule that reads the verifier's LM head is not supported on trees")
+    return ("branching" if flag == "--tree-branching" else "dynamic"), nums
 
 
 def _load(args):
@@ -132,6 +189,9 @@ def _decode(fn, batches: list[list[str]], label: str, seed: int, **kw):
 def _stats_lines(label: str, s) -> list[str]:
     lines = [f"[{label}] {s.sequences} sequences, {s.new_tokens} new tokens, {s.tokens_per_s:.2f} tokens/s "
              f"(decode time), {s.verifier_calls} verifier forwards"]
+    if s.method == "tree":
+        lines.append(f"[{label}] AL {s.al:.3f} tokens per verifier call (bonus included), accepted per step "
+                     f"{s.accepted_per_step:.3f} of a {s.k}-node tree (step KL not computed for trees)")
     if s.method == "speculative":
         kl = (f"{s.mean_step_kl:.4f} nats" if s.kl_count else
               f"not computed (skipped at {s.kl_skipped} positions: the rule reads the verifier's head, as "
@@ -148,7 +208,8 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from ..core.registry import label
-    from ..lm.loop import autoregressive_generate, speculative_generate
+    from ..core.tree import DynamicTree, branching_parents
+    from ..lm.loop import autoregressive_generate, speculative_generate, tree_generate
     from ..util.atomic import atomic_write_json
 
     if args.threads:
@@ -166,6 +227,13 @@ def run(args: argparse.Namespace) -> int:
     bs = args.batch_size
     batches = [prompts[i:i + bs] for i in range(0, len(prompts), bs)]
     runs = [("speculative", speculative_generate, spec_kw)]
+    if args.tree is not None:
+        kind, nums = args.tree
+        tree = branching_parents(nums) if kind == "branching" else DynamicTree(*nums)
+        runs = [("speculative", tree_generate, dict(pair=pair, rule=rule, tree=tree, scheme=args.tree_scheme,
+                                                    mode=args.tree_mode, **sampling))]
+        size = len(tree) if kind == "branching" else tree.nodes
+        k = f"{kind} tree {','.join(map(str, nums))} ({size} nodes, {args.tree_scheme}, {args.tree_mode})"
     if args.baseline:
         runs.append(("verifier alone", autoregressive_generate, base_kw))
     with quiet_transformers(args.verbose):
@@ -181,7 +249,7 @@ def run(args: argparse.Namespace) -> int:
     base_texts, base = results.get("verifier alone", (None, None))
     for i, prompt in enumerate(prompts):
         print(f"--- [{i}] {prompt[:60]!r}")
-        print(f"speculative ({label(rule)}, k={k}):\n{spec_texts[i]}\n")
+        print(f"speculative ({label(rule)}, k={k}):\n{spec_texts[i]}\n")  # k: drafts, or the tree
         if base_texts is not None:
             print(f"verifier alone:\n{base_texts[i]}\n")
     for line in _stats_lines(f"{label(rule)}, k={k}", spec):

@@ -18,6 +18,12 @@ Two implementations: the compact Llama (``llama.py``; static cache written at pe
 stale slots overwritten) for Llama-family models, and any Hugging Face causal LM (a growing cache
 whose rejected slots are masked out; positions count only unmasked slots, so each row sees exactly
 the sequence it would see alone).
+
+Trees: ``forward_tree(ids, parents, lo)`` reads nodes ``lo..`` of a tree drafted
+after the final tokens (tree attention, ``Llama.forward_tree``); ``keep_path(nodes, n)`` makes the first
+``n[b]`` nodes of ``nodes[b]`` (a root-to-node path) final, moving their cache entries into consecutive
+slots. ``Target.score_tree`` / ``advance_tree`` and ``TokenDrafter.propose_tree`` / ``advance_tree`` are
+the tree versions of the chain methods.
 """
 
 from __future__ import annotations
@@ -26,11 +32,14 @@ import inspect
 
 import torch
 
+from ..core.sampler import sample_rows
 from ..core.transforms import sampling_probs
+from ..core.tree import SCHEMES, without
 from .draft import FeatureDraft
-from .llama import Llama
+from .llama import Llama, tree_ancestry
 
-__all__ = ["Target", "TokenDrafter", "FeatureDrafter", "make_target", "make_drafter", "right_pad", "open_stream"]
+__all__ = ["Target", "TokenDrafter", "FeatureDrafter", "make_target", "make_drafter", "right_pad", "open_stream",
+           "grow_tree", "tree_sizes"]
 
 
 def right_pad(prompts: list[list[int]], pad: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -66,6 +75,19 @@ class _LlamaStream:
         """Forget the last ``n[b]`` (B,) final tokens of each row."""
         self.length = self.length - n
 
+    def forward_tree(self, ids: torch.Tensor, parents: torch.Tensor, lo: int = 0,
+                     logits_at: torch.Tensor | None = None):
+        """Read nodes ``lo .. lo + W - 1`` (``ids`` (B, W)) of the tree ``parents`` (B, M) drafted after
+        each row's final tokens (``Llama.forward_tree``); returns logits (B, W, V) float32 and features."""
+        return self.model.forward_tree(ids, parents, self.length, self.cache, lo, self.aux_layers, logits_at)
+
+    def keep_path(self, nodes: torch.Tensor, n: torch.Tensor) -> None:
+        """Nodes ``nodes[b, :n[b]]`` (B, M) int64 of the tree just read, a root-to-node path, become final."""
+        M = nodes.shape[1]
+        keep = torch.arange(M, device=nodes.device)[None] < n[:, None]
+        self.cache.keep_path(self.length, torch.where(keep, nodes, torch.full_like(nodes, -1)))
+        self.length = self.length + n
+
     def select(self, idx: torch.Tensor) -> None:
         """Keep rows ``idx``."""
         self.cache.select(idx)
@@ -88,6 +110,41 @@ class _HFStream:
     def length(self) -> torch.Tensor:
         """(B,) final tokens per row (unmasked slots)."""
         return self.mask.sum(-1)
+
+    def forward_tree(self, ids: torch.Tensor, parents: torch.Tensor, lo: int = 0,
+                     logits_at: torch.Tensor | None = None):
+        """As ``_LlamaStream.forward_tree``, through the model's own forward with a 4D additive mask
+        (B, 1, W, slots): a node sees the unmasked slots before the tree and its ancestors and itself;
+        positions ``length + depth``. The tree's slots are appended masked (not final) until ``keep_path``."""
+        B, W = ids.shape
+        M = lo + W
+        dev = ids.device
+        if lo == 0:
+            self._tree_base = self.mask.shape[1]
+        base = self._tree_base
+        anc, depth = tree_ancestry(parents[:, :M].to(dev).long())
+        seen = torch.cat([self.mask[:, :base].bool()[:, None, :].expand(B, W, base), anc[:, lo:, :M]], -1)
+        dtype = next(self.model.parameters()).dtype
+        mask4 = torch.zeros(seen.shape, dtype=dtype, device=dev).masked_fill_(~seen, torch.finfo(dtype).min)
+        pos = self.mask[:, :base].sum(-1, keepdim=True) + depth[:, lo:]
+        self.mask = torch.cat([self.mask, torch.zeros_like(ids)], 1)
+        self._w = 0
+        out = self.model(input_ids=ids, attention_mask=mask4[:, None], position_ids=pos, use_cache=True,
+                         output_hidden_states=bool(self.aux_layers), **{self.kw: self.cache})
+        c = getattr(out, "past_key_values", None)
+        self.cache = c if c is not None else getattr(out, "cache", None)
+        aux = [out.hidden_states[i] for i in self.aux_layers] if self.aux_layers else []
+        logits = out.logits
+        if logits_at is not None:
+            logits = logits[torch.arange(B, device=dev), logits_at].unsqueeze(1)
+        return logits.float(), aux
+
+    def keep_path(self, nodes: torch.Tensor, n: torch.Tensor) -> None:
+        """Nodes ``nodes[b, :n[b]]`` of the tree just read become final (their slots unmasked)."""
+        M = nodes.shape[1]
+        keep = torch.arange(M, device=nodes.device)[None] < n[:, None]
+        b, i = torch.nonzero(keep, as_tuple=True)
+        self.mask[b, self._tree_base + nodes[b, i]] = 1
 
     def forward(self, ids: torch.Tensor, n: torch.Tensor | None = None, logits_at: torch.Tensor | None = None):
         """As ``_LlamaStream.forward``; the block's real tokens are unmasked until ``keep``."""
@@ -158,6 +215,26 @@ class Target:
         self.s.keep(a + 1)
         self.pending = last
 
+    def score_tree(self, tokens: torch.Tensor, parents: torch.Tensor):
+        """Read ``pending`` and a drafted tree in one forward: ``tokens`` (B, N) int64 (``-1``: absent
+        node), ``parents`` (B, N) int64 (``-1``: a child of the pending token). Returns logits
+        (B, N + 1, V) float32 (column 0 at the pending token, column ``j + 1`` after node ``j``) and
+        the features at those positions."""
+        B = tokens.shape[0]
+        block = torch.cat([self.pending[:, None], tokens.clamp_min(0)], 1)
+        par = torch.where((parents >= 0) & (tokens >= 0), parents + 1, torch.zeros_like(parents))
+        par = torch.cat([torch.full((B, 1), -1, dtype=par.dtype, device=par.device), par], 1)
+        return self.s.forward_tree(block, par.long())
+
+    def advance_tree(self, path: torch.Tensor, a: torch.Tensor, last: torch.Tensor) -> None:
+        """Keep the pending token and the accepted path ``path[b, :a[b]]`` (B, N) node ids (``verify_tree``'s
+        ``accepted_nodes``); ``last`` (B,) is the new pending token."""
+        B = path.shape[0]
+        nodes = torch.cat([torch.zeros((B, 1), dtype=torch.long, device=path.device),
+                           torch.where(path >= 0, path + 1, path)], 1)
+        self.s.keep_path(nodes, a + 1)
+        self.pending = last
+
     def select(self, idx):
         self.s.select(idx)
         self.pending = self.pending[idx]
@@ -167,6 +244,85 @@ def _sample(logits: torch.Tensor, sampling, gen) -> tuple[torch.Tensor, torch.Te
     """Draw one token per row from the transformed law; returns (token (B,), law (B, V))."""
     p = sampling_probs(logits, *sampling)
     return torch.multinomial(p, 1, generator=gen)[:, 0], p
+
+
+def tree_sizes(tree) -> tuple[int, ...]:
+    """Nodes per level of ``tree``: a ``core.tree.DynamicTree`` (its ``level_sizes``) or a parents tuple
+    listed level by level (depth never decreases along the node order)."""
+    if callable(getattr(tree, "level_sizes", None)):
+        return tree.level_sizes()
+    depth: list[int] = []
+    for j, a in enumerate(tree):
+        depth.append(0 if a < 0 else depth[a] + 1)
+        if j and depth[j] < depth[j - 1]:
+            raise ValueError(f"parents must list the nodes level by level (breadth-first), got {tree}")
+    return tuple(depth.count(d) for d in range(depth[-1] + 1))
+
+
+def grow_tree(p0: torch.Tensor, read_level, tree, scheme: str, gen):
+    """Draw a draft tree after each row (both drafters' ``propose_tree``).
+
+    ``p0`` (B, V) the draft law at the root; ``read_level(tokens, parents, lo)`` reads nodes
+    ``lo .. lo + W - 1`` (``tokens`` (B, W), ``parents`` (B, lo + W)) and returns the draft law after each
+    (B, W, V); ``tree`` a static parents tuple (listed level by level) or a ``core.tree.DynamicTree``
+    (the ``width`` nodes of highest path probability of each level grow ``children`` each, ties to the
+    lower node index). A node's children are drawn from the law ``p`` at the node per ``scheme``:
+    ``"iid"`` i.i.d. from ``p``; ``"without_replacement"`` from ``p`` without the earlier siblings,
+    renormalised (once ``p``'s support is exhausted a placeholder ``x ~ p`` is stored, which
+    ``verify_tree`` skips); ``"deterministic"`` / ``"eagle"`` the ``rank``-th most likely token (ties to the
+    lower id). Each random node takes one float64 uniform per row from ``gen`` (inverse CDF,
+    ``sampler.sample_rows``), in node order. Every level but the last is read (one call per level).
+
+    Returns ``tokens`` (B, N) int64, ``parents`` (B, N) int64, ``draft_probs`` (B, N, V) (``p`` at each
+    node's parent, as ``verify_tree`` reads them) and ``read`` (B, N) bool (the nodes read)."""
+    if scheme not in SCHEMES:
+        raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
+    dynamic = callable(getattr(tree, "level_sizes", None))  # a DynamicTree; else a parents tuple
+    sizes = tree_sizes(tree)
+    N = sum(sizes)
+    (B, V), dev = p0.shape, p0.device
+    rows = torch.arange(B, device=dev)
+    laws = p0.new_zeros((B, N + 1, V))  # slot 0: the root, slot j + 1: after node j
+    laws[:, 0] = p0
+    tokens = torch.full((B, N), -1, dtype=torch.long, device=dev)
+    parents = torch.full((B, N), -1, dtype=torch.long, device=dev)
+    probs = p0.new_zeros((B, N, V))
+    logpath = torch.zeros((B, N + 1), dtype=torch.float64, device=dev)
+    removed = torch.zeros((B, N + 1, V), dtype=torch.bool, device=dev) if scheme == "without_replacement" else None
+    read = torch.zeros((B, N), dtype=torch.bool, device=dev)
+    lo = 0
+    for d, size in enumerate(sizes):
+        hi = lo + size
+        if not dynamic:
+            parents[:, lo:hi] = torch.tensor(tree[lo:hi], dtype=torch.long, device=dev)
+        elif d > 0:  # the previous level's best paths grow ``children`` each, kept in node order
+            plo = lo - sizes[d - 1]
+            order = torch.sort(-logpath[:, plo + 1:lo + 1], dim=-1, stable=True).indices
+            best = order[:, :size // tree.children].sort(-1).values + plo
+            parents[:, lo:hi] = best.repeat_interleave(tree.children, dim=1)
+        for j in range(lo, hi):
+            slot = parents[:, j] + 1
+            p = laws[rows, slot]
+            rank = (j - lo) % tree.children if dynamic else sum(1 for i in range(j) if tree[i] == tree[j])
+            if scheme in ("deterministic", "eagle"):
+                if rank >= V:
+                    raise ValueError(f"a node has more than V = {V} deterministic children")
+                x = torch.sort(-p, dim=-1, stable=True).indices[:, rank]
+            else:
+                src = p if removed is None else without(p, removed[rows, slot])
+                src = torch.where(src.sum(-1, keepdim=True) > 0, src, p)  # support exhausted: placeholder
+                u = torch.rand(B, generator=gen, dtype=torch.float64, device=gen.device if gen is not None else dev)
+                x = sample_rows(src, u.to(dev))
+                if removed is not None:
+                    removed[rows, slot, x] = True
+            tokens[:, j] = x
+            probs[:, j] = p
+            logpath[:, j + 1] = logpath[rows, slot] + p[rows, x].double().log()
+        if d + 1 < len(sizes):  # speculative read: nothing becomes final
+            laws[:, lo + 1:hi + 1] = read_level(tokens[:, lo:hi], parents[:, :hi], lo)
+            read[:, lo:hi] = True
+        lo = hi
+    return tokens, parents, probs, read
 
 
 class TokenDrafter:
@@ -204,6 +360,32 @@ class TokenDrafter:
                 logits = self._read(t[:, None], one)
         return torch.stack(toks, 1), torch.stack(laws, 1)
 
+    def propose_tree(self, tree, scheme: str, sampling, gen):
+        """Draft ``tree`` (see ``grow_tree``) after each row: one forward reads the pending tokens, then
+        one tree forward (``Llama.forward_tree``) per level that has a next level. Returns ``tokens``
+        (B, N) int64, ``parents`` (B, N) int64 and ``draft_probs`` (B, N, V) float32."""
+        p0 = sampling_probs(self._read(self.ids, self.n), *sampling)  # p at the root
+
+        def read_level(tok, par, lo):
+            return sampling_probs(self.s.forward_tree(tok, par, lo)[0], *sampling)
+
+        tokens, parents, probs, self._read_nodes = grow_tree(p0, read_level, tree, scheme, gen)
+        return tokens, parents, probs
+
+    def advance_tree(self, a: torch.Tensor, path: torch.Tensor, tokens: torch.Tensor, feats=None) -> None:
+        """``a`` (B,) nodes kept along ``path`` (B, N) (``verify_tree``'s ``accepted_nodes``); ``tokens``
+        (B, N + 1) from ``verify_tree``: the path's tokens then the new token. The path's nodes the
+        draft read stay in its cache; an accepted node it never read (on the last level) is pending
+        with the new token."""
+        B = a.shape[0]
+        rows = torch.arange(B, device=a.device)
+        lastnode = path[rows, (a - 1).clamp_min(0)].clamp_min(0)
+        unread = (a > 0) & ~self._read_nodes[rows, lastnode]
+        self.s.keep_path(path.clamp_min(0), a - unread.long())
+        self.ids = torch.stack([torch.where(unread, tokens[rows, (a - 1).clamp_min(0)], tokens[rows, a]),
+                                tokens[rows, a]], 1)
+        self.n = 1 + unread.long()
+
     def advance(self, a: torch.Tensor, tokens: torch.Tensor, feats=None) -> None:
         """``a`` (B,) drafts kept; ``tokens`` (B, k + 1) from ``verify``: kept drafts then the new token."""
         k = tokens.shape[1] - 1
@@ -219,6 +401,8 @@ class TokenDrafter:
     def select(self, idx):
         self.s.select(idx)
         self.ids, self.n = self.ids[idx], self.n[idx]
+        if getattr(self, "_read_nodes", None) is not None:
+            self._read_nodes = self._read_nodes[idx]
 
 
 class FeatureDrafter:
@@ -266,6 +450,46 @@ class FeatureDrafter:
             if j < k - 1:
                 g = self._step(g, t[:, None], self.length + j)
         return torch.stack(toks, 1), torch.stack(laws, 1)
+
+    def _law(self, g: torch.Tensor, sampling) -> torch.Tensor:
+        """The head's transformed law over the full vocabulary (..., V) from its outputs ``g`` (..., dim):
+        the transforms on the shortlist, then written into the vocabulary (0 outside the shortlist)."""
+        p_s = sampling_probs(self.head.logits(g), *sampling)
+        return p_s.new_zeros((*p_s.shape[:-1], self.head.args.vocab)).index_copy_(-1, self.head.d2t, p_s)
+
+    def propose_tree(self, tree, scheme: str, sampling, gen):
+        """Draft ``tree`` (see ``grow_tree``) with the head: the pending entries are read (and stay),
+        then each level's nodes read their parent's output and their own token in one tree step
+        (``FeatureDraft.tree_step``), written after the final entries (scratch: the next pending entries
+        come from the verifier's features). Returns ``tokens`` (B, N) int64, ``parents`` (B, N) int64,
+        ``draft_probs`` (B, N, V) float32."""
+        rows = torch.arange(self.ids.shape[0], device=self.ids.device)
+        g0 = self._step(self.feat, self.ids, self.length)[rows, self.n - 1]  # (B, dim)
+        self.length = self.length + self.n
+        N = sum(tree_sizes(tree))
+        G = g0.new_zeros((g0.shape[0], N + 1, g0.shape[-1]))  # the head's output at the root and each node
+        G[:, 0] = g0
+
+        def read_level(tok, par, lo):
+            W = tok.shape[1]
+            feat = G.gather(1, (par[:, lo:] + 1)[:, :, None].expand(-1, -1, G.shape[-1]))
+            g = self.head.tree_step(feat, tok, self.cache, self.length, par, lo)
+            G[:, lo + 1:lo + W + 1] = g
+            return self._law(g, sampling)
+
+        tokens, parents, probs, _ = grow_tree(self._law(g0, sampling), read_level, tree, scheme, gen)
+        return tokens, parents, probs
+
+    def advance_tree(self, a: torch.Tensor, path: torch.Tensor, tokens: torch.Tensor, feats) -> None:
+        """As ``advance`` along the accepted path: the verifier's features (list of (B, N + 1, dim) from
+        ``Target.score_tree``) at the pending token and at the ``a`` accepted nodes ``path[b, :a[b]]``."""
+        B = tokens.shape[0]
+        rows = torch.arange(B, device=tokens.device)
+        f = self.head.fuse(feats)  # (B, N + 1, dim)
+        cols = torch.cat([torch.zeros((B, 1), dtype=torch.long, device=path.device),
+                          torch.where(path >= 0, path + 1, 0)], 1)
+        f = f.gather(1, cols[:, :, None].expand(-1, -1, f.shape[-1]))
+        self.advance_block(f, tokens.clamp_min(0), a + 1, tokens[rows, a])
 
     def advance(self, a: torch.Tensor, tokens: torch.Tensor, feats) -> None:
         """The verifier's features at its scored positions (list of (B, k + 1, dim)) become the next

@@ -48,6 +48,7 @@ from .llama import (
     block_inputs,
     hf_args,
     rope_tables,
+    tree_block_inputs,
 )
 
 __all__ = ["DraftConfig", "FeatureDraft", "HeadArgs", "cache_dir", "draft_path", "load_draft", "MissingDraftError",
@@ -254,6 +255,23 @@ class FeatureDraft(nn.Module):
         previous outputs, ``tokens`` (B, W) the next tokens, written at ``cache`` slots ``slots``
         (B, W) of every layer; returns ``g`` (B, W, dim)."""
         cos, sin, mask = block_inputs(slots, self.cos, self.sin, used)
+        cos, sin = cos.to(self.dtype), sin.to(self.dtype)
+        x = torch.cat([self.embed_norm(self.embed(tokens).to(self.dtype)), self.feat_norm(feat)], -1)
+        g = feat + self.attn(x, cos, sin, cache.k[0], cache.v[0], slots, mask)
+        g = g + self.mlp(self.mlp_norm(g))
+        for i, blk in enumerate(self.blocks, start=1):
+            g = blk(g, cos, sin, cache.k[i], cache.v[i], slots, mask)
+        return g
+
+    def tree_step(self, feat: torch.Tensor, tokens: torch.Tensor, cache: KVCache, start: torch.Tensor,
+                  parents: torch.Tensor, lo: int) -> torch.Tensor:
+        """``step`` for nodes ``lo .. lo + W - 1`` of a tree (``llama.tree_block_inputs``): ``feat`` (B, W, dim)
+        each node's parent output (or the root's), ``tokens`` (B, W) the nodes' tokens, ``parents``
+        (B, >= lo + W) int64; node ``j`` is written at slot ``start + j``, placed at ``start + depth(j)``
+        and attends to the slots before ``start`` and to its ancestors. Returns ``g`` (B, W, dim)."""
+        M = lo + tokens.shape[1]
+        slots, cos, sin, mask = tree_block_inputs(parents[:, :M].long(), start, lo, self.cos, self.sin,
+                                                  cache.capacity)
         cos, sin = cos.to(self.dtype), sin.to(self.dtype)
         x = torch.cat([self.embed_norm(self.embed(tokens).to(self.dtype)), self.feat_norm(feat)], -1)
         g = feat + self.attn(x, cos, sin, cache.k[0], cache.v[0], slots, mask)

@@ -9,6 +9,14 @@ slots ``start[b] .. start[b] + W - 1`` of row ``b`` (its positions too) and atte
 before its own. Slots at or past a row's length hold stale entries (rejected drafts, padding);
 they are never attended, because a query only sees slots up to its own, and they are overwritten
 by the next block written there. The caller keeps each row's length.
+
+Trees: ``forward_tree(ids, parents, start, cache, lo)`` scores nodes ``lo .. lo + W - 1`` of a tree
+drafted after each row's ``start[b]`` final tokens: node ``j`` is written at slot ``start[b] + j``, sits
+at position ``start[b] + depth(j)`` (``depth = 0`` for a node whose parent is ``-1``) and attends to
+the final slots and to its own ancestors (itself included) only, so siblings never see each other.
+``KVCache.keep_path(start, nodes)`` then moves the kept nodes' keys and values into consecutive
+slots after ``start`` (their positions are already those of consecutive tokens), so the next block
+is written after them as after any kept chain.
 """
 
 from __future__ import annotations
@@ -20,7 +28,7 @@ from torch import nn
 from torch.nn import functional as F
 
 __all__ = ["LlamaArgs", "Llama", "KVCache", "RMSNorm", "Attention", "MLP", "Block", "rope_tables", "rotate",
-           "attend", "supports_hf", "hf_args"]
+           "attend", "supports_hf", "hf_args", "tree_ancestry", "tree_block_inputs"]
 
 
 @dataclass(frozen=True)
@@ -113,6 +121,21 @@ class KVCache:
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
         self.capacity = capacity
 
+    def keep_path(self, start: torch.Tensor, nodes: torch.Tensor) -> None:
+        """Move the entries of tree nodes ``nodes`` (B, M) int64 (slots ``start[b] + nodes[b, i]``; ``-1``
+        pads a row's tail) to slots ``start[b] + i``: a tree's kept path becomes consecutive. All
+        entries are read before any is written."""
+        B, M = nodes.shape
+        if M == 0:
+            return
+        dst = start[:, None] + torch.arange(M, device=nodes.device)[None]
+        src = torch.where(nodes >= 0, start[:, None] + nodes, dst)
+        H, hd = self.k[0].shape[1], self.k[0].shape[3]
+        si = src[:, None, :, None].expand(B, H, M, hd)
+        di = dst[:, None, :, None].expand(B, H, M, hd)
+        for t in self.k + self.v:
+            t.scatter_(2, di, t.gather(2, si))
+
     def select(self, idx: torch.Tensor) -> None:
         """Keep rows ``idx`` (finished rows leave the batch)."""
         self.k = [t.index_select(0, idx) for t in self.k]
@@ -190,6 +213,50 @@ def block_inputs(slots: torch.Tensor, cos_t: torch.Tensor, sin_t: torch.Tensor, 
     return cos, sin, mask
 
 
+def tree_ancestry(parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``parents`` (B, M) int64, topological (``-1 <= parents[b, j] < j``) -> ``anc`` (B, M, M) bool,
+    ``anc[b, j, i]`` True iff node ``i`` is node ``j`` or one of its ancestors, and ``depth`` (B, M)
+    int64 (0 for a node whose parent is -1)."""
+    B, M = parents.shape
+    dev = parents.device
+    j = torch.arange(M, device=dev)
+    if bool(((parents < -1) | (parents >= j[None])).any()):
+        raise ValueError(f"parents must be topological (-1 <= parents[b, j] < j), got {parents.tolist()}")
+    anc = torch.zeros((B, M, M), dtype=torch.bool, device=dev)
+    depth = torch.zeros((B, M), dtype=torch.long, device=dev)
+    rows = torch.arange(B, device=dev)
+    for i in range(M):
+        par = parents[:, i]
+        has = par >= 0
+        pc = par.clamp_min(0)
+        anc[:, i] = anc[rows, pc] & has[:, None]
+        anc[:, i, i] = True
+        depth[:, i] = torch.where(has, depth[rows, pc] + 1, torch.zeros_like(pc))
+    return anc, depth
+
+
+def tree_block_inputs(parents: torch.Tensor, start: torch.Tensor, lo: int, cos_t: torch.Tensor, sin_t: torch.Tensor,
+                      capacity: int):
+    """Inputs of a tree block, nodes ``lo .. M - 1`` of the tree ``parents`` (B, M): their ``slots``
+    (B, W) = ``start + j``, cos / sin (B, 1, W, hd) at positions ``start + depth(j)`` and the mask
+    (B, 1, W, used): the final slots ``< start`` and the node's ancestors and itself."""
+    B, M = parents.shape
+    W = M - lo
+    dev = parents.device
+    anc, depth = tree_ancestry(parents)
+    slots = start[:, None] + torch.arange(lo, M, device=dev)[None]
+    pos = start[:, None] + depth[:, lo:]
+    used = min(int(slots.max()) + 1, capacity)
+    if int(pos.max()) >= cos_t.shape[0]:
+        raise ValueError(f"tree positions reach {int(pos.max())}, past the model's {cos_t.shape[0]} positions")
+    cos, sin = cos_t[pos].unsqueeze(1), sin_t[pos].unsqueeze(1)
+    rel = torch.arange(used, device=dev)[None] - start[:, None]  # (B, used): key slot - start
+    inside = (rel >= 0) & (rel < M)
+    seen = anc[:, lo:].gather(2, rel.clamp(0, M - 1)[:, None, :].expand(B, W, used))  # (B, W, used)
+    mask = ((rel < 0)[:, None, :] | (seen & inside[:, None, :])).unsqueeze(1)
+    return slots, cos, sin, mask
+
+
 class Llama(nn.Module):
     """Decoder-only Llama: ``forward(ids, start, cache)`` -> logits (B, W, V) (and the residual stream
     entering the layers in ``aux_layers``, for feature-level drafts)."""
@@ -231,6 +298,31 @@ class Llama(nn.Module):
         slots = start[:, None] + torch.arange(W, device=ids.device)[None]
         used = min(int(slots.max()) + 1, cache.capacity)
         cos, sin, mask = block_inputs(slots, self.cos, self.sin, used)
+        return self._layers(ids, slots, cos, sin, mask, cache, aux_layers, logits_at)
+
+    def forward_tree(self, ids: torch.Tensor, parents: torch.Tensor, start: torch.Tensor, cache: KVCache,
+                     lo: int = 0, aux_layers: tuple[int, ...] = (), logits_at: torch.Tensor | None = None):
+        """Score nodes ``lo .. lo + W - 1`` of a tree in one forward (see the module docstring).
+
+        ``ids`` (B, W) int64 the nodes' tokens; ``parents`` (B, M) int64 with ``M >= lo + W``, each
+        node's parent node (``-1``: a child of the final prefix), topological; ``start`` (B,) int64 the
+        final tokens per row. Node ``j`` is written at slot ``start[b] + j`` and placed at position
+        ``start[b] + depth(j)``; it attends to slots ``< start[b]`` and to the slots of its ancestors and
+        itself (nodes ``< lo`` must have been written by an earlier call at the same ``start``).
+        Returns logits (B, W, V) float32 (or (B, 1, V) at column ``logits_at[b]``) and the features, as
+        ``forward``. Nothing becomes final: the caller keeps a path with ``KVCache.keep_path``."""
+        B, W = ids.shape
+        M = lo + W
+        if parents.ndim != 2 or parents.shape[0] != B or parents.shape[1] < M:
+            raise ValueError(f"parents must have shape (B, >= lo + W) = ({B}, >= {M}), got {tuple(parents.shape)}")
+        slots, cos, sin, mask = tree_block_inputs(parents[:, :M].to(ids.device).long(), start, lo, self.cos, self.sin,
+                                                  cache.capacity)
+        return self._layers(ids, slots, cos, sin, mask, cache, aux_layers, logits_at)
+
+    def _layers(self, ids, slots, cos, sin, mask, cache, aux_layers, logits_at):
+        """The network on block ``ids`` (B, W) written at ``slots`` (B, W), rotated by ``cos`` / ``sin``
+        (B, 1, W, hd) float32, attending per ``mask`` (B, 1, W, used) bool."""
+        B = ids.shape[0]
         cos, sin = cos.to(self.dtype), sin.to(self.dtype)
         x = self.embed(ids)
         aux = []

@@ -14,12 +14,39 @@ when the verifier decodes alone. Rows stop independently at EOS or after ``max_n
 finished rows leave the batch (``_drop_finished``). Llama-family Hugging Face models run as the
 compact Llama of ``llama.py`` (converted once per pair, same function); others through their own
 forward (``cache.py``).
+
+**Trees** (``tree_generate``): the same loop with a tree.
+
+One step, for every unfinished row (``_tree_rows``)::
+
+    tokens, p = drafter.propose_tree(parents, scheme)   # a static tree of N nodes, candidates per scheme
+    logits = target.score_tree(tokens, parents)         # ONE verifier forward over [pending, N nodes]
+    q = sampling_probs(logits)                          # the same transforms as p
+    res = verify_tree(tokens, parents, p, q, rule, scheme, mode=mode)   # a path + one token
+    target.advance_tree(res.accepted_nodes, a, last); drafter.advance_tree(a, res.accepted_nodes, res.tokens)
+
+The tree is static (``branching_parents((2, 2))``: every root child has 2 children; or any
+topological ``parents`` listed level by level) or dynamic (``core.tree.DynamicTree(depth, width,
+children)``: the root gets ``children`` candidates, then at each level the ``width`` nodes of highest
+draft path probability get ``children`` each; per-row parents, nothing pruned after drawing, so the
+lossless schemes stay lossless). Tree attention and the cache compaction to the
+accepted path are ``Llama.forward_tree`` / ``KVCache.keep_path`` on the compact Llama (other Hugging
+Face models, or ``compact=False``: a 4D mask through their own forward, the unkept slots masked out,
+``cache._HFStream``); the EAGLE-3-style feature draft grows the tree
+with the head's ``tree_step`` (each node reads its parent's output and its token) and takes the
+verifier's features along the accepted path. First token, EOS, ragged rows and finished rows as in the chain
+loop (``_first_tokens``, ``_emit``, ``_drop_finished``). AL is tokens per verifier call, bonus
+included; ``drafted`` counts the N nodes of each tree, ``judged`` the path plus one.
+
+SpS with ``"iid"``, ``"without_replacement"`` or ``"deterministic"`` emits exactly the verifier's
+law (``theory.tree``; tests on tiny Llama pairs); any rule emits ``theory.tree.tree_sequence_law``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,6 +57,15 @@ from ..core.rules import Rule
 from ..core.sampler import verify
 from ..core.sampling import SAMPLING as _SAMPLING
 from ..core.transforms import check_sampling, sampling_probs
+from ..core.tree import (
+    MODES,
+    SCHEMES,
+    DynamicTree,
+    check_mode,
+    check_parents,
+    check_rules,
+    verify_tree,
+)
 from .cache import Target, make_drafter, right_pad
 from .head_tap import HeadTap
 from .llama import Llama, supports_hf
@@ -37,7 +73,7 @@ from .metrics import DecodeResult, DecodeStats, SequenceCounters, nll_of, step_k
 from .pair import ModelPair, context_length
 
 __all__ = ["speculative_generate", "autoregressive_generate", "prepare_prompts", "SAMPLING", "runtime_models",
-           "first_step_laws", "VerifierStep"]
+           "first_step_laws", "VerifierStep", "tree_generate", "check_tree"]
 
 SAMPLING = _SAMPLING  # the paper's (core.sampling.SAMPLING: temperature 0.6, top-k 20, top-p 0.95)
 
@@ -369,3 +405,113 @@ def first_step_laws(pair: ModelPair, ids: list[int], lo: int, hi: int, temperatu
     q = sampling_probs(out.logits[0, lo:hi].float(), *sampling)
     p = sampling_probs(p_logits.float(), *sampling)
     return p.double().cpu().numpy(), q.double().cpu().numpy()
+
+
+# -- trees --------------------------------------------------------------------------------------
+
+def check_tree(tree):
+    """``tree``: a ``DynamicTree`` (returned as is) or a ``parents`` sequence (topological, level by
+    level) -> the parents tuple (N,)."""
+    if isinstance(tree, DynamicTree):
+        return tree
+    par = check_parents(tree) if isinstance(tree, (list, tuple)) else None
+    if par is None:
+        raise ValueError(f"tree must be a parents sequence such as branching_parents((2, 2)) or a DynamicTree, "
+                         f"got {tree!r}")
+    depth: list[int] = []
+    for j, a in enumerate(par):
+        depth.append(0 if a < 0 else depth[a] + 1)
+        if j and depth[j] < depth[j - 1]:
+            raise ValueError(f"tree must list its nodes level by level (breadth-first), got {par}")
+    return par
+
+
+@torch.inference_mode()
+def _tree_rows(draft, verifier, prompts, rules, tree, scheme, mode, max_new, sampling, gen, stats, per_seq,
+               eos):
+    dev = _device(verifier)
+    B = len(prompts)
+    dynamic = isinstance(tree, DynamicTree)
+    N = tree.nodes if dynamic else len(tree)
+    ids, lens = right_pad(prompts, eos or 0, dev)
+    cap = int(lens.max()) + max_new + N + 3
+    drafter = make_drafter(draft, B, cap, dev)
+    target = Target(verifier, B, cap, dev, drafter.feature_layers if drafter.needs_features else ())
+    out: list[list[int]] = [[] for _ in range(B)]
+    first, feats, alive = _first_tokens(target, ids, lens, sampling, gen, out, per_seq, stats, eos, max_new)
+    drafter.start(ids, lens, first, feats)
+    rows = _drop_finished(alive, list(range(B)), [target, drafter], dev)
+    # draft forwards per step: the pending tokens, then each level but the last
+    levels = tree.depth if dynamic else 1 + max(_depths(tree))
+    while rows:
+        t0 = time.perf_counter()
+        tokens, par, p = drafter.propose_tree(tree, scheme, sampling, gen)  # (n, N), (n, N), (n, N, V)
+        t1 = time.perf_counter()
+        logits, feats = target.score_tree(tokens, par)  # (n, N + 1, V)
+        q = sampling_probs(logits, *sampling)
+        t2 = time.perf_counter()
+        res = verify_tree(tokens, par, p, q, rules, scheme, generator=gen, check=False, mode=mode)
+        t3 = time.perf_counter()
+        a, path = res.num_accepted, res.accepted_nodes
+        last = res.tokens.gather(1, a[:, None])[:, 0]
+        target.advance_tree(path, a, last)
+        drafter.advance_tree(a, path, res.tokens, feats)
+        kept, alive = _emit(out, rows, res.tokens, a + 1, eos, max_new)
+        stats.draft_seconds += t1 - t0
+        stats.verifier_seconds += t2 - t1
+        stats.verify_seconds += t3 - t2
+        stats.draft_calls += levels
+        stats.verifier_calls += 1
+        t4 = time.perf_counter()
+        # the verifier's logits along the path: column 0 (pending), then after each accepted node
+        cols = torch.cat([torch.zeros_like(a)[:, None], torch.where(path >= 0, path + 1, 0)], 1)
+        nll = nll_of(logits.gather(1, cols[:, :, None].expand(-1, -1, logits.shape[-1])), res.tokens).tolist()
+        for i, b in enumerate(rows):
+            c = per_seq[b]
+            c.steps += 1
+            c.accepted += int(a[i])
+            c.drafted += N
+            c.judged += int(a[i]) + 1
+            c.nll_sum += sum(nll[i][:kept[i]])
+            c.nll_count += kept[i]
+        stats.metric_seconds += time.perf_counter() - t4
+        rows = _drop_finished(alive, rows, [target, drafter], dev)
+    return out
+
+
+def _depths(parents: Sequence[int]) -> list[int]:
+    d: list[int] = []
+    for a in parents:
+        d.append(0 if a < 0 else d[a] + 1)
+    return d
+
+
+def tree_generate(pair: ModelPair, prompts, rule, tree, scheme: str = "iid", mode: str = "rounds",
+                  max_new_tokens: int = 64, temperature: float = SAMPLING.temperature, top_k: int = SAMPLING.top_k,
+                  top_p: float = SAMPLING.top_p, batch_size: int = 8, seed: int = 0,
+                  chat: bool = True, compact: bool = True) -> DecodeResult:
+    """Tree speculative decoding of ``prompts`` (as ``speculative_generate``): each step drafts the static
+    tree ``tree`` (a parents sequence, e.g. ``core.tree.branching_parents((2, 2))``, or a
+    ``core.tree.DynamicTree(depth, width, children)`` grown by path probability) with candidates
+    drawn per ``scheme`` (``core.tree.SCHEMES``), scores it in one verifier forward and verifies it with
+    ``core.tree.verify_tree(rule, scheme, mode)``. ``rule``: a Rule or a sequence of Rules (one per
+    round). Llama-family models run as the compact Llama (``compact=False``: through their own
+    forward with a 4D tree mask, as any other Hugging Face causal LM); the draft a causal LM or the
+    EAGLE-3-style feature head. Returns ``DecodeResult`` (``stats.k`` = N nodes per tree; ``stats.al`` tokens per verifier call)."""
+    rules = check_rules(rule if isinstance(rule, (list, tuple)) else _as_rule(rule))
+    tree = check_tree(tree)
+    if scheme not in SCHEMES:
+        raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    check_mode(mode, rules)
+    if any(r.reads_head for r in rules):
+        raise ValueError(f"rule: a rule that reads the verifier's LM head is not supported on trees, got {rule!r}")
+    _check_args(1, batch_size, temperature, top_k, top_p)
+    draft, verifier = runtime_models(pair, compact)
+    stats = DecodeStats("tree", rule=repr(rules[0] if len(rules) == 1 else rules),
+                        k=tree.nodes if isinstance(tree, DynamicTree) else len(tree))
+    sampling = (temperature, top_k, top_p)
+    return _run(pair, prompts, max_new_tokens, batch_size, seed, chat, stats,
+                lambda b, gen, ps: _tree_rows(draft, verifier, b, rules, tree, scheme, mode, max_new_tokens,
+                                              sampling, gen, stats, ps, pair.eos_token_id))

@@ -1,5 +1,8 @@
 """Tree drafts: batched verification for any rule, their exact laws, and block verification of chains.
 
+The tree shapes, the schemes' helpers and the batched sampler ``verify_tree`` live in ``core/tree.py``
+(the LM runtime uses them too) and are re-exported here; the exact laws and the toy loop live here.
+
 Notation (the paper's): ``p`` draft law, ``q`` verifier law, ``x`` a drafted candidate, ``r`` the
 current target of a node's verification rounds, ``phi`` acceptance, ``g`` recovery law.
 
@@ -90,13 +93,31 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
 
 import numpy as np
 import torch
 
 from ..core.rules import Rule, ScalingRule, SpS
 from ..core.sampler import check_common, sample_rows
+from ..core.tree import (  # the shapes, schemes and the batched sampler live in core (the runtime uses them)
+    MODES,
+    SCHEMES,
+    RuleSpec,
+    TreeVerifyResult,
+    branching_parents,
+    chain_parents,
+    check_mode,
+    check_parents,
+    check_rules,
+    check_scheme,
+    children_lists,
+    drop_token,
+    round_rule,
+    set_target,
+    top_candidates,
+    verify_tree,
+    without,
+)
 from ..core.validate import check_positive_int, check_probs, check_same_shape, check_token
 from .toy import DecodeResult
 
@@ -107,147 +128,7 @@ __all__ = [
     "verify_block", "block_verification_law", "block_sequence_law",
 ]
 
-SCHEMES = ("iid", "without_replacement", "deterministic", "eagle")
-MODES = ("rounds", "joint")
-
 Cond = Callable[[tuple], np.ndarray]
-RuleSpec = Rule | Sequence[Rule]
-
-
-# -- tree shapes and small helpers ----------------------------------------------------------------
-
-def _check_scheme(scheme: str) -> None:
-    if scheme not in SCHEMES:
-        raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
-
-
-def _check_rules(rule: RuleSpec) -> tuple[Rule, ...]:
-    """A Rule or a non-empty sequence of Rules (one per round) -> tuple of Rules."""
-    if isinstance(rule, Rule):
-        return (rule,)
-    if isinstance(rule, (list, tuple)) and rule and all(isinstance(r, Rule) for r in rule):
-        return tuple(rule)
-    raise ValueError(f"rule must be a cactus_theory Rule or a non-empty sequence of Rules (one per round), "
-                     f"got {rule!r}")
-
-
-def _round_rule(rules: tuple[Rule, ...], i: int) -> Rule:
-    return rules[min(i, len(rules) - 1)]
-
-
-def _check_mode(mode: str, rules: tuple[Rule, ...]) -> None:
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    if mode == "joint" and not (len(rules) == 1 and isinstance(rules[0], ScalingRule)):
-        raise ValueError(f"rule: mode='joint' needs one two-block rule (SpS, Cactus: a gamma(q_n)), got {rules!r}")
-
-
-def set_target(rule: ScalingRule, q, S):
-    """Theorem 2 on a candidate set: the two-block target with block ``S`` (numpy or torch).
-
-    ``q`` (..., V), ``S`` (..., V) boolean mask of the node's candidate tokens. With
-    ``q_S = sum_{i in S} q_i`` and ``gamma = rule.gamma(q_S)``:
-    ``h_i = q_i gamma / q_S`` on ``S``, ``h_i = q_i (1 - gamma) / (1 - q_S)`` off ``S``. By Jensen (as in
-    Theorem 2, with the event ``y in S`` in place of ``y = n``) this is the law of largest ``h(S)``
-    within ``D_f(h || q) <= delta`` for every f-divergence. Conventions: ``q_S = 0`` gives ``h = q``
-    (a set the verifier gives no mass is not boosted); ``q_S = 1`` gives ``h = q``.
-    """
-    if isinstance(q, torch.Tensor):
-        S = S.to(torch.bool)
-        qS = torch.where(S, q, torch.zeros_like(q)).sum(-1, keepdim=True).clamp(0.0, 1.0)
-        g = rule.gamma(qS)
-        inside = torch.where(qS > 0, g / torch.where(qS > 0, qS, torch.ones_like(qS)), torch.ones_like(qS))
-        h = torch.where(S, q * inside, q * rule.scale(qS, g))
-        return torch.where(qS > 0, h, q)
-    q = np.asarray(q, dtype=np.float64)
-    S = np.asarray(S, dtype=bool)
-    qS = np.clip(np.where(S, q, 0.0).sum(-1, keepdims=True), 0.0, 1.0)
-    g = rule.gamma(qS)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        inside = np.where(qS > 0, g / np.where(qS > 0, qS, 1.0), 1.0)
-    h = np.where(S, q * inside, q * rule.scale(qS, g))
-    return np.where(qS > 0, h, q)
-
-
-def chain_parents(k: int) -> tuple[int, ...]:
-    """A chain of ``k`` drafts as a tree: ``parents = (-1, 0, 1, ..., k - 2)``."""
-    check_positive_int(k, "k")
-    return tuple(range(-1, k - 1))
-
-
-def branching_parents(branching: Sequence[int]) -> tuple[int, ...]:
-    """Full tree where every node at depth ``d`` has ``branching[d]`` children, in breadth-first
-    (topological) order: ``(2, 2)`` gives ``(-1, -1, 0, 0, 1, 1)``."""
-    if not branching:
-        raise ValueError("branching must name at least one level")
-    for b in branching:
-        check_positive_int(b, "branching")
-    parents, level = [], [-1]
-    for b in branching:
-        nxt = []
-        for par in level:
-            for _ in range(b):
-                parents.append(par)
-                nxt.append(len(parents) - 1)
-        level = nxt
-    return tuple(parents)
-
-
-def _check_static_parents(parents) -> tuple[int, ...]:
-    try:
-        par = tuple(int(x) for x in parents)
-    except (TypeError, ValueError):
-        raise ValueError(f"parents must be a sequence of integers, got {parents!r}") from None
-    if not par:
-        raise ValueError("parents must hold at least one node")
-    for j, a in enumerate(par):
-        if not -1 <= a < j:
-            raise ValueError(f"parents must be topological (-1 <= parents[j] < j): parents[{j}] = {a}")
-    return par
-
-
-def children_lists(parents: Sequence[int]) -> list[list[int]]:
-    """Children of each slot, in node order (the order of their rounds): slot 0 is the root, slot
-    ``j + 1`` is node ``j``."""
-    par = _check_static_parents(parents)
-    kids: list[list[int]] = [[] for _ in range(len(par) + 1)]
-    for j, a in enumerate(par):
-        kids[a + 1].append(j)
-    return kids
-
-
-def top_candidates(p, K: int) -> np.ndarray:
-    """The ``K`` most likely tokens of ``p`` (..., V), most likely first, ties to the lower id: (..., K)."""
-    p = np.asarray(p, dtype=np.float64)
-    if not (isinstance(K, (int, np.integer)) and 0 <= K <= p.shape[-1]):
-        raise ValueError(f"num_children must be an integer in [0, V = {p.shape[-1]}] for deterministic "
-                         f"candidates, got {K!r}")
-    return np.argsort(-p, axis=-1, kind="stable")[..., :K]
-
-
-def _drop(r, x):
-    """``r`` with ``r(x) = 0``, renormalised (EAGLE's recovery); ``r`` itself if nothing is left. numpy or torch."""
-    if isinstance(r, torch.Tensor):
-        z = r.scatter(-1, x.long().unsqueeze(-1), 0.0)
-        s = z.sum(-1, keepdim=True)
-        return torch.where(s > 0, z / torch.where(s > 0, s, torch.ones_like(s)), r)
-    z = r.copy()
-    z[np.arange(len(x)), x] = 0.0
-    s = z.sum(-1, keepdims=True)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(s > 0, z / np.where(s > 0, s, 1.0), r)
-
-
-def _without(p, removed):
-    """``p`` without the ``removed`` tokens, renormalised; an all-zero row where nothing is left."""
-    if isinstance(p, torch.Tensor):
-        z = torch.where(removed, torch.zeros_like(p), p)
-        s = z.sum(-1, keepdim=True)
-        return torch.where(s > 0, z / torch.where(s > 0, s, torch.ones_like(s)), torch.zeros_like(z))
-    z = np.where(removed, 0.0, p)
-    s = z.sum(-1, keepdims=True)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(s > 0, z / np.where(s > 0, s, 1.0), 0.0)
 
 
 # -- one node: exact law ------------------------------------------------------------------------
@@ -275,9 +156,9 @@ def node_parts(rule: RuleSpec, p, q, num_children: int, scheme: str = "iid",
     tuples (``V^K`` for random candidates; without replacement a tuple ends when ``p``'s support is
     exhausted): ``L = sum_t P(t) L_SpS(r_0(S(t)) | t)``.
     """
-    rules = _check_rules(rule)
-    _check_scheme(scheme)
-    _check_mode(mode, rules)
+    rules = check_rules(rule)
+    check_scheme(scheme)
+    check_mode(mode, rules)
     p = np.asarray(p, dtype=np.float64)
     q = np.asarray(q, dtype=np.float64)
     check_probs(p, "p")
@@ -307,7 +188,7 @@ def node_parts(rule: RuleSpec, p, q, num_children: int, scheme: str = "iid",
     R = q[None].copy()  # their targets r
     Rm = np.zeros((1, V), dtype=bool)  # their removed candidates (without replacement)
     for i in range(K):
-        rl = _round_rule(rules, i)
+        rl = round_rule(rules, i)
         M = W.size
         if det:
             mi = np.arange(M)
@@ -317,7 +198,7 @@ def node_parts(rule: RuleSpec, p, q, num_children: int, scheme: str = "iid",
                 else np.broadcast_to(p, (M, V))
             idle = np.zeros(M, dtype=bool)
         else:
-            Pi = np.broadcast_to(p, (M, V)) if scheme == "iid" else _without(np.broadcast_to(p, (M, V)), Rm)
+            Pi = np.broadcast_to(p, (M, V)) if scheme == "iid" else without(np.broadcast_to(p, (M, V)), Rm)
             mi, x = np.nonzero(Pi > 0)
             w = W[mi] * Pi[mi, x]
             idle = Pi.sum(-1) <= 0  # nothing left to draw: the round does not happen
@@ -325,7 +206,7 @@ def node_parts(rule: RuleSpec, p, q, num_children: int, scheme: str = "iid",
         phi = rl.accept_prob(Pp, Rr, x, check=False) if mi.size else np.zeros(0)
         np.add.at(acc[i], x, w * phi)
         if mi.size:
-            G = _drop(Rr, x) if scheme == "eagle" else rl.residual(Pp, Rr, x, check=False)
+            G = drop_token(Rr, x) if scheme == "eagle" else rl.residual(Pp, Rr, x, check=False)
             skip = Pp[np.arange(mi.size), x] <= 0  # impossible candidate: r unchanged
             G = np.where(skip[:, None], Rr, G)
         else:
@@ -383,14 +264,14 @@ def _joint_parts(rule: ScalingRule, p: np.ndarray, q: np.ndarray, K: int, scheme
             if scheme in ("iid", "eagle"):
                 pi = p
             elif scheme == "without_replacement":
-                pi = _without(p, np.isin(np.arange(V), t[:i]))
+                pi = without(p, np.isin(np.arange(V), t[:i]))
             else:
                 pi = eye[x]
             if pi[x] <= 0:  # impossible candidate: skipped
                 continue
             phi = float(sps.accept_prob(pi[None], r[None], np.array([x]), check=False)[0])
             acc[i, x] += m * phi
-            r = _drop(r[None], np.array([x]))[0] if scheme == "eagle" else \
+            r = drop_token(r[None], np.array([x]))[0] if scheme == "eagle" else \
                 sps.residual(pi[None], r[None], np.array([x]), check=False)[0]
             m *= 1 - phi
         rej += m * r
@@ -406,224 +287,6 @@ def tree_step_law(rule: RuleSpec, p, q, num_children: int, scheme: str = "iid",
     """
     acc, rej = node_parts(rule, p, q, num_children, scheme, candidates, mode)
     return acc.sum(0) + rej, float(acc.sum())
-
-
-# -- batched sampler ------------------------------------------------------------------------------
-
-class TreeVerifyResult(NamedTuple):
-    """``verify_tree``'s output.
-
-    tokens: ``[B, N + 1]`` int64. The accepted path's tokens (root to leaf), then the one emitted
-        (recovered or bonus) token, then ``-1`` padding.
-    num_accepted: ``[B]`` int64. Accepted drafts (the path's length; the last token not counted).
-    accepted_nodes: ``[B, N]`` int64. Node indices of the accepted path in order, then ``-1``
-        (to compact the KV cache to the accepted branch).
-    """
-
-    tokens: torch.Tensor
-    num_accepted: torch.Tensor
-    accepted_nodes: torch.Tensor
-
-
-def _validate_tree(tokens, parents, draft_probs, verifier_probs, generator):
-    check_common(SpS(), tokens=tokens, parents=parents, draft_probs=draft_probs, verifier_probs=verifier_probs)
-    if generator is not None and not isinstance(generator, torch.Generator):
-        raise ValueError(f"generator must be a torch.Generator or None, got {generator!r}")
-    for name, t in (("tokens", tokens), ("parents", parents)):
-        if t.dtype.is_floating_point or t.dtype == torch.bool or t.is_complex():
-            raise ValueError(f"{name} must hold integers, got dtype {t.dtype}")
-        if t.ndim != 2:
-            raise ValueError(f"{name} must have shape (B, N), got {tuple(t.shape)}")
-    B, N = tokens.shape
-    if tuple(parents.shape) != (B, N):
-        raise ValueError(f"parents must have tokens' shape (B, N) = ({B}, {N}), got {tuple(parents.shape)}")
-    if draft_probs.ndim != 3 or tuple(draft_probs.shape[:2]) != (B, N):
-        raise ValueError(f"draft_probs must have shape (B, N, V) = ({B}, {N}, V), got {tuple(draft_probs.shape)}")
-    V = draft_probs.shape[-1]
-    if V < 1:
-        raise ValueError("draft_probs must have a vocabulary axis of size >= 1")
-    if tuple(verifier_probs.shape) != (B, N + 1, V):
-        raise ValueError(f"verifier_probs must have shape (B, N + 1, V) = ({B}, {N + 1}, {V}), got "
-                         f"{tuple(verifier_probs.shape)}")
-    if not draft_probs.is_floating_point():
-        raise ValueError(f"draft_probs must be a floating-point tensor, got dtype {draft_probs.dtype}")
-    tk, pa = tokens.detach().cpu().long(), parents.detach().cpu().long()
-    if tk.numel() and (int(tk.min()) < -1 or int(tk.max()) >= V):
-        bad = tk[(tk < -1) | (tk >= V)]
-        raise ValueError(f"tokens has ids out of range [-1, {V}) (-1: no node): {bad[:8].tolist()}")
-    present = tk >= 0
-    j = torch.arange(N).expand(B, N)
-    bad = present & ((pa < -1) | (pa >= j))
-    if bad.any():
-        b, i = (int(v) for v in torch.nonzero(bad)[0])
-        raise ValueError(f"parents must be topological (-1 <= parents[b, j] < j) for every node: "
-                         f"parents[{b}, {i}] = {int(pa[b, i])}")
-    par_present = torch.where(pa >= 0, present.gather(1, pa.clamp_min(0)), torch.ones_like(present))
-    if (present & ~par_present).any():
-        b, i = (int(v) for v in torch.nonzero(present & ~par_present)[0])
-        raise ValueError(f"parents: node {i} of row {b} hangs under an absent node (tokens = -1) {int(pa[b, i])}")
-    dev_present = present.to(draft_probs.device)
-    check_probs(draft_probs[dev_present], "draft_probs (rows of present nodes)")
-    rows = torch.cat([torch.ones((B, 1), dtype=torch.bool, device=dev_present.device), dev_present], 1)
-    check_probs(verifier_probs[rows], "verifier_probs (root and present nodes)")
-
-
-def _children_table(tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
-    """``[B, N + 1, Kmax]`` node index of each slot's children in node order (slot 0 = root), -1 padded."""
-    B, N = tokens.shape
-    dev = tokens.device
-    present = tokens >= 0
-    slot = torch.where(present, parents.long() + 1, torch.full_like(parents.long(), -1))  # [B, N]
-    earlier = torch.ones(N, N, dtype=torch.bool, device=dev).tril(-1)  # [j, i]: i < j
-    same = (slot.unsqueeze(2) == slot.unsqueeze(1)) & present.unsqueeze(1) & earlier  # [B, j, i]
-    rank = same.sum(-1)  # [B, N] rank among siblings
-    kmax = int(rank[present].max()) + 1 if present.any() else 1
-    table = torch.full((B, N + 1, kmax), -1, dtype=torch.long, device=dev)
-    b, j = torch.nonzero(present, as_tuple=True)
-    table[b, slot[b, j], rank[b, j]] = j
-    return table
-
-
-def _joint_target(rule: ScalingRule, q: torch.Tensor, tok: torch.Tensor, table: torch.Tensor, rows: torch.Tensor,
-                  cur: torch.Tensor, V: int) -> torch.Tensor:
-    """``set_target`` at each row's current node: ``S`` = the tokens of its children (``table``)."""
-    if tok.shape[1] == 0:  # no nodes: nothing to boost
-        return q
-    kids = table[rows, cur]  # [R, Kmax]
-    has = kids >= 0
-    ids = torch.where(has, tok[rows.unsqueeze(-1), kids.clamp_min(0)], torch.zeros_like(kids))
-    counts = torch.zeros((kids.shape[0], V), dtype=torch.long, device=q.device)
-    S = counts.scatter_add_(1, ids, has.long()) > 0  # [R, V] candidate set (padding adds 0)
-    return set_target(rule, q, S)
-
-
-def verify_tree(
-    tokens: torch.Tensor,
-    parents: torch.Tensor,
-    draft_probs: torch.Tensor,
-    verifier_probs: torch.Tensor,
-    rule: RuleSpec,
-    scheme: str = "iid",
-    generator: torch.Generator | None = None,
-    check: bool = True,
-    mode: str = "rounds",
-) -> TreeVerifyResult:
-    """Verify a batch of drafted trees with ``rule``; walk from the root, emit one accepted path + 1 token.
-
-    Args:
-        tokens: ``[B, N]`` int64. Drafted token of each node; ``-1`` marks an absent node, so rows
-            may hold trees of different shapes (ragged batches).
-        parents: ``[B, N]`` int64. Parent node of each node, ``-1`` for children of the root (the
-            last committed token). Topological: ``parents[b, j] < j``; siblings are verified in
-            node order. Ignored where ``tokens = -1``.
-        draft_probs: ``[B, N, V]`` float. For node ``j``: the draft law ``p`` at its parent's
-            position, from which ``j`` was drawn (siblings share one row; per node, so a ragged batch
-            needs no second index). Before any removal: the sampler applies the scheme (removal of
-            earlier siblings, point masses). Rows of absent nodes are not read.
-        verifier_probs: ``[B, N + 1, V]`` float. Row 0: ``q`` at the root; row ``j + 1``: ``q`` after
-            node ``j`` (the next token's law if ``j`` is accepted; the bonus law at a leaf).
-        rule: a Rule, or a sequence of Rules, round ``i`` of every node using ``rules[min(i, len - 1)]``.
-        scheme: how siblings were drawn, one of ``SCHEMES`` (module docstring).
-        generator: ``torch.Generator`` for all draws. Uniforms ``u [B, N + 1]`` float64 are drawn at
-            once: ``u[:, j]`` decides node ``j`` (``u < phi``), ``u[:, N]`` draws the emitted token by
-            inverse CDF (``sampler.sample_rows``). A chain with ``"iid"`` consumes them as
-            ``sampler.verify`` does and emits the same tokens.
-        check: validate inputs (shapes, ids, topological parents, probability rows of present nodes).
-        mode: ``"rounds"`` (each round applies ``rule`` to the previous round's residual) or
-            ``"joint"`` (at each node ``r_0 = set_target(rule, q, S)``, ``S`` the node's candidate
-            tokens, then SpS rounds towards ``r_0``; ``rule`` one two-block rule such as ``Cactus``).
-
-    Returns:
-        ``TreeVerifyResult(tokens [B, N + 1], num_accepted [B], accepted_nodes [B, N])``.
-
-    At each node, round ``i`` accepts child ``x_i`` w.p. ``phi_i = rule.accept_prob(p_i, r_{i-1}, x_i)``
-    (``r_0 = q`` of the node), else ``r_i = rule.residual(p_i, r_{i-1}, x_i)``; an accepted child
-    becomes the node; all children rejected: emit from ``r_K``; no children: emit from ``q``.
-    float16 / bfloat16 are computed in float32.
-    """
-    rules = _check_rules(rule)
-    _check_scheme(scheme)
-    _check_mode(mode, rules)
-    if check:
-        _validate_tree(tokens, parents, draft_probs, verifier_probs, generator)
-    B, N = tokens.shape
-    V = draft_probs.shape[-1]
-    dev = draft_probs.device
-    dt = torch.promote_types(draft_probs.dtype, verifier_probs.dtype)
-    dt = torch.float32 if dt in (torch.float16, torch.bfloat16) else dt
-    tok = tokens.to(dev).long()
-    table = _children_table(tok, parents.to(dev))
-    kmax = table.shape[-1]
-    gdev = generator.device if generator is not None else dev
-    u = torch.rand((B, N + 1), generator=generator, device=gdev, dtype=torch.float64).to(dev)
-
-    rows_all = torch.arange(B, device=dev)
-    cur = torch.zeros(B, dtype=torch.long, device=dev)  # slot: 0 root, j + 1 node j
-    rnd = torch.zeros(B, dtype=torch.long, device=dev)  # round at the current node
-    r = verifier_probs[:, 0].to(dt).clone()  # [B, V] current target
-    joint = mode == "joint"
-    if joint:  # the rule sets each node's target from its candidate set; rounds are SpS
-        set_rule, rules = rules[0], (SpS(),)
-        r = _joint_target(set_rule, r, tok, table, rows_all, cur, V)
-    removed = torch.zeros((B, V), dtype=torch.bool, device=dev)
-    done = torch.zeros(B, dtype=torch.bool, device=dev)
-    depth = torch.zeros(B, dtype=torch.long, device=dev)
-    path = torch.full((B, max(N, 1)), -1, dtype=torch.long, device=dev)
-    last = torch.zeros(B, dtype=torch.long, device=dev)
-    for _ in range(N + 1):  # each row tries one node (each node at most once) or ends, per pass
-        child = torch.where(rnd < kmax, table[rows_all, cur, rnd.clamp_max(kmax - 1)], torch.full_like(rnd, -1))
-        ending = ~done & (child < 0)
-        if ending.any():
-            e = torch.nonzero(ending).squeeze(-1)
-            last[e] = sample_rows(r[e], u[e, N])
-            done |= ending
-        trying = torch.nonzero(~done & (child >= 0)).squeeze(-1)
-        if trying.numel() == 0:
-            if bool(done.all()):
-                break
-            continue
-        rnd_now = rnd[trying]  # groups by round fixed before any row moves in this pass
-        for i in torch.unique(rnd_now).tolist() if len(rules) > 1 else [None]:
-            idx = trying if i is None else trying[rnd_now == i]
-            rl = rules[0] if i is None else _round_rule(rules, int(i))
-            c = child[idx]
-            x = tok[idx, c]
-            p_row = draft_probs[idx, c].to(dt)
-            if scheme == "iid" or scheme == "eagle":
-                p_i = p_row
-            elif scheme == "without_replacement":
-                p_i = _without(p_row, removed[idx])
-            else:
-                p_i = torch.nn.functional.one_hot(x, V).to(dt)
-            r_i = r[idx]
-            phi = rl.accept_prob(p_i, r_i, x, check=False)
-            acc = u[idx, c] < phi.double()
-            g = _drop(r_i, x) if scheme == "eagle" else rl.residual(p_i, r_i, x, check=False)
-            skip = p_i.gather(-1, x.unsqueeze(-1)).squeeze(-1) <= 0
-            g = torch.where(skip.unsqueeze(-1), r_i, g.to(dt))
-            a, ca = idx[acc], c[acc]
-            path[a, depth[a]] = ca
-            depth[a] += 1
-            cur[a] = ca + 1
-            rnd[a] = 0
-            r[a] = verifier_probs[a, ca + 1].to(dt)
-            if joint and a.numel():
-                r[a] = _joint_target(set_rule, r[a], tok[a], table[a], torch.arange(a.numel(), device=dev), cur[a], V)
-            removed[a] = False
-            rj, xj = idx[~acc], x[~acc]
-            r[rj] = g[~acc]
-            rnd[rj] += 1
-            removed[rj, xj] = True
-    ending = ~done  # a row may end exactly on the last pass
-    if ending.any():
-        e = torch.nonzero(ending).squeeze(-1)
-        last[e] = sample_rows(r[e], u[e, N])
-    path = path[:, :N]
-    out = torch.full((B, N + 1), -1, dtype=torch.long, device=dev)
-    if N:
-        out[:, :N] = torch.where(path >= 0, tok.gather(1, path.clamp_min(0)), torch.full_like(path, -1))
-    out.scatter_(1, depth.unsqueeze(-1), last.unsqueeze(-1))
-    return TreeVerifyResult(out, depth, path)
 
 
 # -- exact block and sequence laws on toy models ------------------------------------------------
@@ -660,9 +323,9 @@ def tree_block_law(draft: Cond, verifier: Cond, rule: RuleSpec, parents: Sequenc
     ``x``, context ``s + (x,)``) and ``rej[y]`` (emit ``y``, stop); a leaf emits ``y ~ q(.|s)``. Exact
     because a child's subtree is drawn given its token only, independent of the rounds at ``c``.
     """
-    rules = _check_rules(rule)
-    _check_scheme(scheme)
-    _check_mode(mode, rules)
+    rules = check_rules(rule)
+    check_scheme(scheme)
+    check_mode(mode, rules)
     kids = children_lists(parents)
     P, Q = _memo(draft, "draft"), _memo(verifier, "verifier")
     prompt = tuple(int(t) for t in prompt)
@@ -724,13 +387,13 @@ def tree_sequence_law(draft: Cond, verifier: Cond, rule: RuleSpec, parents: Sequ
     scheme gives ``toy.autoregressive_law(verifier, T)``; a chain (``chain_parents(k)``, ``"iid"``)
     gives ``toy.sequence_law(draft, verifier, rule, k, T)`` for every rule."""
     check_positive_int(T, "T")
-    rules = _check_rules(rule)
-    _check_scheme(scheme)
-    _check_static_parents(parents)
+    rules = check_rules(rule)
+    check_scheme(scheme)
+    check_parents(parents)
     P, Q = _memo(draft, "draft"), _memo(verifier, "verifier")
     prompt = tuple(int(t) for t in prompt)
     V = Q(prompt).size
-    _check_mode(mode, rules)
+    check_mode(mode, rules)
     return _sequence_from_blocks(lambda c: tree_block_law(P, Q, rules, parents, scheme, prompt=c, mode=mode),
                                  V, T, prompt)
 
@@ -747,8 +410,8 @@ def draft_tree(draft: Cond, verifier: Cond, contexts: Sequence[tuple], parents: 
     the ``rank``-th most likely token of ``p`` for the ``rank``-th sibling (``"deterministic"``,
     ``"eagle"``, ties to the lower id). One ``[B]`` uniform draw per random node from ``generator``.
     """
-    _check_scheme(scheme)
-    parents = _check_static_parents(parents)
+    check_scheme(scheme)
+    parents = check_parents(parents)
     P, Q = _memo(draft, "draft"), _memo(verifier, "verifier")
     ctxs = [tuple(int(t) for t in c) for c in contexts]
     if not ctxs:
@@ -779,7 +442,7 @@ def draft_tree(draft: Cond, verifier: Cond, contexts: Sequence[tuple], parents: 
                 x = order[:, rank]
             else:
                 u = torch.rand(B, generator=generator, dtype=torch.float64, device=dev).cpu()
-                src = p if scheme == "iid" else _without(p, removed)
+                src = p if scheme == "iid" else without(p, removed)
                 empty = src.sum(-1) <= 0  # support exhausted: a placeholder the verifier skips
                 src = np.where(empty[:, None], p, src)
                 x = sample_rows(torch.from_numpy(src), u).numpy()
@@ -798,9 +461,9 @@ def tree_speculative_decode(draft: Cond, verifier: Cond, rule: RuleSpec, parents
     draft the static tree ``parents`` (candidates per ``scheme``, inverse-CDF draws from ``generator``),
     call ``verify_tree`` once for the batch, append the path and the emitted token; repeat.
     Returns ``toy.DecodeResult`` (``tokens`` (B, T), ``blocks`` verifier calls, ``accepted`` drafts)."""
-    rules = _check_rules(rule)
-    _check_scheme(scheme)
-    par = _check_static_parents(parents)
+    rules = check_rules(rule)
+    check_scheme(scheme)
+    par = check_parents(parents)
     check_positive_int(T, "T")
     check_positive_int(num_sequences, "num_sequences")
     P, Q = _memo(draft, "draft"), _memo(verifier, "verifier")

@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 
 from ...core import registry
 from ...core.rules import TAS, Cactus, Interpolation, SpS, TopK
-from ..loop import SAMPLING, autoregressive_generate, speculative_generate
+from ..loop import SAMPLING, autoregressive_generate, speculative_generate, tree_generate
 from ..metrics import SequenceCounters
 
 __all__ = ["DEFAULT_RULES", "SAMPLING", "run_benchmark", "format_table", "bootstrap", "targets"]
@@ -74,16 +74,22 @@ def _row(label, rule, k, batch, res, base_res):
 
 
 def run_benchmark(pair, prompts, rules=DEFAULT_RULES, ks=(4,), batch_sizes=(1,), max_new_tokens: int = 64,
-                  seed: int = 0, sampling: dict = SAMPLING, progress: bool = True, warmup: bool = True) -> dict:
+                  seed: int = 0, sampling: dict = SAMPLING, progress: bool = True, warmup: bool = True,
+                  trees=(), tree_scheme: str = "iid") -> dict:
     """Decode ``prompts`` with the verifier alone (a run before and one after the rules, at each batch
     size) and with every (rule, k, batch size); return ``{"rows": [...], "baselines": {...}}``. Each
     row has the run's ``DecodeStats`` fields, ``speedup`` (against the mean of the two baseline runs
-    at its batch size), bootstrap intervals and the per-prompt counters."""
+    at its batch size), bootstrap intervals and the per-prompt counters.
+
+    ``trees``: (label, tree) pairs (``tree_generate``'s static parents or ``DynamicTree``); each rule
+    also runs on each tree with candidates per ``tree_scheme``; its row's ``k`` is the label (``"tree
+    2,2"``) and ``al_vs_sps`` compares with SpS on the same tree."""
     kw = dict(max_new_tokens=max_new_tokens, seed=seed, **sampling)
     if warmup:  # first calls pay for allocations and one-off setup (the compact model conversion)
         autoregressive_generate(pair, prompts[:1], **{**kw, "max_new_tokens": 4})
         speculative_generate(pair, prompts[:1], rules[0][1], k=ks[0], **{**kw, "max_new_tokens": 8})
     jobs = [(b, k, label, rule) for b in batch_sizes for k in ks for label, rule in rules]
+    jobs += [(b, tree, label, rule) for b in batch_sizes for tree in trees for label, rule in rules]
     bar = tqdm(total=len(jobs) + 2 * len(batch_sizes), desc="bench_lm", disable=not progress)
     rows, baselines = [], {}
     for b in batch_sizes:
@@ -92,7 +98,11 @@ def run_benchmark(pair, prompts, rules=DEFAULT_RULES, ks=(4,), batch_sizes=(1,),
         mine = [j for j in jobs if j[0] == b]
         results = []
         for _, k, label, rule in mine:
-            res = speculative_generate(pair, prompts, rule, k=k, batch_size=b, **kw)
+            if isinstance(k, tuple):  # (label, tree)
+                res = tree_generate(pair, prompts, rule, k[1], tree_scheme, batch_size=b, **kw)
+                k = k[0]
+            else:
+                res = speculative_generate(pair, prompts, rule, k=k, batch_size=b, **kw)
             results.append((label, rule, k, res))
             bar.set_postfix(rule=label, k=k, B=b, al=f"{res.stats.al:.2f}")
             bar.update()

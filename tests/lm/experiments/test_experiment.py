@@ -44,3 +44,20 @@ def test_run_benchmark_on_the_tiny_pair():
     assert all(len(t) == 5 for t in targets(res))
     names = [t[0] for t in targets(res)]
     assert "SpS AL" in names and "Cactus d=1 AL / SpS AL" in names
+
+
+def test_run_benchmark_runs_trees():
+    from cactus_theory.core.tree import DynamicTree, branching_parents
+    from cactus_theory.lm.experiments.experiment import format_table, run_benchmark
+
+    rules = [("SpS", ct.SpS()), ("Cactus d=1.0", ct.Cactus(1.0))]
+    trees = [("tree 2,2", branching_parents((2, 2))), ("dyn 3,2,2", DynamicTree(3, 2, 2))]
+    res = run_benchmark(pair(), [[1, 2], [3], [4, 5]], rules=rules, ks=(2,), batch_sizes=(2,), max_new_tokens=6,
+                        progress=False, trees=trees, tree_scheme="deterministic")
+    rows = res["rows"]
+    assert [(r["rule"], r["k"]) for r in rows] == [(n, k) for k in (2, "tree 2,2", "dyn 3,2,2")
+                                                   for n in ("SpS", "Cactus d=1.0")]
+    for r in rows:
+        assert r["new_tokens"] == 18 and 1 <= r["al"] and (r["method"] == "tree") == isinstance(r["k"], str)
+    assert all(r["al_vs_sps"] == 1 for r in rows if r["rule"] == "SpS")
+    assert "dyn 3,2,2" in format_table(res)

@@ -1,0 +1,307 @@
+"""Tree decoding on the LM runtime (``lm.loop.tree_generate``, ``Llama.forward_tree``, the tree methods of
+``lm.cache``) on the tiny random Llama pair of ``tests/lm/common.py`` (V = 10, no download).
+
+What each test proves: the laws the loop hands to ``verify_tree`` are the models' own next-token laws
+at every node (float64 compact models against fresh full forwards, several steps, ragged rows, so the
+tree cache, its compaction and the draft's pending tokens are right); at temperature 0 the loop emits
+the verifier's greedy continuation; the exact law of the loop's algorithm on these models
+(``theory.tree.tree_sequence_law`` after the verifier's first token) is the verifier's law to 1e-12
+for SpS with each lossless scheme; and the loop's samples fit that exact law (chi-square at ALPHA =
+1e-3, N = 20000 rows, power >= 0.99 at TV 0.06 asserted in ``assert_fits``; the ragged / EOS test has
+2500 rows per prompt and TV 0.12), for SpS (the verifier's law) and for Cactus (its own tree law).
+Static (``branching_parents``) and dynamic (``DynamicTree``) trees; a token-level draft and the
+EAGLE-3-style feature draft (its node laws against ``head_law``, 2e-5 in float32); the decode command.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import cactus_theory as ct
+from cactus_theory.core.tree import DynamicTree, branching_parents
+from cactus_theory.lm import ModelPair, autoregressive_generate, sampling_probs
+from cactus_theory.lm.cache import FeatureDrafter, Target, TokenDrafter, right_pad
+from cactus_theory.lm.llama import Llama
+from cactus_theory.lm.loop import tree_generate
+from cactus_theory.theory.tree import tree_sequence_law
+from cactus_theory.toy import autoregressive_law
+from tests.lm.common import (
+    DRAFT,
+    EOS,
+    HEAD,
+    HEAD_VER,
+    RAW,
+    VERIFIER,
+    N,
+    V,
+    assert_fits,
+    cond,
+    head_law,
+    pair,
+)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+TREE = branching_parents((2, 2))  # (-1, -1, 0, 0, 1, 1)
+DYNAMIC = DynamicTree(depth=3, width=2, children=2)  # 2 + 4 + 4 nodes, the best paths grow
+
+
+def verifier_first_law(draft, verifier, rule, parents, scheme, T, prompt, mode="rounds"):
+    """Exact law (V,) * T of the loop's first T tokens: the verifier's first token, then tree blocks."""
+    q0 = verifier(tuple(prompt))
+    law = np.zeros((V,) * T)
+    for y in np.flatnonzero(q0 > 0):
+        law[y] = q0[y] * tree_sequence_law(draft, verifier, rule, parents, scheme, T - 1,
+                                           prompt=tuple(prompt) + (int(y),), mode=mode)
+    return law
+
+
+def memo(f):
+    """``f`` with each prefix's row computed once and renormalised in float64 (the models' rows sum to 1
+    to float32 precision only), so the laws built from it read identical rows that sum to 1."""
+    rows: dict = {}
+
+    def g(prefix):
+        if prefix not in rows:
+            r = np.asarray(f(prefix), dtype=np.float64)
+            rows[prefix] = r / r.sum()
+        return rows[prefix]
+    return g
+
+
+@pytest.mark.parametrize("scheme", ["iid", "without_replacement", "deterministic"])
+def test_exact_tree_law_of_sps_on_the_tiny_llamas_is_the_verifiers(scheme):
+    d, v = memo(cond(DRAFT)), memo(cond(VERIFIER))
+    prompt = (3, 5, 7)
+    law = verifier_first_law(d, v, ct.SpS(), TREE, scheme, 3, prompt)
+    ar = autoregressive_law(v, 3, prompt=prompt)
+    assert np.abs(law - ar).max() < 1e-12
+    cactus = verifier_first_law(d, v, ct.Cactus(0.5), TREE, scheme, 3, prompt)
+    assert abs(cactus.sum() - 1) < 1e-12 and np.abs(cactus - ar).max() > 1e-3  # lossy: a different law
+
+
+def _plain(m: Llama, seq: list[int]) -> torch.Tensor:
+    c = m.new_cache(1, 64)
+    return m(torch.tensor([seq]), torch.zeros(1, dtype=torch.long), c)[0][0, -1]
+
+
+@pytest.mark.parametrize("tree", [(-1, -1, 0, 1, 1, 2, 4), DynamicTree(3, 2, 2)], ids=["static", "dynamic"])
+def test_the_laws_given_to_verify_tree_are_the_models_laws_at_every_node(tree):
+    """Drive ``TokenDrafter`` / ``Target`` through several tree steps on ragged rows (float64 compact
+    models): every node's ``p`` (at its parent) and ``q`` (after it) equal a fresh forward of that
+    node's context, so the tree caches, their compaction and the draft's pending tokens are right."""
+    dm, vm = Llama.from_hf(DRAFT, dtype=torch.float64), Llama.from_hf(VERIFIER, dtype=torch.float64)
+    prompts = [[6], [3, 5, 7, 1, 2], [2, 9]]
+    ids, lens = right_pad(prompts, 0, "cpu")
+    # static: an uneven shape (2, then 1 and 2, then 1 and 1 children); dynamic: per-row parents
+    gen = torch.Generator().manual_seed(0)
+    drafter, target = TokenDrafter(dm, 3, 64, "cpu"), Target(vm, 3, 64, "cpu")
+    sampling = (1.0, 0, 1.0)
+    soft = lambda x: sampling_probs(x, *sampling)  # noqa: E731  (the loop's transform, on float32 logits)
+    with torch.no_grad():
+        logits, _ = target.prefill(ids, lens)
+        first = torch.multinomial(soft(logits), 1, generator=gen)[:, 0]
+        target.pending = first
+        drafter.start(ids, lens, first)
+        seqs = [p + [int(t)] for p, t in zip(prompts, first, strict=True)]
+        err, accepted = 0.0, []
+        for step in range(6):
+            scheme = ("iid", "without_replacement", "deterministic")[step % 3]
+            tokens, parents, p = drafter.propose_tree(tree, scheme, sampling, gen)
+            if isinstance(tree, tuple):
+                assert parents.tolist() == [list(tree)] * 3
+            else:  # the grown nodes are the previous level's most probable paths
+                pp = p.gather(-1, tokens[:, :, None])[:, :, 0].double().log()
+                path = pp.clone()
+                for j in range(tokens.shape[1]):
+                    a = parents[:, j]
+                    path[:, j] += torch.where(a >= 0, path.gather(1, a.clamp_min(0)[:, None])[:, 0], 0.0)
+                top = lambda x: torch.sort(-x, dim=-1, stable=True).indices[:, :2].sort(-1).values  # noqa: E731
+                assert (parents[:, 2:6] == top(path[:, :2]).repeat_interleave(2, 1)).all()
+                grown = top(path[:, 2:6]) + 2
+                assert (parents[:, 6:] == grown.repeat_interleave(2, 1)).all()
+            logits, _ = target.score_tree(tokens, parents)
+            q = soft(logits)
+            for b in range(3):
+                ctx = {-1: seqs[b]}
+                for j, a in enumerate(parents[b].tolist()):
+                    ctx[j] = ctx[a] + [int(tokens[b, j])]
+                    err = max(err, float((p[b, j] - soft(_plain(dm, ctx[a]))).abs().max()))
+                    err = max(err, float((q[b, j + 1] - soft(_plain(vm, ctx[j]))).abs().max()))
+                err = max(err, float((q[b, 0] - soft(_plain(vm, ctx[-1]))).abs().max()))
+            res = ct.tree.verify_tree(tokens, parents, p, q, ct.SpS(), scheme, generator=gen)
+            a = res.num_accepted
+            target.advance_tree(res.accepted_nodes, a, res.tokens.gather(1, a[:, None])[:, 0])
+            drafter.advance_tree(a, res.accepted_nodes, res.tokens)
+            for b in range(3):
+                seqs[b] += res.tokens[b, :int(a[b]) + 1].tolist()
+            accepted += a.tolist()
+    assert err < 1e-10, err
+    assert 0 in accepted and max(accepted) >= 2  # rejections and accepted paths of length >= 2 both seen
+
+
+@pytest.mark.parametrize("scheme,tree,compact", [("iid", TREE, True), ("deterministic", TREE, True),
+                                                 ("deterministic", DYNAMIC, True), ("deterministic", TREE, False),
+                                                 ("deterministic", DYNAMIC, False)])
+def test_greedy_tree_decoding_is_the_verifiers_greedy_continuation(scheme, tree, compact):
+    """Deterministic check of tree masks, positions and the caches kept along the path, on the compact
+    Llama and on the Hugging Face forward (4D mask, ``compact=False``)."""
+    prompts = [[6], [3, 5, 7, 1, 2, 8, 8], [2, 9], [0, 1, 2, 3]]
+    res = tree_generate(pair(), prompts, ct.SpS(), tree, scheme, max_new_tokens=12, temperature=0.0, batch_size=4,
+                        compact=compact)
+    ar = autoregressive_generate(pair(), prompts, max_new_tokens=12, temperature=0.0, batch_size=4)
+    assert res.tokens == ar.tokens
+    assert 0 < res.stats.accepted and res.stats.al > 1
+
+
+@pytest.mark.parametrize("scheme,sampling,tree,compact", [
+    ("iid", (1.0, 0, 1.0), TREE, True), ("without_replacement", (0.8, 6, 0.9), TREE, True),
+    ("deterministic", (1.0, 0, 1.0), TREE, True), ("iid", (1.0, 0, 1.0), DYNAMIC, True),
+    ("deterministic", (0.8, 6, 0.9), DYNAMIC, True), ("without_replacement", (1.0, 0, 1.0), DYNAMIC, False)])
+def test_tree_sps_emits_the_verifiers_law(scheme, sampling, tree, compact):
+    prompt = [3, 5, 7]
+    t, k, p = sampling
+    res = tree_generate(pair(), [prompt] * N, ct.SpS(), tree, scheme, max_new_tokens=3, temperature=t, top_k=k,
+                        top_p=p, batch_size=N, seed=1, compact=compact)
+    assert all(len(x) == 3 for x in res.tokens)
+    assert_fits(res.tokens, autoregressive_law(cond(VERIFIER, sampling), 3, prompt=tuple(prompt)), 3)
+    assert 1 < res.stats.al < 4
+
+
+@pytest.mark.parametrize("rule,scheme,mode", [(ct.Cactus(0.5), "iid", "rounds"), (ct.Cactus(0.5), "deterministic", "joint"),
+                                              ((ct.TAS(), ct.SpS()), "without_replacement", "rounds")],
+                         ids=["cactus-iid-rounds", "cactus-deterministic-joint", "tas-then-sps-wor-rounds"])
+def test_tree_lossy_rules_emit_their_exact_tree_law(rule, scheme, mode):
+    prompt = [1, 8]
+    res = tree_generate(pair(), [prompt] * N, rule, TREE, scheme, mode=mode, max_new_tokens=3, batch_size=N, seed=2,
+                        **RAW)
+    law = verifier_first_law(cond(DRAFT), cond(VERIFIER), rule, TREE, scheme, 3, prompt, mode=mode)
+    assert_fits(res.tokens, law, 3)
+
+
+def test_ragged_rows_and_eos_keep_each_rows_law():
+    prompts = [[6], [3, 5, 7, 1, 2], [2, 9]]
+    batch = [prompts[i % 3] for i in range(3 * 2500)]
+    res = tree_generate(pair(EOS), batch, ct.SpS(), TREE, "without_replacement", max_new_tokens=3,
+                        batch_size=len(batch), seed=3, **RAW)
+    assert all(EOS not in t[:-1] and (len(t) == 3 or t[-1] == EOS) for t in res.tokens)
+    assert sum(len(t) < 3 for t in res.tokens) > 50  # EOS reached: the stopping path is exercised
+    base = cond(VERIFIER)
+    for j, pr in enumerate(prompts):
+        n = len(pr)
+
+        def absorbing(prefix, n=n):  # after EOS the (padded) output repeats EOS
+            return np.eye(V)[EOS] if EOS in prefix[n:] else base(prefix)
+
+        assert_fits(res.tokens[j::3], autoregressive_law(absorbing, 3, prompt=tuple(pr)), 3, pad=EOS)
+
+
+def test_bad_tree_arguments_raise_value_errors():
+    with pytest.raises(ValueError, match="tree"):
+        tree_generate(pair(), [[1]], ct.SpS(), "2,2")
+    with pytest.raises(ValueError, match="level by level"):
+        tree_generate(pair(), [[1]], ct.SpS(), (-1, 0, -1))
+    with pytest.raises(ValueError, match="topological"):
+        tree_generate(pair(), [[1]], ct.SpS(), (-1, 1))
+    with pytest.raises(ValueError, match="scheme"):
+        tree_generate(pair(), [[1]], ct.SpS(), TREE, "gumbel")
+    with pytest.raises(ValueError, match="width"):
+        tree_generate(pair(), [[1]], ct.SpS(), DynamicTree(2, 0, 2))
+    with pytest.raises(ValueError, match="joint"):
+        tree_generate(pair(), [[1]], ct.TAS(), TREE, "iid", mode="joint")
+
+
+class _CharTokenizer:
+    """Text <-> the tiny models' 10 ids (one per character), enough for the decode command's plumbing."""
+
+    chat_template = None
+    eos_token_id = None
+
+    def __call__(self, text):
+        return {"input_ids": [ord(c) % V for c in text]}
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(str(i) for i in ids)
+
+
+@pytest.mark.parametrize("flag,value,nodes", [("--tree-branching", "2,2", 6), ("--tree-dynamic", "3,2,2", 10)])
+def test_decode_command_runs_tree_decoding(monkeypatch, tmp_path, capsys, flag, value, nodes):
+    import json
+
+    from cactus_theory import cli
+    from cactus_theory.cli import lm as cli_lm
+    monkeypatch.setattr(cli_lm, "_load", lambda args: ModelPair(DRAFT, VERIFIER, _CharTokenizer(), name="tiny"))
+    out = tmp_path / "stats.json"
+    rc = cli.main(["decode", "--draft", "smollm2", "--rule", "sps", flag, value, "--tree-scheme", "deterministic",
+                   "--prompt", "abc", "--prompt", "hello", "--max-new-tokens", "6", "--no-warmup", "--json", str(out)])
+    assert rc == 0
+    cap = capsys.readouterr()
+    assert f"({nodes} nodes, deterministic, rounds)" in cap.out and "AL " in cap.out and "Traceback" not in cap.err
+    blob = json.loads(out.read_text())
+    assert blob["speculative"]["method"] == "tree" and blob["speculative"]["k"] == nodes
+    assert blob["speculative"]["new_tokens"] == 12 and blob["speculative"]["al"] >= 1
+
+
+# -- the EAGLE-3-style feature draft on trees -------------------------------------------------------
+
+@pytest.mark.parametrize("tree", [(-1, -1, 0, 1, 1, 2, 4), DynamicTree(3, 2, 2)], ids=["static", "dynamic"])
+def test_feature_draft_tree_laws_are_the_heads_laws_at_every_node(tree):
+    """The feature drafter's law at each node is the head's law given the committed sequence and the
+    node's path (``head_law``: full verifier forwards and a fresh head cache), over several steps on
+    ragged rows, so its tree steps and the verifier's features along the accepted path are right
+    (float32 models: 2e-5)."""
+    ver = Llama.from_hf(HEAD_VER)
+    law = head_law()
+    prompts = [[6], [3, 5, 7, 1, 2], [2, 9]]
+    ids, lens = right_pad(prompts, 0, "cpu")
+    gen = torch.Generator().manual_seed(1)
+    drafter = FeatureDrafter(HEAD, 3, 64, "cpu")
+    target = Target(ver, 3, 64, "cpu", drafter.feature_layers)
+    sampling = (1.0, 0, 1.0)
+    with torch.no_grad():
+        logits, feats = target.prefill(ids, lens)
+        first = torch.multinomial(sampling_probs(logits, *sampling), 1, generator=gen)[:, 0]
+        target.pending = first
+        drafter.start(ids, lens, first, feats)
+        seqs = [p + [int(t)] for p, t in zip(prompts, first, strict=True)]
+        err, accepted = 0.0, []
+        for step in range(4):
+            scheme = ("iid", "deterministic")[step % 2]
+            tokens, parents, p = drafter.propose_tree(tree, scheme, sampling, gen)
+            logits, feats = target.score_tree(tokens, parents)
+            q = sampling_probs(logits, *sampling)
+            for b in range(3):
+                path = {-1: []}
+                for j, a in enumerate(parents[b].tolist()):
+                    path[j] = path[a] + [int(tokens[b, j])]
+                    err = max(err, float(np.abs(p[b, j].double().numpy() - law(seqs[b], path[a])).max()))
+            res = ct.tree.verify_tree(tokens, parents, p, q, ct.SpS(), scheme, generator=gen)
+            a = res.num_accepted
+            target.advance_tree(res.accepted_nodes, a, res.tokens.gather(1, a[:, None])[:, 0])
+            drafter.advance_tree(a, res.accepted_nodes, res.tokens, feats)
+            for b in range(3):
+                seqs[b] += res.tokens[b, :int(a[b]) + 1].tolist()
+            accepted += a.tolist()
+    assert err < 2e-5, err
+    assert 0 in accepted and max(accepted) >= 1
+
+
+@pytest.mark.parametrize("scheme,tree", [("iid", TREE), ("deterministic", DYNAMIC)])
+def test_feature_draft_tree_sps_emits_the_verifiers_law(scheme, tree):
+    prompt = [3, 5, 7]
+    res = tree_generate(ModelPair(HEAD, HEAD_VER, None), [prompt] * N, ct.SpS(), tree, scheme, max_new_tokens=3,
+                        batch_size=N, seed=5, **RAW)
+    assert_fits(res.tokens, autoregressive_law(cond(HEAD_VER), 3, prompt=tuple(prompt)), 3)
+    assert 1 < res.stats.al
+
+
+def test_feature_draft_greedy_tree_is_the_verifiers_greedy_continuation():
+    prompts = [[6], [3, 5, 7, 1, 2, 8, 8], [2, 9], [0, 1, 2, 3]]
+    pr = ModelPair(HEAD, HEAD_VER, None)
+    ar = autoregressive_generate(pr, prompts, max_new_tokens=12, temperature=0.0, batch_size=4)
+    for tree, compact in ((TREE, True), (DYNAMIC, True), (DYNAMIC, False)):
+        res = tree_generate(pr, prompts, ct.SpS(), tree, "deterministic", max_new_tokens=12, temperature=0.0,
+                            batch_size=4, compact=compact)
+        assert res.tokens == ar.tokens and res.stats.accepted > 0
