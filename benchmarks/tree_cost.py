@@ -1,0 +1,127 @@
+"""What one verifier forward over W tree nodes costs against a one-token forward, on this machine.
+
+A tree draft only pays if the verifier scores its W nodes in about the time of one token. On a CPU
+without AMX the forward is compute-bound and the cost grows with W; this script measures that curve
+for the embedded verifier (SmolLM2-135M-Instruct, the compact Llama), so every tree result can be
+read beside it. No draft is needed.
+
+For each width W it scores a random tree of W nodes (`Llama.forward_tree`: the committed prefix plus
+each node's ancestors) after a prefix of `--context` tokens, batch 1, and reports the median of
+`--reps` timed forwards divided by the median one-token forward (`Llama.forward`, W = 1) of the same
+run. Two tree shapes: a chain (each node the child of the previous one) and a bushy tree (a node's
+parent drawn uniformly among the earlier nodes). The CPU model, dtype and thread count are recorded.
+
+    python benchmarks/tree_cost.py --dtype float32 bfloat16 --out benchmarks/results/lm/tree_cost.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import time
+
+import torch
+
+WIDTHS = (1, 2, 4, 8, 16, 24, 32, 48, 64)
+
+
+def cpu_model() -> str:
+    """The processor's model name (``/proc/cpuinfo``), else ``platform.processor()``."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def parents_of(shape: str, W: int, gen: torch.Generator) -> torch.Tensor:
+    """(1, W) int64 parents, topological: ``chain`` (node j under node j - 1) or ``bushy`` (under a
+    uniformly drawn earlier node, or the prefix)."""
+    if shape == "chain":
+        return torch.arange(-1, W - 1).unsqueeze(0)
+    par = [-1] + [int(torch.randint(-1, j, (1,), generator=gen)) for j in range(1, W)]
+    return torch.tensor([par])
+
+
+def _median_seconds(fn, reps: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def measure(model, dtype: torch.dtype, context: int, reps: int, widths, seed: int = 0) -> dict:
+    """``{"one_token_ms", "rows": [{"W", "shape", "ms", "ratio"}]}`` for one dtype."""
+    from cactus_theory.lm.llama import Llama
+
+    m = Llama.from_hf(model, dtype=dtype).eval()
+    gen = torch.Generator().manual_seed(seed)
+    V = m.args.vocab
+    cap = context + max(widths) + 2
+    cache = m.new_cache(1, cap)
+    prefix = torch.randint(0, V, (1, context), generator=gen)
+    with torch.inference_mode():
+        m.forward(prefix, torch.zeros(1, dtype=torch.long), cache)
+        start = torch.tensor([context])
+        one = torch.randint(0, V, (1, 1), generator=gen)
+        base = _median_seconds(lambda: m.forward(one, start, cache), reps)
+        rows = []
+        for W in widths:
+            for shape in ("chain", "bushy"):
+                par = parents_of(shape, W, gen)
+                ids = torch.randint(0, V, (1, W), generator=gen)
+                s = _median_seconds(lambda ids=ids, par=par: m.forward_tree(ids, par, start, cache), reps)
+                rows.append({"W": W, "shape": shape, "ms": 1e3 * s, "ratio": s / base})
+    return {"one_token_ms": 1e3 * base, "rows": rows}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dtype", nargs="+", default=["float32"], choices=["float32", "bfloat16"])
+    ap.add_argument("--context", type=int, default=256, help="committed prefix length (tokens)")
+    ap.add_argument("--reps", type=int, default=15, help="timed forwards per cell (median)")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--widths", type=int, nargs="+", default=list(WIDTHS))
+    ap.add_argument("--out", default=None, help="write the results JSON here (atomically)")
+    args = ap.parse_args(argv)
+    for name in ("context", "reps", "threads"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if any(w < 1 for w in args.widths):
+        ap.error(f"--widths must all be >= 1, got {args.widths}")
+    if 1 not in args.widths:
+        args.widths = [1, *args.widths]
+    torch.set_num_threads(args.threads)
+    from cactus_theory.lm.pair import load_model
+
+    model, _ = load_model("smollm2", torch.float32)
+    out = {"cpu": cpu_model(), "threads": args.threads, "context": args.context, "reps": args.reps,
+           "verifier": "SmolLM2-135M-Instruct (compact Llama)", "dtypes": {}}
+    for name in args.dtype:
+        res = measure(model, getattr(torch, name), args.context, args.reps, args.widths)
+        out["dtypes"][name] = res
+        print(f"{name}: one-token forward {res['one_token_ms']:.1f} ms ({out['cpu']}, {args.threads} thread(s), "
+              f"context {args.context})")
+        print("| W | chain ms | chain / one token | bushy ms | bushy / one token |")
+        print("|---|---|---|---|---|")
+        by = {(r["W"], r["shape"]): r for r in res["rows"]}
+        for W in args.widths:
+            c, b = by[(W, "chain")], by[(W, "bushy")]
+            print(f"| {W} | {c['ms']:.1f} | {c['ratio']:.2f}x | {b['ms']:.1f} | {b['ratio']:.2f}x |")
+    if args.out:
+        from cactus_theory.util.atomic import atomic_write_json
+
+        atomic_write_json(args.out, out)
+        print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
