@@ -110,6 +110,11 @@ STEPS: list[Step] = [
          "`results/table_j_dropmatch.md`: **our measurement**: DropMatch's exact step laws on teacher-forced rows "
          "of SmolLM2 (path law by Monte Carlo over dropout masks, jackknife errors), Cactus at equal acceptance, "
          "a short decoding run", "-", "LM step", lm=True, section=True),
+    Step("k", "table_k_trees",
+         "`results/table_k_trees.md`: **our result**: trees by exact law on toy pairs: EAGLE-style top-K "
+         "multi-round verification's step KL (draft probability read vs taken as 1); tree Cactus (rounds, joint) "
+         "as a share of the multi-draft optimum's gain at the same KL; block verification's losslessness and AL "
+         "beside SpS (the real-LM rows: out of reach)", "-", "~15 s", section=True),
 ]
 """The steps in run order (``c`` after ``e``: its LM panel reads the rows ``e`` saves)."""
 
