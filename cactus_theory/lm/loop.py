@@ -189,18 +189,25 @@ def _first_tokens(target, ids, lens, sampling, gen, out, per_seq, stats, eos, ma
     return first, feats, alive
 
 
-@torch.inference_mode()
-def _speculative_rows(draft, verifier, prompts, rule, k, max_new, sampling, gen, stats, per_seq, track_kl, eos):
+def _start(draft, verifier, prompts, width, max_new, sampling, gen, stats, per_seq, eos):
+    """Both loops' first step: caches for ``width`` drafted positions per step, the prompts' prefill and
+    first tokens (from the verifier), the drafter started on them. Returns (device, drafter, target,
+    the per-row outputs, the rows still running)."""
     dev = _device(verifier)
     B = len(prompts)
     ids, lens = right_pad(prompts, eos or 0, dev)
-    cap = int(lens.max()) + max_new + k + 2
+    cap = int(lens.max()) + max_new + width + 2
     drafter = make_drafter(draft, B, cap, dev)
     target = Target(verifier, B, cap, dev, drafter.feature_layers if drafter.needs_features else ())
     out: list[list[int]] = [[] for _ in range(B)]
     first, feats, alive = _first_tokens(target, ids, lens, sampling, gen, out, per_seq, stats, eos, max_new)
     drafter.start(ids, lens, first, feats)
-    rows = _drop_finished(alive, list(range(B)), [target, drafter], dev)
+    return dev, drafter, target, out, _drop_finished(alive, list(range(B)), [target, drafter], dev)
+
+
+@torch.inference_mode()
+def _speculative_rows(draft, verifier, prompts, rule, k, max_new, sampling, gen, stats, per_seq, track_kl, eos):
+    dev, drafter, target, out, rows = _start(draft, verifier, prompts, k, max_new, sampling, gen, stats, per_seq, eos)
     tap = HeadTap(verifier) if rule.reads_head else None  # the head's input, only for a rule that reads it
     while rows:
         t0 = time.perf_counter()
@@ -429,18 +436,10 @@ def check_tree(tree):
 @torch.inference_mode()
 def _tree_rows(draft, verifier, prompts, rules, tree, scheme, mode, max_new, sampling, gen, stats, per_seq,
                eos):
-    dev = _device(verifier)
-    B = len(prompts)
     dynamic = isinstance(tree, DynamicTree)
     N = tree.nodes if dynamic else len(tree)
-    ids, lens = right_pad(prompts, eos or 0, dev)
-    cap = int(lens.max()) + max_new + N + 3
-    drafter = make_drafter(draft, B, cap, dev)
-    target = Target(verifier, B, cap, dev, drafter.feature_layers if drafter.needs_features else ())
-    out: list[list[int]] = [[] for _ in range(B)]
-    first, feats, alive = _first_tokens(target, ids, lens, sampling, gen, out, per_seq, stats, eos, max_new)
-    drafter.start(ids, lens, first, feats)
-    rows = _drop_finished(alive, list(range(B)), [target, drafter], dev)
+    dev, drafter, target, out, rows = _start(draft, verifier, prompts, N + 1, max_new, sampling, gen, stats, per_seq,
+                                             eos)
     # draft forwards per step: the pending tokens, then each level but the last
     levels = tree.depth if dynamic else 1 + max(_depths(tree))
     while rows:
