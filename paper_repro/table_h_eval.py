@@ -377,9 +377,9 @@ def run(ctx: Ctx) -> StepResult:
     from cactus_theory.util.atomic import atomic_write_text
 
     if full is not None:  # the full run's table, re-rendered under the current rendering rules
-        table = format_table(full) + "\n"
-        if FULL.with_suffix(".md").read_text() != table:
-            atomic_write_text(FULL.with_suffix(".md"), table)
+        table, md = format_table(full) + "\n", FULL.with_suffix(".md")
+        if not md.exists() or md.read_text() != table:
+            atomic_write_text(md, table)
 
     figs = save_figure(plot_accuracy_vs_al(main), ctx, "fig_h_eval")
     cl = claims(main, "full run" if full else "reduced run")

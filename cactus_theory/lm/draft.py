@@ -255,13 +255,7 @@ class FeatureDraft(nn.Module):
         previous outputs, ``tokens`` (B, W) the next tokens, written at ``cache`` slots ``slots``
         (B, W) of every layer; returns ``g`` (B, W, dim)."""
         cos, sin, mask = block_inputs(slots, self.cos, self.sin, used)
-        cos, sin = cos.to(self.dtype), sin.to(self.dtype)
-        x = torch.cat([self.embed_norm(self.embed(tokens).to(self.dtype)), self.feat_norm(feat)], -1)
-        g = feat + self.attn(x, cos, sin, cache.k[0], cache.v[0], slots, mask)
-        g = g + self.mlp(self.mlp_norm(g))
-        for i, blk in enumerate(self.blocks, start=1):
-            g = blk(g, cos, sin, cache.k[i], cache.v[i], slots, mask)
-        return g
+        return self._layers(feat, tokens, cache, slots, cos, sin, mask)
 
     def tree_step(self, feat: torch.Tensor, tokens: torch.Tensor, cache: KVCache, start: torch.Tensor,
                   parents: torch.Tensor, lo: int) -> torch.Tensor:
@@ -272,6 +266,12 @@ class FeatureDraft(nn.Module):
         M = lo + tokens.shape[1]
         slots, cos, sin, mask = tree_block_inputs(parents[:, :M].long(), start, lo, self.cos, self.sin,
                                                   cache.capacity)
+        return self._layers(feat, tokens, cache, slots, cos, sin, mask)
+
+    def _layers(self, feat, tokens, cache, slots, cos, sin, mask) -> torch.Tensor:
+        """The head on a block: ``feat`` (B, W, dim), ``tokens`` (B, W) written at ``slots`` (B, W),
+        rotated by ``cos`` / ``sin`` (B, 1, W, hd) float32, attending per ``mask`` (B, 1, W, used) bool;
+        returns ``g`` (B, W, dim)."""
         cos, sin = cos.to(self.dtype), sin.to(self.dtype)
         x = torch.cat([self.embed_norm(self.embed(tokens).to(self.dtype)), self.feat_norm(feat)], -1)
         g = feat + self.attn(x, cos, sin, cache.k[0], cache.v[0], slots, mask)

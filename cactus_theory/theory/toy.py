@@ -35,7 +35,7 @@ from ..core.validate import check_positive_int, check_probs
 __all__ = [
     "Cond", "NGram", "random_ngram", "perturbed", "random_pair", "step_parts",
     "speculative_decode", "DecodeResult", "sequence_law", "autoregressive_law", "one_step_test",
-    "sequence_test",
+    "sequence_test", "Cached", "memoised",
 ]
 
 Cond = Callable[[tuple], np.ndarray]
@@ -103,10 +103,12 @@ def random_pair(V: int, order: int = 2, concentration: float = 1.0, weight: floa
     return perturbed(verifier, weight, concentration, seed + 1), verifier
 
 
-class _Cached:
+class Cached:
     """Memoised conditional; each new row is validated once."""
 
     def __init__(self, cond: Cond, name: str):
+        if not callable(cond):
+            raise ValueError(f"{name} must be a callable prefix -> (V,) probabilities, got {cond!r}")
         self.cond, self.name, self.rows = cond, name, {}
 
     def __call__(self, prefix: tuple) -> np.ndarray:
@@ -116,6 +118,11 @@ class _Cached:
             check_probs(r, f"{self.name}{prefix}")
             self.rows[prefix] = r
         return r
+
+
+def memoised(cond, name: str) -> Cached:
+    """``cond`` memoised (``Cached``), or ``cond`` itself when it already is."""
+    return cond if isinstance(cond, Cached) else Cached(cond, name)
 
 
 
@@ -136,7 +143,7 @@ class _Trie:
             ids[i] = c
         return ids[np.ravel(inv)]
 
-    def rows(self, cond: _Cached, nodes: np.ndarray) -> np.ndarray:
+    def rows(self, cond: Cached, nodes: np.ndarray) -> np.ndarray:
         """``cond`` at every node's prefix: (A,) -> (A, V), one evaluation per distinct node."""
         uniq, inv = np.unique(nodes, return_inverse=True)
         return np.stack([cond(self.prefix[i]) for i in uniq.tolist()])[np.ravel(inv)]
@@ -167,7 +174,7 @@ def speculative_decode(
     check_positive_int(k, "k")
     check_positive_int(T, "T")
     check_positive_int(num_sequences, "num_sequences")
-    P, Q = _Cached(draft, "draft"), _Cached(verifier, "verifier")
+    P, Q = Cached(draft, "draft"), Cached(verifier, "verifier")
     prompt = tuple(int(t) for t in prompt)
     B = int(num_sequences)
     V = P(prompt).size
@@ -244,8 +251,8 @@ def sequence_law(draft: Cond | None, verifier: Cond, rule: Rule, k: int, T: int,
     check_positive_int(T, "T")
     if (draft is None) == (draft_in_block is None):
         raise ValueError("give exactly one of draft and draft_in_block")
-    Q = _Cached(verifier, "verifier")
-    P = _Cached(draft, "draft") if draft is not None else None
+    Q = Cached(verifier, "verifier")
+    P = Cached(draft, "draft") if draft is not None else None
     prompt = tuple(int(t) for t in prompt)
     V = Q(prompt).size
     parts: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
@@ -298,7 +305,7 @@ def sequence_law(draft: Cond | None, verifier: Cond, rule: Rule, k: int, T: int,
 
 def autoregressive_law(cond: Cond, T: int, *, prompt: tuple = ()) -> np.ndarray:
     """Law of ``T`` tokens sampled plainly from ``cond``: ``prod_t cond(x_<t)[x_t]``, (V,) * T."""
-    C = _Cached(cond, "cond")
+    C = Cached(cond, "cond")
     prompt = tuple(int(t) for t in prompt)
     V = C(prompt).size
     law = np.zeros((V,) * T)

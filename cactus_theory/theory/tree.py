@@ -119,7 +119,7 @@ from ..core.tree import (  # the shapes, schemes and the batched sampler live in
     without,
 )
 from ..core.validate import check_positive_int, check_probs, check_same_shape, check_token
-from .toy import DecodeResult
+from .toy import DecodeResult, memoised
 
 __all__ = [
     "SCHEMES", "MODES", "set_target", "chain_parents", "branching_parents", "children_lists", "top_candidates",
@@ -291,27 +291,6 @@ def tree_step_law(rule: RuleSpec, p, q, num_children: int, scheme: str = "iid",
 
 # -- exact block and sequence laws on toy models ------------------------------------------------
 
-class _Memo:
-    """Memoised conditional, each row validated once."""
-
-    def __init__(self, cond: Cond, name: str):
-        if not callable(cond):
-            raise ValueError(f"{name} must be a callable prefix -> (V,) probabilities, got {cond!r}")
-        self.cond, self.name, self.rows = cond, name, {}
-
-    def __call__(self, prefix: tuple) -> np.ndarray:
-        row = self.rows.get(prefix)
-        if row is None:
-            row = np.asarray(self.cond(prefix), dtype=np.float64)
-            check_probs(row, f"{self.name}{prefix}")
-            self.rows[prefix] = row
-        return row
-
-
-def _memo(cond, name):
-    return cond if isinstance(cond, _Memo) else _Memo(cond, name)
-
-
 def tree_block_law(draft: Cond, verifier: Cond, rule: RuleSpec, parents: Sequence[int], scheme: str = "iid",
                    *, prompt: tuple = (), mode: str = "rounds") -> dict[tuple, float]:
     """Exact law of the block one tree-verification call emits after ``prompt``: ``{block: prob}``,
@@ -327,7 +306,7 @@ def tree_block_law(draft: Cond, verifier: Cond, rule: RuleSpec, parents: Sequenc
     check_scheme(scheme)
     check_mode(mode, rules)
     kids = children_lists(parents)
-    P, Q = _memo(draft, "draft"), _memo(verifier, "verifier")
+    P, Q = memoised(draft, "draft"), memoised(verifier, "verifier")
     prompt = tuple(int(t) for t in prompt)
     out: dict[tuple, float] = {}
 
@@ -390,7 +369,7 @@ def tree_sequence_law(draft: Cond, verifier: Cond, rule: RuleSpec, parents: Sequ
     rules = check_rules(rule)
     check_scheme(scheme)
     check_parents(parents)
-    P, Q = _memo(draft, "draft"), _memo(verifier, "verifier")
+    P, Q = memoised(draft, "draft"), memoised(verifier, "verifier")
     prompt = tuple(int(t) for t in prompt)
     V = Q(prompt).size
     check_mode(mode, rules)
@@ -412,7 +391,7 @@ def draft_tree(draft: Cond, verifier: Cond, contexts: Sequence[tuple], parents: 
     """
     check_scheme(scheme)
     parents = check_parents(parents)
-    P, Q = _memo(draft, "draft"), _memo(verifier, "verifier")
+    P, Q = memoised(draft, "draft"), memoised(verifier, "verifier")
     ctxs = [tuple(int(t) for t in c) for c in contexts]
     if not ctxs:
         raise ValueError("contexts must hold at least one context")
@@ -466,7 +445,7 @@ def tree_speculative_decode(draft: Cond, verifier: Cond, rule: RuleSpec, parents
     par = check_parents(parents)
     check_positive_int(T, "T")
     check_positive_int(num_sequences, "num_sequences")
-    P, Q = _memo(draft, "draft"), _memo(verifier, "verifier")
+    P, Q = memoised(draft, "draft"), memoised(verifier, "verifier")
     prompt = tuple(int(t) for t in prompt)
     B, N = int(num_sequences), len(par)
     seqs: list[tuple] = [()] * B
@@ -609,7 +588,7 @@ def block_verification_law(draft: Cond, verifier: Cond, k: int, *, prompt: tuple
     ``P(tau = i) = h_i prod_{j > i} (1 - h_j)`` (``h_0 = 1``), and the block is ``X^i`` then
     ``y ~ rho_{i+1}`` normalised (``i < k``) or ``y ~ q(. | X^k)`` (``i = k``)."""
     check_positive_int(k, "k")
-    P, Q = _memo(draft, "draft"), _memo(verifier, "verifier")
+    P, Q = memoised(draft, "draft"), memoised(verifier, "verifier")
     prompt = tuple(int(t) for t in prompt)
     out: dict[tuple, float] = {}
     stack = [((), 1.0)]
@@ -642,7 +621,7 @@ def block_sequence_law(draft: Cond, verifier: Cond, k: int, T: int, *, prompt: t
     """Exact law ``(V,) * T`` of the first ``T`` tokens of the chain loop verified by ``verify_block``
     (``toy.speculative_decode(..., sampler=verify_block)``)."""
     check_positive_int(T, "T")
-    P, Q = _memo(draft, "draft"), _memo(verifier, "verifier")
+    P, Q = memoised(draft, "draft"), memoised(verifier, "verifier")
     prompt = tuple(int(t) for t in prompt)
     V = Q(prompt).size
     return _sequence_from_blocks(lambda c: block_verification_law(P, Q, k, prompt=c), V, T, prompt)
