@@ -362,14 +362,14 @@ def test_aux_layers_follow_the_verifier_depth():
 
 
 def test_the_default_draft_file_keeps_its_name(monkeypatch, tmp_path):
-    """The committed results name ``smollm2-eagle3-v4-S8192-cc6d604f7f.pt``: the key hashes every field
+    """The committed results name ``smollm2-eagle3-v5-S8192-cc6d604f7f.pt``: the key hashes every field
     of the config with the SmolLM2 layers (2, 15, 27)."""
     monkeypatch.setenv("CACTUS_THEORY_CACHE", str(tmp_path))
     assert DEFAULT_VERIFIER == "smollm2" and DEFAULT_VERIFIER_LAYERS == 30
     fields = {**DraftConfig().__dict__, "aux_layers": [2, 15, 27]}
     key = hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:10]
     assert key == "cc6d604f7f"
-    name = "smollm2-eagle3-v4-S8192-cc6d604f7f.pt"
+    name = "smollm2-eagle3-v5-S8192-cc6d604f7f.pt"
     assert draft_path() == draft_path(DraftConfig(), "smollm2", 30) == str(tmp_path / name)
     assert draft_path(DraftConfig(aux_layers=(2, 15, 27))) == str(tmp_path / name)
     from cactus_theory.lm.pair import embedded_draft_path
@@ -377,7 +377,7 @@ def test_the_default_draft_file_keeps_its_name(monkeypatch, tmp_path):
 
     assert embedded_draft_path() == str(tmp_path / name)
     dkey = hashlib.sha1(json.dumps({f: fields[f] for f in DATA_FIELDS}, sort_keys=True).encode()).hexdigest()[:10]
-    assert data_path(DraftConfig().resolved(30)) == str(tmp_path / f"smollm2-draft-data-v4-{dkey}.pt")
+    assert data_path(DraftConfig().resolved(30)) == str(tmp_path / f"smollm2-draft-data-v5-{dkey}.pt")
 
 
 def test_another_verifier_keys_the_file_and_the_pair(monkeypatch, tmp_path):
@@ -391,7 +391,7 @@ def test_another_verifier_keys_the_file_and_the_pair(monkeypatch, tmp_path):
     ver.save_pretrained(folder)
     assert model_depth(folder) == 8
     path = embedded_draft_path(folder)
-    assert os.path.basename(path).startswith(verifier_tag(folder) + "-eagle3-v4-S8192-")
+    assert os.path.basename(path).startswith(verifier_tag(folder) + "-eagle3-v5-S8192-")
     assert verifier_tag(folder).startswith("tiny-verifier-") and path != draft_path()
     assert path == draft_path(DraftConfig(aux_layers=(2, 4, 5)), folder)  # (2, 8 // 2, 8 - 3)
     with pytest.raises(ValueError, match="needs its depth"):
