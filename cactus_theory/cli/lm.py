@@ -26,6 +26,7 @@ DESCRIPTION = ("Speculative decoding with a (draft, verifier) pair under any acc
                "--baseline also the verifier alone (its texts and the speedup, both runs warmed up first).")
 MIN_TIMED_TOKENS = 100  # fewer generated tokens than this and a CPU speedup is mostly noise
 WARMUP_TOKENS = 8
+TREE_DEPTH, TREE_TOPK = 5, 4  # --tree NODES defaults (EAGLE-2's shape, sized for a CPU: docs/decoding.md)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -40,15 +41,26 @@ def configure(parser: argparse.ArgumentParser) -> None:
     g.add_argument("-k", "--num-drafts", dest="num_drafts", type=positive_int, default=4,
                    help="drafted tokens per step (the paper's m)")
     g.add_argument("--max-new-tokens", type=positive_int, default=128, help="new tokens per prompt at most")
+    g.add_argument("--tree", type=positive_int, default=None, metavar="NODES",
+                   help="tree decoding with EAGLE-2's dynamic tree: grow --tree-depth levels (the --tree-topk most "
+                        "probable paths of each level get --tree-topk candidates each), keep the NODES nodes of "
+                        "highest path probability, verify them in one verifier forward (-k unused; deterministic "
+                        "top-k candidates, lossless with SpS)")
+    g.add_argument("--tree-depth", type=positive_int, default=None, metavar="D",
+                   help=f"levels of the --tree NODES tree (default {TREE_DEPTH})")
+    g.add_argument("--tree-topk", type=positive_int, default=None, metavar="K",
+                   help=f"candidates per grown node, and nodes grown per level, of the --tree NODES tree "
+                        f"(default {TREE_TOPK})")
     g.add_argument("--tree-branching", default=None, metavar="B1,B2,...",
                    help="tree decoding: draft a static tree whose nodes at depth d have B_d children (e.g. 2,2: "
                         "6 nodes) and verify it in one verifier forward (-k unused)")
     g.add_argument("--tree-dynamic", default=None, metavar="DEPTH,WIDTH,CHILDREN",
                    help="tree decoding with a dynamic tree: the root gets CHILDREN candidates, then at each of "
                         "DEPTH - 1 levels the WIDTH most probable paths get CHILDREN each (e.g. 4,4,2)")
-    g.add_argument("--tree-scheme", default="iid",
+    g.add_argument("--tree-scheme", default=None,
                    help="how a tree node's children are drawn: iid, without_replacement, deterministic (top-k) or "
-                        "eagle (default iid; the first three keep SpS lossless)")
+                        "eagle (default: deterministic with --tree, else iid; the first three keep SpS lossless; "
+                        "--tree takes deterministic or eagle only)")
     g.add_argument("--tree-mode", default="rounds", help="rounds or joint (a lossy rule over a node's children)")
     g.add_argument("--batch-size", type=positive_int, default=8, help="prompts decoded together")
     g.add_argument("--seed", type=int, default=0, help="seed of every draw (batch i uses seed + i)")
@@ -98,6 +110,7 @@ def check(args: argparse.Namespace) -> None:
 
 
 TREE_SCHEMES = ("iid", "without_replacement", "deterministic", "eagle")  # core.tree.SCHEMES (torch-free here)
+RERANK_SCHEMES = ("deterministic", "eagle")  # core.tree.RERANK_SCHEMES
 TREE_MODES = ("rounds", "joint")  # core.tree.MODES
 
 
@@ -105,13 +118,39 @@ def _check_tree_args(args: argparse.Namespace) -> tuple[int, ...] | None:
     """``("branching", (b1, b2, ...))`` from ``--tree-branching``, ``("dynamic", (depth, width, children))``
     from ``--tree-dynamic``, or None; with the scheme, mode, rule and draft checked; no torch (argument
     errors answer before anything loads)."""
-    from ..core.rules import ScalingRule
-
     branching, dynamic = getattr(args, "tree_branching", None), getattr(args, "tree_dynamic", None)
-    if branching is None and dynamic is None:
+    budget = getattr(args, "tree", None)
+    given = [f for f, v in (("--tree", budget), ("--tree-branching", branching), ("--tree-dynamic", dynamic))
+             if v is not None]
+    for flag in ("tree_depth", "tree_topk"):
+        if getattr(args, flag, None) is not None and budget is None:
+            raise ValueError(f"--{flag.replace('_', '-')} {getattr(args, flag)} shapes the --tree NODES tree: give "
+                             f"--tree NODES too")
+    if args.tree_scheme is None:
+        args.tree_scheme = "deterministic" if budget is not None else "iid"
+    if not given:
+        if args.tree_scheme != "iid" or args.tree_mode != "rounds":
+            raise ValueError(f"--tree-scheme / --tree-mode apply to tree decoding: give --tree, --tree-branching or "
+                             f"--tree-dynamic (got --tree-scheme {args.tree_scheme}, --tree-mode {args.tree_mode})")
         return None
-    if branching is not None and dynamic is not None:
-        raise ValueError("--tree-branching and --tree-dynamic: give one tree, not both")
+    if len(given) > 1:
+        raise ValueError(f"{' and '.join(given)}: give one tree, not several")
+    if budget is not None:
+        depth = args.tree_depth if args.tree_depth is not None else TREE_DEPTH
+        topk = args.tree_topk if args.tree_topk is not None else TREE_TOPK
+        grown, size = topk, topk
+        for _ in range(depth - 1):
+            size = topk * topk
+            grown += size
+        if budget > 256 or grown > 4096:
+            raise ValueError(f"--tree {budget} --tree-depth {depth} --tree-topk {topk}: at most 256 nodes kept and "
+                             f"4096 grown, got {budget} kept of {grown} grown")
+        if args.tree_scheme not in RERANK_SCHEMES:
+            raise ValueError(f"--tree-scheme {args.tree_scheme} with --tree NODES: re-ranking random candidates by "
+                             "their own probability breaks losslessness; use deterministic (or eagle), or "
+                             "--tree-dynamic for random draws")
+        _check_tree_rule(args)
+        return "budget", (budget, depth, topk)
     flag, text = ("--tree-branching", branching) if branching is not None else ("--tree-dynamic", dynamic)
     try:
         nums = tuple(int(x) for x in text.split(","))
@@ -132,6 +171,13 @@ def _check_tree_args(args: argparse.Namespace) -> tuple[int, ...] | None:
             nodes += size
     if nodes > 256:
         raise ValueError(f"{flag} {text} makes {nodes} nodes; at most 256")
+    _check_tree_rule(args)
+    return ("branching" if flag == "--tree-branching" else "dynamic"), nums
+
+
+def _check_tree_rule(args: argparse.Namespace) -> None:
+    from ..core.rules import ScalingRule
+
     if args.tree_scheme not in TREE_SCHEMES:
         raise ValueError(f"--tree-scheme must be one of {', '.join(TREE_SCHEMES)}, got {args.tree_scheme!r}")
     if args.tree_mode not in TREE_MODES:
@@ -140,7 +186,6 @@ def _check_tree_args(args: argparse.Namespace) -> tuple[int, ...] | None:
         raise ValueError(f"--tree-mode joint needs a two-block rule (sps, cactus), got --rule {args.rule}")
     if args.rule_obj.reads_head:
         raise ValueError(f"--rule {args.rule}: a rule that reads the verifier's LM head is not supported on trees")
-    return ("branching" if flag == "--tree-branching" else "dynamic"), nums
 
 
 def _load(args):
@@ -208,8 +253,8 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from ..core.registry import label
-    from ..core.tree import DynamicTree, branching_parents
-    from ..lm.loop import autoregressive_generate, speculative_generate, tree_generate
+    from ..core.tree import BudgetTree, DynamicTree, branching_parents
+    from ..lm.loop import autoregressive_generate, speculative_generate, tree_generate, tree_nodes
     from ..util.atomic import atomic_write_json
 
     if args.threads:
@@ -229,11 +274,14 @@ def run(args: argparse.Namespace) -> int:
     runs = [("speculative", speculative_generate, spec_kw)]
     if args.tree is not None:
         kind, nums = args.tree
-        tree = branching_parents(nums) if kind == "branching" else DynamicTree(*nums)
+        tree = {"branching": branching_parents, "dynamic": lambda n: DynamicTree(*n),
+                "budget": lambda n: BudgetTree(*n)}[kind](nums)
         runs = [("speculative", tree_generate, dict(pair=pair, rule=rule, tree=tree, scheme=args.tree_scheme,
                                                     mode=args.tree_mode, **sampling))]
-        size = len(tree) if kind == "branching" else tree.nodes
-        k = f"{kind} tree {','.join(map(str, nums))} ({size} nodes, {args.tree_scheme}, {args.tree_mode})"
+        size, grown = tree_nodes(tree)
+        shape = (f"EAGLE-2 budget tree ({size} nodes of {grown} grown, depth {nums[1]}, top-{nums[2]}"
+                 if kind == "budget" else f"{kind} tree {','.join(map(str, nums))} ({size} nodes")
+        k = f"{shape}, {args.tree_scheme}, {args.tree_mode})"
     if args.baseline:
         runs.append(("verifier alone", autoregressive_generate, base_kw))
     with quiet_transformers(args.verbose):

@@ -22,7 +22,8 @@ from .validate import check_positive_int, check_probs
 
 __all__ = ["SCHEMES", "MODES", "RuleSpec", "set_target", "chain_parents", "branching_parents", "children_lists",
            "top_candidates", "TreeVerifyResult", "verify_tree", "check_scheme", "check_rules", "check_mode",
-           "round_rule", "check_parents", "drop_token", "without", "DynamicTree"]
+           "round_rule", "check_parents", "drop_token", "without", "DynamicTree", "BudgetTree", "RERANK_SCHEMES",
+           "check_tree_scheme", "rerank"]
 
 SCHEMES = ("iid", "without_replacement", "deterministic", "eagle")
 MODES = ("rounds", "joint")
@@ -138,6 +139,92 @@ class DynamicTree:
     @property
     def nodes(self) -> int:
         return sum(self.level_sizes())
+
+
+@dataclass(frozen=True)
+class BudgetTree:
+    """EAGLE-2's dynamic tree with a node budget: grown as ``DynamicTree(depth, topk, topk)`` (the root
+    gets ``topk`` candidates; at each next level the ``topk`` nodes of highest path probability grow
+    ``topk`` each), then re-ranked: the ``nodes`` grown nodes of highest path probability (ties to the
+    lower node index) are verified, the rest dropped. A node's path probability is at most its
+    parent's, so the kept set holds every kept node's ancestors, and a kept node's kept children are
+    its most likely ones (a prefix of its candidates).
+
+    Re-ranking reads the drawn children's own probabilities, so it keeps a scheme lossless only when
+    the candidates are not random: ``deterministic`` (top-k, each verified as a point mass; ``eagle``
+    reads the same top-k with ``p`` and is not lossless with or without re-ranking). With
+    ``iid`` or ``without_replacement`` draws, keeping the likelier draws changes the law the
+    candidates come from, and ``verify_tree`` (which reads them as draws from ``p``) is no longer
+    lossless: ``check_tree_scheme`` refuses them."""
+
+    nodes: int
+    depth: int
+    topk: int
+
+    def __post_init__(self):
+        for name in ("nodes", "depth", "topk"):
+            check_positive_int(getattr(self, name), name)
+
+    @property
+    def width(self) -> int:
+        return self.topk
+
+    @property
+    def children(self) -> int:
+        return self.topk
+
+    def level_sizes(self) -> tuple[int, ...]:
+        """Nodes per level as grown (before re-ranking)."""
+        return DynamicTree(self.depth, self.topk, self.topk).level_sizes()
+
+    @property
+    def grown(self) -> int:
+        return sum(self.level_sizes())
+
+    @property
+    def kept(self) -> int:
+        """Nodes verified: ``min(nodes, grown)``."""
+        return min(self.nodes, self.grown)
+
+
+RERANK_SCHEMES = ("deterministic", "eagle")  # candidates that are not random: the top-k of p
+
+
+def check_tree_scheme(tree, scheme: str) -> None:
+    """A ``BudgetTree`` re-ranks its drawn nodes: only non-random candidates keep a lossless verifier
+    lossless (see ``BudgetTree``)."""
+    check_scheme(scheme)
+    if isinstance(tree, BudgetTree) and scheme not in RERANK_SCHEMES:
+        raise ValueError(f"scheme {scheme!r} with a node budget (BudgetTree / --tree NODES): re-ranking random "
+                         f"candidates by their own probability changes their law, so verification is no longer "
+                         f"lossless; use scheme 'deterministic' (or 'eagle'), or a DynamicTree (--tree-dynamic) for "
+                         f"{scheme!r} draws")
+
+
+def rerank(logpath, parents, keep: int):
+    """The ``keep`` nodes of highest path log-probability ``logpath`` (..., N) float64 (ties to the
+    lower node index), as sorted node indices (..., keep) int64 (numpy or torch alike), and the kept
+    tree's parents (..., keep) int64 renumbered to the kept nodes (-1: the root). ``parents``
+    (..., N) int64. The kept set is ancestor-closed when a child's path log-probability is at most
+    its parent's (as it is for probabilities <= 1): checked."""
+    if isinstance(logpath, torch.Tensor):
+        order = torch.sort(-logpath, dim=-1, stable=True).indices[..., :keep].sort(-1).values
+        par = parents.gather(-1, order)
+        new = torch.full_like(parents, -1)
+        new.scatter_(-1, order, torch.arange(keep, device=order.device).expand_as(order))
+        kept_par = torch.where(par >= 0, new.gather(-1, par.clamp_min(0)), par)
+        if bool(((par >= 0) & (kept_par < 0)).any()):
+            raise ValueError("rerank: a kept node's parent was dropped (a path probability above its parent's)")
+        return order, kept_par
+    logpath, parents = np.asarray(logpath, dtype=np.float64), np.asarray(parents, dtype=np.int64)
+    order = np.sort(np.argsort(-logpath, axis=-1, kind="stable")[..., :keep], axis=-1)
+    par = np.take_along_axis(parents, order, -1)
+    new = np.full(parents.shape, -1, dtype=np.int64)
+    np.put_along_axis(new, order, np.broadcast_to(np.arange(keep), order.shape), -1)
+    kept_par = np.where(par >= 0, np.take_along_axis(new, np.maximum(par, 0), -1), par)
+    if ((par >= 0) & (kept_par < 0)).any():
+        raise ValueError("rerank: a kept node's parent was dropped (a path probability above its parent's)")
+    return order, kept_par
 
 
 def check_parents(parents) -> tuple[int, ...]:

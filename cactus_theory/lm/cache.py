@@ -34,7 +34,7 @@ import torch
 
 from ..core.sampler import sample_rows
 from ..core.transforms import sampling_probs
-from ..core.tree import SCHEMES, without
+from ..core.tree import SCHEMES, BudgetTree, rerank, without
 from .draft import FeatureDraft
 from .llama import Llama, tree_ancestry
 
@@ -273,8 +273,13 @@ def grow_tree(p0: torch.Tensor, read_level, tree, scheme: str, gen):
     lower id). Each random node takes one float64 uniform per row from ``gen`` (inverse CDF,
     ``sampler.sample_rows``), in node order. Every level but the last is read (one call per level).
 
+    A ``core.tree.BudgetTree`` is grown as its ``DynamicTree`` and then re-ranked (``core.tree.rerank``):
+    its ``kept`` nodes of highest path probability remain, renumbered in grown order.
+
     Returns ``tokens`` (B, N) int64, ``parents`` (B, N) int64, ``draft_probs`` (B, N, V) (``p`` at each
-    node's parent, as ``verify_tree`` reads them) and ``read`` (B, N) bool (the nodes read)."""
+    node's parent, as ``verify_tree`` reads them), ``read`` (B, N) bool (the nodes read) and ``nodes``
+    (B, N) int64 (each node's index in the grown tree: where a drafter's tree forward wrote it); N the
+    nodes verified."""
     if scheme not in SCHEMES:
         raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
     dynamic = callable(getattr(tree, "level_sizes", None))  # a DynamicTree; else a parents tuple
@@ -300,6 +305,7 @@ def grow_tree(p0: torch.Tensor, read_level, tree, scheme: str, gen):
             order = torch.sort(-logpath[:, plo + 1:lo + 1], dim=-1, stable=True).indices
             best = order[:, :size // tree.children].sort(-1).values + plo
             parents[:, lo:hi] = best.repeat_interleave(tree.children, dim=1)
+        ranked = {}  # deterministic: each parent slot's tokens by rank, one sort per slot column
         for j in range(lo, hi):
             slot = parents[:, j] + 1
             p = laws[rows, slot]
@@ -307,7 +313,10 @@ def grow_tree(p0: torch.Tensor, read_level, tree, scheme: str, gen):
             if scheme in ("deterministic", "eagle"):
                 if rank >= V:
                     raise ValueError(f"a node has more than V = {V} deterministic children")
-                x = torch.sort(-p, dim=-1, stable=True).indices[:, rank]
+                group = (j - lo) // tree.children if dynamic else tree[j]
+                if group not in ranked:
+                    ranked[group] = torch.sort(-p, dim=-1, stable=True).indices
+                x = ranked[group][:, rank]
             else:
                 src = p if removed is None else without(p, removed[rows, slot])
                 src = torch.where(src.sum(-1, keepdim=True) > 0, src, p)  # support exhausted: placeholder
@@ -322,7 +331,12 @@ def grow_tree(p0: torch.Tensor, read_level, tree, scheme: str, gen):
             laws[:, lo + 1:hi + 1] = read_level(tokens[:, lo:hi], parents[:, :hi], lo)
             read[:, lo:hi] = True
         lo = hi
-    return tokens, parents, probs, read
+    nodes = torch.arange(N, device=dev).expand(B, N)
+    if isinstance(tree, BudgetTree) and tree.kept < N:  # EAGLE-2's re-ranking: the most probable paths
+        nodes, parents = rerank(logpath[:, 1:], parents, tree.kept)
+        tokens, read = tokens.gather(1, nodes), read.gather(1, nodes)
+        probs = probs.gather(1, nodes[:, :, None].expand(-1, -1, V))
+    return tokens, parents, probs, read, nodes
 
 
 class TokenDrafter:
@@ -369,7 +383,7 @@ class TokenDrafter:
         def read_level(tok, par, lo):
             return sampling_probs(self.s.forward_tree(tok, par, lo)[0], *sampling)
 
-        tokens, parents, probs, self._read_nodes = grow_tree(p0, read_level, tree, scheme, gen)
+        tokens, parents, probs, self._read_nodes, self._grown = grow_tree(p0, read_level, tree, scheme, gen)
         return tokens, parents, probs
 
     def advance_tree(self, a: torch.Tensor, path: torch.Tensor, tokens: torch.Tensor, feats=None) -> None:
@@ -381,7 +395,7 @@ class TokenDrafter:
         rows = torch.arange(B, device=a.device)
         lastnode = path[rows, (a - 1).clamp_min(0)].clamp_min(0)
         unread = (a > 0) & ~self._read_nodes[rows, lastnode]
-        self.s.keep_path(path.clamp_min(0), a - unread.long())
+        self.s.keep_path(self._grown.gather(1, path.clamp_min(0)), a - unread.long())  # slots of the grown tree
         self.ids = torch.stack([torch.where(unread, tokens[rows, (a - 1).clamp_min(0)], tokens[rows, a]),
                                 tokens[rows, a]], 1)
         self.n = 1 + unread.long()
@@ -402,7 +416,7 @@ class TokenDrafter:
         self.s.select(idx)
         self.ids, self.n = self.ids[idx], self.n[idx]
         if getattr(self, "_read_nodes", None) is not None:
-            self._read_nodes = self._read_nodes[idx]
+            self._read_nodes, self._grown = self._read_nodes[idx], self._grown[idx]
 
 
 class FeatureDrafter:
@@ -477,7 +491,7 @@ class FeatureDrafter:
             G[:, lo + 1:lo + W + 1] = g
             return self._law(g, sampling)
 
-        tokens, parents, probs, _ = grow_tree(self._law(g0, sampling), read_level, tree, scheme, gen)
+        tokens, parents, probs, _, _ = grow_tree(self._law(g0, sampling), read_level, tree, scheme, gen)
         return tokens, parents, probs
 
     def advance_tree(self, a: torch.Tensor, path: torch.Tensor, tokens: torch.Tensor, feats) -> None:

@@ -59,11 +59,12 @@ from ..core.sampling import SAMPLING as _SAMPLING
 from ..core.transforms import check_sampling, sampling_probs
 from ..core.tree import (
     MODES,
-    SCHEMES,
+    BudgetTree,
     DynamicTree,
     check_mode,
     check_parents,
     check_rules,
+    check_tree_scheme,
     verify_tree,
 )
 from .cache import Target, make_drafter, right_pad
@@ -73,7 +74,7 @@ from .metrics import DecodeResult, DecodeStats, SequenceCounters, nll_of, step_k
 from .pair import ModelPair, context_length
 
 __all__ = ["speculative_generate", "autoregressive_generate", "prepare_prompts", "SAMPLING", "runtime_models",
-           "first_step_laws", "VerifierStep", "tree_generate", "check_tree"]
+           "first_step_laws", "VerifierStep", "tree_generate", "check_tree", "first_tree_step", "tree_nodes"]
 
 SAMPLING = _SAMPLING  # the paper's (core.sampling.SAMPLING: temperature 0.6, top-k 20, top-p 0.95)
 
@@ -417,13 +418,14 @@ def first_step_laws(pair: ModelPair, ids: list[int], lo: int, hi: int, temperatu
 # -- trees --------------------------------------------------------------------------------------
 
 def check_tree(tree):
-    """``tree``: a ``DynamicTree`` (returned as is) or a ``parents`` sequence (topological, level by
-    level) -> the parents tuple (N,)."""
-    if isinstance(tree, DynamicTree):
+    """``tree``: a ``DynamicTree`` or ``BudgetTree`` (returned as is) or a ``parents`` sequence
+    (topological, level by level) -> the parents tuple (N,)."""
+    if isinstance(tree, (DynamicTree, BudgetTree)):
         return tree
     par = check_parents(tree) if isinstance(tree, (list, tuple)) else None
     if par is None:
-        raise ValueError(f"tree must be a parents sequence such as branching_parents((2, 2)) or a DynamicTree, "
+        raise ValueError(f"tree must be a parents sequence such as branching_parents((2, 2)), a DynamicTree or a "
+                         f"BudgetTree, "
                          f"got {tree!r}")
     depth: list[int] = []
     for j, a in enumerate(par):
@@ -436,12 +438,11 @@ def check_tree(tree):
 @torch.inference_mode()
 def _tree_rows(draft, verifier, prompts, rules, tree, scheme, mode, max_new, sampling, gen, stats, per_seq,
                eos):
-    dynamic = isinstance(tree, DynamicTree)
-    N = tree.nodes if dynamic else len(tree)
-    dev, drafter, target, out, rows = _start(draft, verifier, prompts, N + 1, max_new, sampling, gen, stats, per_seq,
-                                             eos)
+    N, grown = tree_nodes(tree)
+    dev, drafter, target, out, rows = _start(draft, verifier, prompts, grown + 1, max_new, sampling, gen, stats,
+                                             per_seq, eos)
     # draft forwards per step: the pending tokens, then each level but the last
-    levels = tree.depth if dynamic else 1 + max(_depths(tree))
+    levels = tree.depth if isinstance(tree, (DynamicTree, BudgetTree)) else 1 + max(_depths(tree))
     while rows:
         t0 = time.perf_counter()
         tokens, par, p = drafter.propose_tree(tree, scheme, sampling, gen)  # (n, N), (n, N), (n, N, V)
@@ -478,6 +479,49 @@ def _tree_rows(draft, verifier, prompts, rules, tree, scheme, mode, max_new, sam
     return out
 
 
+def tree_nodes(tree) -> tuple[int, int]:
+    """``(verified, grown)`` nodes per step of a checked ``tree``: a ``BudgetTree`` grows more than it
+    keeps; other trees verify all they grow."""
+    if isinstance(tree, BudgetTree):
+        return tree.kept, tree.grown
+    n = tree.nodes if isinstance(tree, DynamicTree) else len(tree)
+    return n, n
+
+
+@torch.inference_mode()
+def first_tree_step(pair: ModelPair, ids: list[int], tree, scheme: str = "deterministic",
+                    temperature: float = SAMPLING.temperature, top_k: int = SAMPLING.top_k,
+                    top_p: float = SAMPLING.top_p, seed: int = 0, compact: bool = True):
+    """The runtime's first tree step after ``ids`` (a prompt whose last token is the pending one, as
+    ``tree_generate`` holds it after the verifier's first token): the drafted tree and the laws
+    ``verify_tree`` is handed, computed by the loop's own drafter and target (one row). Returns
+    ``tokens`` (1, N) int64, ``parents`` (1, N) int64, ``draft_probs`` (1, N, V) and ``verifier_probs``
+    (1, N + 1, V) float32: replicate them to sample many verifications of the same step (its law
+    is ``theory.tree.tree_block_law`` of the same models, the reference ``paper_repro`` step l tests)."""
+    if len(ids) < 2:
+        raise ValueError(f"ids must hold a prompt and its pending token (>= 2 ids), got {len(ids)}")
+    tree = check_tree(tree)
+    check_tree_scheme(tree, scheme)
+    _check_args(1, 1, temperature, top_k, top_p)
+    draft, verifier = runtime_models(pair, compact)
+    sampling = (temperature, top_k, top_p)
+    dev = _device(verifier)
+    gen = torch.Generator(dev).manual_seed(seed)
+    N, grown = tree_nodes(tree)
+    drafter = make_drafter(draft, 1, len(ids) + grown + 2, dev)
+    target = Target(verifier, 1, len(ids) + grown + 2, dev,
+                    drafter.feature_layers if drafter.needs_features else ())
+    prompt = torch.tensor([ids[:-1]], device=dev)
+    lens = torch.tensor([len(ids) - 1], device=dev)
+    _, feats = target.prefill(prompt, lens)
+    first = torch.tensor([ids[-1]], device=dev)
+    target.pending = first
+    drafter.start(prompt, lens, first, feats)
+    tokens, parents, p = drafter.propose_tree(tree, scheme, sampling, gen)
+    logits, _ = target.score_tree(tokens, parents)
+    return tokens, parents, p, sampling_probs(logits, *sampling)
+
+
 def _depths(parents: Sequence[int]) -> list[int]:
     d: list[int] = []
     for a in parents:
@@ -491,7 +535,9 @@ def tree_generate(pair: ModelPair, prompts, rule, tree, scheme: str = "iid", mod
                   chat: bool = True, compact: bool = True) -> DecodeResult:
     """Tree speculative decoding of ``prompts`` (as ``speculative_generate``): each step drafts the static
     tree ``tree`` (a parents sequence, e.g. ``core.tree.branching_parents((2, 2))``, or a
-    ``core.tree.DynamicTree(depth, width, children)`` grown by path probability) with candidates
+    ``core.tree.DynamicTree(depth, width, children)`` grown by path probability, or EAGLE-2's
+    ``core.tree.BudgetTree(nodes, depth, topk)``, grown then re-ranked to its ``nodes`` most probable,
+    deterministic candidates only) with candidates
     drawn per ``scheme`` (``core.tree.SCHEMES``), scores it in one verifier forward and verifies it with
     ``core.tree.verify_tree(rule, scheme, mode)``. ``rule``: a Rule or a sequence of Rules (one per
     round). Llama-family models run as the compact Llama (``compact=False``: through their own
@@ -499,8 +545,7 @@ def tree_generate(pair: ModelPair, prompts, rule, tree, scheme: str = "iid", mod
     EAGLE-3-style feature head. Returns ``DecodeResult`` (``stats.k`` = N nodes per tree; ``stats.al`` tokens per verifier call)."""
     rules = check_rules(rule if isinstance(rule, (list, tuple)) else _as_rule(rule))
     tree = check_tree(tree)
-    if scheme not in SCHEMES:
-        raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
+    check_tree_scheme(tree, scheme)
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     check_mode(mode, rules)
@@ -508,8 +553,7 @@ def tree_generate(pair: ModelPair, prompts, rule, tree, scheme: str = "iid", mod
         raise ValueError(f"rule: a rule that reads the verifier's LM head is not supported on trees, got {rule!r}")
     _check_args(1, batch_size, temperature, top_k, top_p)
     draft, verifier = runtime_models(pair, compact)
-    stats = DecodeStats("tree", rule=repr(rules[0] if len(rules) == 1 else rules),
-                        k=tree.nodes if isinstance(tree, DynamicTree) else len(tree))
+    stats = DecodeStats("tree", rule=repr(rules[0] if len(rules) == 1 else rules), k=tree_nodes(tree)[0])
     sampling = (temperature, top_k, top_p)
     return _run(pair, prompts, max_new_tokens, batch_size, seed, chat, stats,
                 lambda b, gen, ps: _tree_rows(draft, verifier, b, rules, tree, scheme, mode, max_new_tokens,

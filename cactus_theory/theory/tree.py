@@ -102,6 +102,7 @@ from ..core.sampler import check_common, sample_rows
 from ..core.tree import (  # the shapes, schemes and the batched sampler live in core (the runtime uses them)
     MODES,
     SCHEMES,
+    BudgetTree,
     RuleSpec,
     TreeVerifyResult,
     branching_parents,
@@ -110,6 +111,7 @@ from ..core.tree import (  # the shapes, schemes and the batched sampler live in
     check_parents,
     check_rules,
     check_scheme,
+    check_tree_scheme,
     children_lists,
     drop_token,
     round_rule,
@@ -125,7 +127,7 @@ __all__ = [
     "SCHEMES", "MODES", "set_target", "chain_parents", "branching_parents", "children_lists", "top_candidates",
     "node_parts", "tree_step_law", "TreeVerifyResult", "verify_tree",
     "tree_block_law", "tree_sequence_law", "expected_length", "draft_tree", "tree_speculative_decode",
-    "verify_block", "block_verification_law", "block_sequence_law",
+    "verify_block", "block_verification_law", "block_sequence_law", "BudgetTree", "budget_tree",
 ]
 
 Cond = Callable[[tuple], np.ndarray]
@@ -294,7 +296,8 @@ def tree_step_law(rule: RuleSpec, p, q, num_children: int, scheme: str = "iid",
 def tree_block_law(draft: Cond, verifier: Cond, rule: RuleSpec, parents: Sequence[int], scheme: str = "iid",
                    *, prompt: tuple = (), mode: str = "rounds") -> dict[tuple, float]:
     """Exact law of the block one tree-verification call emits after ``prompt``: ``{block: prob}``,
-    a block being the accepted path's tokens plus the one emitted token.
+    a block being the accepted path's tokens plus the one emitted token. ``parents``: a static tree,
+    or a ``BudgetTree`` (EAGLE-2's re-ranked tree, grown after ``prompt`` by ``budget_tree``).
 
     The static tree ``parents`` (N,) is drafted from ``draft`` (candidates per ``scheme``) and walked
     as ``verify_tree`` does. Recursion over nodes: at node ``c`` with context ``s`` and ``K`` children,
@@ -305,9 +308,9 @@ def tree_block_law(draft: Cond, verifier: Cond, rule: RuleSpec, parents: Sequenc
     rules = check_rules(rule)
     check_scheme(scheme)
     check_mode(mode, rules)
-    kids = children_lists(parents)
     P, Q = memoised(draft, "draft"), memoised(verifier, "verifier")
     prompt = tuple(int(t) for t in prompt)
+    kids = children_lists(_tree_at(P, parents, prompt, scheme))
     out: dict[tuple, float] = {}
 
     def add(b, w):
@@ -335,6 +338,55 @@ def tree_block_law(draft: Cond, verifier: Cond, rule: RuleSpec, parents: Sequenc
             for x in np.flatnonzero(acc[i] > 0):
                 stack.append((j + 1, em + (int(x),), w * acc[i, x]))
     return out
+
+
+def budget_tree(draft: Cond, tree: BudgetTree, prompt: tuple = ()) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``(parents, tokens)`` of EAGLE-2's budget tree after ``prompt``, from the draft's exact laws: the
+    reference for the runtime's ``grow_tree`` (written apart from it, plain Python sorting).
+
+    Grown level by level: the root's children are ``p``'s ``topk`` most likely tokens (ties to the
+    lower id); the ``topk`` nodes of highest path probability ``prod p(x | path)`` of each level
+    (ties to the lower node) grow ``topk`` children each, in node order. Then the ``tree.nodes``
+    grown nodes of highest path probability (ties to the lower node) are kept, in grown order, and
+    renumbered. Deterministic candidates only: the tree is a function of the context."""
+    if not isinstance(tree, BudgetTree):
+        raise ValueError(f"tree must be a BudgetTree, got {tree!r}")
+    P = memoised(draft, "draft")
+    prompt = tuple(int(t) for t in prompt)
+    ctx: list[tuple] = []  # context after each grown node
+    par: list[int] = []
+    logp: list[float] = []
+
+    def grow(parent: int) -> None:
+        c = prompt if parent < 0 else ctx[parent]
+        p = P(c)
+        base = 0.0 if parent < 0 else logp[parent]
+        for x in sorted(range(p.size), key=lambda t: (-p[t], t))[:tree.topk]:
+            par.append(parent)
+            ctx.append(c + (x,))
+            logp.append(base + (np.log(p[x]) if p[x] > 0 else -np.inf))
+
+    grow(-1)
+    level = list(range(len(par)))
+    for _ in range(tree.depth - 1):
+        best = sorted(sorted(level, key=lambda j: (-logp[j], j))[:tree.topk])
+        start = len(par)
+        for j in best:
+            grow(j)
+        level = list(range(start, len(par)))
+    keep = sorted(sorted(range(len(par)), key=lambda j: (-logp[j], j))[:tree.nodes])
+    new = {j: i for i, j in enumerate(keep)}
+    if any(par[j] >= 0 and par[j] not in new for j in keep):
+        raise ValueError("budget tree: a kept node's parent was dropped")
+    return tuple(-1 if par[j] < 0 else new[par[j]] for j in keep), tuple(ctx[j][-1] for j in keep)
+
+
+def _tree_at(draft: Cond, parents, prompt: tuple, scheme: str) -> tuple[int, ...]:
+    """Static ``parents`` as they are; a ``BudgetTree`` grown after ``prompt`` (deterministic schemes)."""
+    if isinstance(parents, BudgetTree):
+        check_tree_scheme(parents, scheme)
+        return budget_tree(draft, parents, prompt)[0]
+    return check_parents(parents)
 
 
 def expected_length(block_law: dict[tuple, float]) -> float:
@@ -368,7 +420,10 @@ def tree_sequence_law(draft: Cond, verifier: Cond, rule: RuleSpec, parents: Sequ
     check_positive_int(T, "T")
     rules = check_rules(rule)
     check_scheme(scheme)
-    check_parents(parents)
+    if isinstance(parents, BudgetTree):
+        check_tree_scheme(parents, scheme)
+    else:
+        check_parents(parents)
     P, Q = memoised(draft, "draft"), memoised(verifier, "verifier")
     prompt = tuple(int(t) for t in prompt)
     V = Q(prompt).size

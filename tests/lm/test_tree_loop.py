@@ -9,7 +9,8 @@ the verifier's greedy continuation; the exact law of the loop's algorithm on the
 for SpS with each lossless scheme; and the loop's samples fit that exact law (chi-square at ALPHA =
 1e-3, N = 20000 rows, power >= 0.99 at TV 0.06 asserted in ``assert_fits``; the ragged / EOS test has
 2500 rows per prompt and TV 0.12), for SpS (the verifier's law) and for Cactus (its own tree law).
-Static (``branching_parents``) and dynamic (``DynamicTree``) trees; a token-level draft and the
+Static (``branching_parents``), dynamic (``DynamicTree``) and EAGLE-2 budget (``BudgetTree``: grown,
+then re-ranked; its runtime tree equals ``theory.tree.budget_tree``'s) trees; a token-level draft and the
 EAGLE-3-style feature draft (its node laws against ``head_law``, 2e-5 in float32); the decode command.
 """
 
@@ -20,12 +21,12 @@ import pytest
 import torch
 
 import cactus_theory as ct
-from cactus_theory.core.tree import DynamicTree, branching_parents
+from cactus_theory.core.tree import BudgetTree, DynamicTree, branching_parents
 from cactus_theory.lm import ModelPair, autoregressive_generate, sampling_probs
 from cactus_theory.lm.cache import FeatureDrafter, Target, TokenDrafter, right_pad
 from cactus_theory.lm.llama import Llama
 from cactus_theory.lm.loop import tree_generate
-from cactus_theory.theory.tree import tree_sequence_law
+from cactus_theory.theory.tree import budget_tree, tree_sequence_law
 from cactus_theory.toy import autoregressive_law
 from tests.lm.common import (
     DRAFT,
@@ -46,6 +47,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 TREE = branching_parents((2, 2))  # (-1, -1, 0, 0, 1, 1)
 DYNAMIC = DynamicTree(depth=3, width=2, children=2)  # 2 + 4 + 4 nodes, the best paths grow
+BUDGET = BudgetTree(nodes=7, depth=3, topk=3)  # EAGLE-2: 3 + 9 + 9 grown, the 7 most probable kept
 
 
 def verifier_first_law(draft, verifier, rule, parents, scheme, T, prompt, mode="rounds"):
@@ -71,14 +73,15 @@ def memo(f):
     return g
 
 
-@pytest.mark.parametrize("scheme", ["iid", "without_replacement", "deterministic"])
-def test_exact_tree_law_of_sps_on_the_tiny_llamas_is_the_verifiers(scheme):
+@pytest.mark.parametrize("scheme,tree", [("iid", TREE), ("without_replacement", TREE), ("deterministic", TREE),
+                                         ("deterministic", BUDGET)], ids=["iid", "wor", "det", "det-budget"])
+def test_exact_tree_law_of_sps_on_the_tiny_llamas_is_the_verifiers(scheme, tree):
     d, v = memo(cond(DRAFT)), memo(cond(VERIFIER))
     prompt = (3, 5, 7)
-    law = verifier_first_law(d, v, ct.SpS(), TREE, scheme, 3, prompt)
+    law = verifier_first_law(d, v, ct.SpS(), tree, scheme, 3, prompt)
     ar = autoregressive_law(v, 3, prompt=prompt)
     assert np.abs(law - ar).max() < 1e-12
-    cactus = verifier_first_law(d, v, ct.Cactus(0.5), TREE, scheme, 3, prompt)
+    cactus = verifier_first_law(d, v, ct.Cactus(0.5), tree, scheme, 3, prompt)
     assert abs(cactus.sum() - 1) < 1e-12 and np.abs(cactus - ar).max() > 1e-3  # lossy: a different law
 
 
@@ -144,7 +147,8 @@ def test_the_laws_given_to_verify_tree_are_the_models_laws_at_every_node(tree):
 
 @pytest.mark.parametrize("scheme,tree,compact", [("iid", TREE, True), ("deterministic", TREE, True),
                                                  ("deterministic", DYNAMIC, True), ("deterministic", TREE, False),
-                                                 ("deterministic", DYNAMIC, False)])
+                                                 ("deterministic", DYNAMIC, False), ("deterministic", BUDGET, True),
+                                                 ("deterministic", BUDGET, False)])
 def test_greedy_tree_decoding_is_the_verifiers_greedy_continuation(scheme, tree, compact):
     """Deterministic check of tree masks, positions and the caches kept along the path, on the compact
     Llama and on the Hugging Face forward (4D mask, ``compact=False``)."""
@@ -159,7 +163,8 @@ def test_greedy_tree_decoding_is_the_verifiers_greedy_continuation(scheme, tree,
 @pytest.mark.parametrize("scheme,sampling,tree,compact", [
     ("iid", (1.0, 0, 1.0), TREE, True), ("without_replacement", (0.8, 6, 0.9), TREE, True),
     ("deterministic", (1.0, 0, 1.0), TREE, True), ("iid", (1.0, 0, 1.0), DYNAMIC, True),
-    ("deterministic", (0.8, 6, 0.9), DYNAMIC, True), ("without_replacement", (1.0, 0, 1.0), DYNAMIC, False)])
+    ("deterministic", (0.8, 6, 0.9), DYNAMIC, True), ("without_replacement", (1.0, 0, 1.0), DYNAMIC, False),
+    ("deterministic", (0.8, 6, 0.9), BUDGET, True)])
 def test_tree_sps_emits_the_verifiers_law(scheme, sampling, tree, compact):
     prompt = [3, 5, 7]
     t, k, p = sampling
@@ -170,14 +175,17 @@ def test_tree_sps_emits_the_verifiers_law(scheme, sampling, tree, compact):
     assert 1 < res.stats.al < 4
 
 
-@pytest.mark.parametrize("rule,scheme,mode", [(ct.Cactus(0.5), "iid", "rounds"), (ct.Cactus(0.5), "deterministic", "joint"),
-                                              ((ct.TAS(), ct.SpS()), "without_replacement", "rounds")],
-                         ids=["cactus-iid-rounds", "cactus-deterministic-joint", "tas-then-sps-wor-rounds"])
-def test_tree_lossy_rules_emit_their_exact_tree_law(rule, scheme, mode):
+@pytest.mark.parametrize("rule,scheme,mode,tree", [(ct.Cactus(0.5), "iid", "rounds", TREE),
+                                                   (ct.Cactus(0.5), "deterministic", "joint", TREE),
+                                                   ((ct.TAS(), ct.SpS()), "without_replacement", "rounds", TREE),
+                                                   (ct.Cactus(0.5), "deterministic", "rounds", BUDGET)],
+                         ids=["cactus-iid-rounds", "cactus-deterministic-joint", "tas-then-sps-wor-rounds",
+                              "cactus-budget-rounds"])
+def test_tree_lossy_rules_emit_their_exact_tree_law(rule, scheme, mode, tree):
     prompt = [1, 8]
-    res = tree_generate(pair(), [prompt] * N, rule, TREE, scheme, mode=mode, max_new_tokens=3, batch_size=N, seed=2,
+    res = tree_generate(pair(), [prompt] * N, rule, tree, scheme, mode=mode, max_new_tokens=3, batch_size=N, seed=2,
                         **RAW)
-    law = verifier_first_law(cond(DRAFT), cond(VERIFIER), rule, TREE, scheme, 3, prompt, mode=mode)
+    law = verifier_first_law(cond(DRAFT), cond(VERIFIER), rule, tree, scheme, 3, prompt, mode=mode)
     assert_fits(res.tokens, law, 3)
 
 
@@ -211,6 +219,57 @@ def test_bad_tree_arguments_raise_value_errors():
         tree_generate(pair(), [[1]], ct.SpS(), DynamicTree(2, 0, 2))
     with pytest.raises(ValueError, match="joint"):
         tree_generate(pair(), [[1]], ct.TAS(), TREE, "iid", mode="joint")
+    for scheme in ("iid", "without_replacement"):  # re-ranking random draws would break losslessness
+        with pytest.raises(ValueError, match="re-ranking"):
+            tree_generate(pair(), [[1]], ct.SpS(), BUDGET, scheme)
+    with pytest.raises(ValueError, match="nodes"):
+        BudgetTree(0, 3, 3)
+
+
+def test_budget_tree_is_the_reference_tree_with_the_models_laws_at_every_node():
+    """EAGLE-2's re-ranked tree on the runtime (``grow_tree`` + ``core.tree.rerank``) is, row by row and
+    step by step, the tree ``theory.tree.budget_tree`` grows from the draft's exact laws (plain Python
+    sorting), and the laws handed to ``verify_tree`` are the models' own at every kept node (float64
+    compact models, ragged rows, several steps, so the draft cache read through the grown numbering
+    is right after pruning)."""
+    dm, vm = Llama.from_hf(DRAFT, dtype=torch.float64), Llama.from_hf(VERIFIER, dtype=torch.float64)
+    prompts = [[6], [3, 5, 7, 1, 2], [2, 9]]
+    ids, lens = right_pad(prompts, 0, "cpu")
+    gen = torch.Generator().manual_seed(0)
+    drafter, target = TokenDrafter(dm, 3, 64, "cpu"), Target(vm, 3, 64, "cpu")
+    sampling = (1.0, 0, 1.0)
+    soft = lambda x: sampling_probs(x, *sampling)  # noqa: E731
+    ref = memo(lambda s: soft(_plain(dm, list(s))).double().numpy())
+    with torch.no_grad():
+        logits, _ = target.prefill(ids, lens)
+        first = torch.multinomial(soft(logits), 1, generator=gen)[:, 0]
+        target.pending = first
+        drafter.start(ids, lens, first)
+        seqs = [p + [int(t)] for p, t in zip(prompts, first, strict=True)]
+        err, accepted = 0.0, []
+        for _ in range(5):
+            tokens, parents, p = drafter.propose_tree(BUDGET, "deterministic", sampling, gen)
+            assert tokens.shape == (3, BUDGET.nodes)
+            for b in range(3):
+                par, tok = budget_tree(ref, BUDGET, tuple(seqs[b]))
+                assert parents[b].tolist() == list(par) and tokens[b].tolist() == list(tok)
+            logits, _ = target.score_tree(tokens, parents)
+            q = soft(logits)
+            for b in range(3):
+                ctx = {-1: seqs[b]}
+                for j, a in enumerate(parents[b].tolist()):
+                    ctx[j] = ctx[a] + [int(tokens[b, j])]
+                    err = max(err, float((p[b, j] - soft(_plain(dm, ctx[a]))).abs().max()))
+                    err = max(err, float((q[b, j + 1] - soft(_plain(vm, ctx[j]))).abs().max()))
+            res = ct.tree.verify_tree(tokens, parents, p, q, ct.SpS(), "deterministic", generator=gen)
+            a = res.num_accepted
+            target.advance_tree(res.accepted_nodes, a, res.tokens.gather(1, a[:, None])[:, 0])
+            drafter.advance_tree(a, res.accepted_nodes, res.tokens)
+            for b in range(3):
+                seqs[b] += res.tokens[b, :int(a[b]) + 1].tolist()
+            accepted += a.tolist()
+    assert err < 1e-10, err
+    assert max(accepted) >= 2
 
 
 class _CharTokenizer:
@@ -226,7 +285,8 @@ class _CharTokenizer:
         return "".join(str(i) for i in ids)
 
 
-@pytest.mark.parametrize("flag,value,nodes", [("--tree-branching", "2,2", 6), ("--tree-dynamic", "3,2,2", 10)])
+@pytest.mark.parametrize("flag,value,nodes", [("--tree-branching", "2,2", 6), ("--tree-dynamic", "3,2,2", 10),
+                                              ("--tree", "7 --tree-depth 3 --tree-topk 2", 7)])
 def test_decode_command_runs_tree_decoding(monkeypatch, tmp_path, capsys, flag, value, nodes):
     import json
 
@@ -234,11 +294,12 @@ def test_decode_command_runs_tree_decoding(monkeypatch, tmp_path, capsys, flag, 
     from cactus_theory.cli import lm as cli_lm
     monkeypatch.setattr(cli_lm, "_load", lambda args: ModelPair(DRAFT, VERIFIER, _CharTokenizer(), name="tiny"))
     out = tmp_path / "stats.json"
-    rc = cli.main(["decode", "--draft", "smollm2", "--rule", "sps", flag, value, "--tree-scheme", "deterministic",
+    rc = cli.main(["decode", "--draft", "smollm2", "--rule", "sps", flag, *value.split(), "--tree-scheme", "deterministic",
                    "--prompt", "abc", "--prompt", "hello", "--max-new-tokens", "6", "--no-warmup", "--json", str(out)])
     assert rc == 0
     cap = capsys.readouterr()
-    assert f"({nodes} nodes, deterministic, rounds)" in cap.out and "AL " in cap.out and "Traceback" not in cap.err
+    assert f"({nodes} nodes" in cap.out and "deterministic, rounds)" in cap.out and "AL " in cap.out
+    assert "Traceback" not in cap.err
     blob = json.loads(out.read_text())
     assert blob["speculative"]["method"] == "tree" and blob["speculative"]["k"] == nodes
     assert blob["speculative"]["new_tokens"] == 12 and blob["speculative"]["al"] >= 1
@@ -288,7 +349,7 @@ def test_feature_draft_tree_laws_are_the_heads_laws_at_every_node(tree):
     assert 0 in accepted and max(accepted) >= 1
 
 
-@pytest.mark.parametrize("scheme,tree", [("iid", TREE), ("deterministic", DYNAMIC)])
+@pytest.mark.parametrize("scheme,tree", [("iid", TREE), ("deterministic", DYNAMIC), ("deterministic", BUDGET)])
 def test_feature_draft_tree_sps_emits_the_verifiers_law(scheme, tree):
     prompt = [3, 5, 7]
     res = tree_generate(ModelPair(HEAD, HEAD_VER, None), [prompt] * N, ct.SpS(), tree, scheme, max_new_tokens=3,
@@ -301,7 +362,7 @@ def test_feature_draft_greedy_tree_is_the_verifiers_greedy_continuation():
     prompts = [[6], [3, 5, 7, 1, 2, 8, 8], [2, 9], [0, 1, 2, 3]]
     pr = ModelPair(HEAD, HEAD_VER, None)
     ar = autoregressive_generate(pr, prompts, max_new_tokens=12, temperature=0.0, batch_size=4)
-    for tree, compact in ((TREE, True), (DYNAMIC, True), (DYNAMIC, False)):
+    for tree, compact in ((TREE, True), (DYNAMIC, True), (DYNAMIC, False), (BUDGET, True), (BUDGET, False)):
         res = tree_generate(pr, prompts, ct.SpS(), tree, "deterministic", max_new_tokens=12, temperature=0.0,
                             batch_size=4, compact=compact)
         assert res.tokens == ar.tokens and res.stats.accepted > 0

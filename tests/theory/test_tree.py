@@ -276,6 +276,66 @@ def test_tree_sps_sequence_law_is_autoregressive(scheme, parents):
         assert np.abs(law - toy.autoregressive_law(v, 3)).max() < 1e-12
 
 
+def _brute_rerank(logpath, parents, keep):
+    """The kept nodes by exhaustive search: the ancestor-closed node sets of size ``keep`` whose
+    smallest path log-probability is largest, ties to the lexicographically lowest set."""
+    N = len(parents)
+    best = None
+    for S in itertools.combinations(range(N), keep):
+        if any(parents[j] >= 0 and parents[j] not in S for j in S):
+            continue
+        key = sorted((-logpath[j], j) for j in S)
+        if best is None or key < best[0]:
+            best = (key, S)
+    return best[1]
+
+
+def test_rerank_keeps_the_most_probable_ancestor_closed_nodes():
+    """``core.tree.rerank`` (numpy and torch) against an exhaustive search over ancestor-closed sets,
+    on random trees whose path log-probabilities decrease along each path (ties included)."""
+    from cactus_theory.core.tree import rerank
+
+    rng = np.random.default_rng(0)
+    for _ in range(30):
+        N = int(rng.integers(2, 9))
+        parents = [-1] + [int(rng.integers(-1, j)) for j in range(1, N)]
+        step = rng.choice([0.0, 0.5, 1.0, 2.0], size=N)  # 0: a child as probable as its parent (a tie)
+        logpath = np.zeros(N)
+        for j in range(N):
+            logpath[j] = (0.0 if parents[j] < 0 else logpath[parents[j]]) - step[j]
+        keep = int(rng.integers(1, N + 1))
+        order, kept = rerank(logpath, np.array(parents), keep)
+        assert tuple(order.tolist()) == _brute_rerank(logpath, parents, keep)
+        assert all(kept[i] == (-1 if parents[j] < 0 else list(order).index(parents[j])) for i, j in enumerate(order))
+        t_order, t_kept = rerank(torch.tensor(logpath)[None], torch.tensor(parents)[None], keep)
+        assert t_order[0].tolist() == order.tolist() and t_kept[0].tolist() == kept.tolist()
+
+
+def test_budget_tree_sps_is_lossless_only_with_deterministic_candidates():
+    """EAGLE-2's re-ranked tree (``BudgetTree``) with SpS: the whole loop's law is the verifier's
+    (1e-12) with deterministic candidates verified as point masses; EAGLE's reading with ``p`` is not
+    lossless on it either; random schemes are refused (re-ranking them would change their law)."""
+    from cactus_theory.tree import BudgetTree, budget_tree
+
+    tree = BudgetTree(nodes=5, depth=3, topk=2)  # 2 + 4 + 4 grown, 5 kept
+    for seed in range(2):
+        d, v = toy.random_pair(3, order=2, seed=seed)
+        par, tok = budget_tree(d, tree, ())
+        assert len(par) == 5 and par[:2] == (-1, -1)  # the root's two candidates are always kept
+        p = d(())
+        assert tok[:2] == tuple(np.argsort(-p, kind="stable")[:2])
+        law = tree_sequence_law(d, v, SpS(), tree, "deterministic", 3)
+        ar = toy.autoregressive_law(v, 3)
+        assert np.abs(law - ar).max() < 1e-12
+        assert np.abs(tree_sequence_law(d, v, SpS(), tree, "eagle", 3) - ar).max() > 1e-3
+        bl = tree_block_law(d, v, SpS(), tree, "deterministic")
+        full = tree_block_law(d, v, SpS(), budget_tree(d, BudgetTree(10, 3, 2), ())[0], "deterministic")
+        assert expected_length(bl) <= expected_length(full) + 1e-12  # pruning never lengthens blocks
+    for scheme in ("iid", "without_replacement"):
+        with pytest.raises(ValueError, match="re-ranking"):
+            tree_block_law(d, v, SpS(), tree, scheme)
+
+
 @pytest.mark.parametrize("rule", RULES[1:5], ids=rule_id)
 def test_chain_tree_equals_chain_law(rule):
     """A chain as a tree (one i.i.d. child per node) has ``toy.sequence_law``'s law for every rule:
