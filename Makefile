@@ -33,9 +33,14 @@ repro: setup
 notebooks: setup
 	$(BIN)/python notebooks/build.py $(NB)
 
-# task accuracy of every rule with intervals, the interpolation ablation and the distribution tests
-# (<= 45 min on 2 quiet cores; resumable: rerun after an interruption). Busy machine: EVAL_ARGS='--threads 1'
-EVAL_ARGS ?= --threads 2
+# the committed task-accuracy run (paper_repro/results/eval): the verifier alone, SpS, TAS, Cactus 0.75 and 1, and
+# SpS / Cactus 1 on an 8-node EAGLE-2 tree, 300 problems with intervals and the distribution tests (resumable:
+# rerun after an interruption). Every rule and the interpolation ablation: make eval EVAL_RULES= EVAL_ABLATION=
+# (about an hour on 2 quiet cores). Busy machine: EVAL_THREADS=1
+EVAL_THREADS ?= 2
+EVAL_RULES ?= --rules 'tas,Cactus delta=0.75,Cactus delta=1' --tree 8 --tree-depth 4 --tree-topk 2
+EVAL_ABLATION ?= --no-ablation
+EVAL_ARGS ?= --threads $(EVAL_THREADS) $(EVAL_RULES) $(EVAL_ABLATION)
 eval: setup
 	$(BIN)/cactus-theory eval $(EVAL_ARGS)
 

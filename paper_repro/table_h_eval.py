@@ -5,7 +5,8 @@ Reduced run (``REDUCED``; about 5 minutes with the batched decoding loop on 2 co
 ``problems`` problems of the eval task, the methods of the paper's table (verifier alone, SpS, TAS,
 Cactus delta = 0.75 and 1), k = 4, no ablation; the distribution tests for every registry rule
 (verification step: 5 prompts x 20,000 draws; decode loop: 1,000 sequences). The full run
-(``make eval``: ``paper_repro/results/eval/eval.json``, committed; every rule, the interpolation
+(``make eval``: ``paper_repro/results/eval/eval.json``, committed; 300 problems, the paper's table's
+methods and two EAGLE-2 tree rows; ``make eval EVAL_RULES= EVAL_ABLATION=``: every rule and the interpolation
 ablation) is shown beside it when it was made with the same pair, and the verdicts then come from it
 (more problems, narrower intervals). Verdicts follow the 95% intervals (``claims``): step h is the
 primary check of acceptance, task score and the wall clock (batch 32); "Cactus matches SpS" is a

@@ -223,6 +223,8 @@ CLI_CASES = [
     (["eval", "--draft", "./no/such/draft.gguf"], "--draft './no/such/draft.gguf': no such .gguf file"),
     (["eval", "--verifier", "/no/such/folder"], "--verifier '/no/such/folder': no such file or folder"),
     (["eval", "--threads", "0"], "--threads"),
+    (["eval", "--tree", "0"], "--tree must be an integer >= 1"),
+    (["eval", "--tree", "16", "--tree-depth", "0"], "--tree-depth must be an integer >= 1"),
     (["build-draft", "--threads", "-1"], "--threads: must be an integer >= 1"),
     (["build-draft", "--epochs", "0"], "epochs must be an integer >= 1"),
     (["decode", "--prompt", "x", "--json", "/proc/out.json"], "--json '/proc/out.json': cannot write"),

@@ -83,6 +83,7 @@ class Method:
     params: dict = field(default_factory=dict)
     rule: object = None
     colour: str = "black"
+    tree: object = None  # a core.tree.BudgetTree: tree decoding (deterministic candidates) instead of a chain
 
     @property
     def slug(self) -> str:
@@ -91,8 +92,10 @@ class Method:
 
     @property
     def rule_id(self) -> str:
-        """The rule's ``identity`` (its repr and the revision of its law): what cached batches key on."""
-        return "None" if self.rule is None else self.rule.identity
+        """The rule's ``identity`` (its repr and the revision of its law), and the tree if any: what
+        cached batches key on."""
+        rid = "None" if self.rule is None else self.rule.identity
+        return rid if self.tree is None else f"{rid}|{self.tree!r}|deterministic"
 
 
 def _build(key: str, params: dict):
@@ -107,10 +110,19 @@ def _build(key: str, params: dict):
     return registry.make(key, **params)
 
 
-def methods(grid: dict[str, list[dict]] | None = None, only: list[str] | None = None) -> list[Method]:
+TREE_RULES = (("sps", {}), ("cactus", {"delta": 1.0}))  # the rules run on each tree (--tree)
+
+
+def tree_label(rule_label: str, tree) -> str:
+    return f"{rule_label}, EAGLE-2 tree {tree.nodes}/{tree.depth}/{tree.topk}"
+
+
+def methods(grid: dict[str, list[dict]] | None = None, only: list[str] | None = None, trees=()) -> list[Method]:
     """The verifier alone, then every registry rule at its ``grid`` values (``EVAL_GRID`` by
     default; a rule the grid does not name runs once at its defaults); ``only``: keep the methods
-    whose registry key or label is listed (SpS, the reference, always stays)."""
+    whose registry key or label is listed (SpS, the reference, always stays); then, for each
+    ``core.tree.BudgetTree`` of ``trees``, SpS and Cactus delta = 1 decoding that tree (``TREE_RULES``;
+    deterministic top-k candidates, the scheme that keeps SpS lossless under re-ranking)."""
     grid = EVAL_GRID if grid is None else grid
     out = [Method("verifier alone", None)]
     for key in registry.RULES:
@@ -123,6 +135,11 @@ def methods(grid: dict[str, list[dict]] | None = None, only: list[str] | None = 
             raise ValueError(f"--rules: unknown {bad}; known keys {list(registry.RULES)} and labels "
                              f"{[m.label for m in out[1:]]}")
         out = [m for m in out if m.key is None or m.key == "sps" or m.key in only or m.label in only]
+    for tree in trees:
+        for key, params in TREE_RULES:
+            rule = _build(key, params)
+            out.append(Method(tree_label(registry.label(rule), tree), key, dict(params), rule, registry.colour(key),
+                              tree))
     return out
 
 
@@ -166,11 +183,13 @@ class EvalConfig:
 def _decode(pair, prompts: list[str], method: Method, cfg: EvalConfig, seed: int) -> tuple[list[str], list[dict], float]:
     """Texts, per-sequence counters (``COUNTERS``, from the loop's ``DecodeResult.per_sequence``) and
     the decode seconds of one batch, decoded at once."""
-    from ..loop import autoregressive_generate, speculative_generate
+    from ..loop import autoregressive_generate, speculative_generate, tree_generate
 
     kw = dict(max_new_tokens=cfg.max_new_tokens, seed=seed, batch_size=len(prompts), **cfg.sampling)
     if method.rule is None:
         res = autoregressive_generate(pair, prompts, **kw)
+    elif method.tree is not None:
+        res = tree_generate(pair, prompts, method.rule, method.tree, "deterministic", **kw)
     else:
         res = speculative_generate(pair, prompts, method.rule, k=cfg.k, **kw)
     per = [{c: getattr(sc, c) for c in COUNTERS} for sc in res.per_sequence]
@@ -246,7 +265,10 @@ def _timing(batch_value: dict) -> dict:
 
 
 def _method_info(m: Method) -> dict:
-    return {"label": m.label, "key": m.key, "params": m.params, "rule": m.rule_id, "colour": m.colour}
+    out = {"label": m.label, "key": m.key, "params": m.params, "rule": m.rule_id, "colour": m.colour}
+    if m.tree is not None:
+        out["tree"] = {"nodes": m.tree.nodes, "depth": m.tree.depth, "topk": m.tree.topk, "scheme": "deterministic"}
+    return out
 
 
 # -- the interpolation ablation -------------------------------------------------------------------
@@ -641,6 +663,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rules", default=None,
                         help="comma-separated registry keys or labels to run (default: all; SpS always runs)")
     parser.add_argument("-k", type=int, default=4, help="drafted tokens per step")
+    parser.add_argument("--tree", type=int, nargs="*", default=[], metavar="NODES",
+                        help="also run SpS and Cactus delta = 1 on EAGLE-2 budget trees of these node counts "
+                             "(--tree-depth, --tree-topk; deterministic top-k candidates)")
+    parser.add_argument("--tree-depth", type=int, default=5, help="levels of the --tree trees (default 5)")
+    parser.add_argument("--tree-topk", type=int, default=4, help="candidates per grown node of the --tree trees (default 4)")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per problem at most")
     parser.add_argument("--batch-size", type=int, default=32, help="problems decoded together (one cache piece)")
     parser.add_argument("--temperature", type=float, default=SAMPLING.temperature, help="sampling temperature")
@@ -673,7 +700,7 @@ def check(args) -> None:
 
     _check_args(args)
     only = [s.strip() for s in args.rules.split(",") if s.strip()] if args.rules else None
-    methods(only=only)
+    methods(only=only, trees=eval_trees(args))
     check_model(args.verifier, "--verifier")
     check_model(args.draft, "--draft")
     if args.draft == "embedded" and args.verifier != "smollm2":
@@ -702,6 +729,19 @@ def _check_args(args) -> EvalConfig:
     return cfg
 
 
+def eval_trees(args) -> list:
+    """The ``BudgetTree`` of each ``--tree NODES`` (``ValueError`` naming the flag)."""
+    from ...core.tree import BudgetTree
+
+    trees = []
+    for n in getattr(args, "tree", None) or []:
+        for flag, v in (("--tree", n), ("--tree-depth", args.tree_depth), ("--tree-topk", args.tree_topk)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{flag} must be an integer >= 1, got {v!r}")
+        trees.append(BudgetTree(n, args.tree_depth, args.tree_topk))
+    return trees
+
+
 def pair_id(draft: str, verifier: str, draft_path: str | None = None) -> str:
     """A name for the pair that changes when the embedded draft's build changes (cache keys): the draft
     file's name, which encodes its build config (``draft.draft_path``). It does not depend on whether
@@ -728,12 +768,13 @@ def load_eval_pair(draft: str, verifier: str, draft_path: str | None = None):
 
 
 def evaluate(pair, cfg: EvalConfig, out_dir: Path, cache_dir: Path | None = None, only: list[str] | None = None,
-             ablation: bool = True, lawtests: dict | None = None, progress: bool = True) -> dict:
-    """Run everything and write ``eval.json`` (without texts), ``eval.md`` and ``fig_eval_accuracy_al``."""
+             ablation: bool = True, lawtests: dict | None = None, progress: bool = True, trees=()) -> dict:
+    """Run everything and write ``eval.json`` (without texts), ``eval.md`` and ``fig_eval_accuracy_al``;
+    ``trees``: ``BudgetTree`` s whose tree rows join the table (``methods``)."""
     out_dir = Path(out_dir)
     cache_dir = out_dir / "cache" if cache_dir is None else Path(cache_dir)
     t0 = time.perf_counter()
-    ml = methods(only=only)
+    ml = methods(only=only, trees=trees)
     res = run_eval(pair, cfg, ml, cache_dir, ablation=ablation, progress=progress)
     if lawtests is not None:
         from .lawtests import run_lawtests
@@ -754,7 +795,8 @@ def evaluate(pair, cfg: EvalConfig, out_dir: Path, cache_dir: Path | None = None
 def run(args) -> int:
     cfg = _check_args(args)
     only = [s.strip() for s in args.rules.split(",") if s.strip()] if args.rules else None
-    methods(only=only)  # validates --rules before loading models
+    trees = eval_trees(args)
+    methods(only=only, trees=trees)  # validates --rules and --tree before loading models
     import torch
 
     if args.threads:
@@ -767,7 +809,7 @@ def run(args) -> int:
     lt = None if args.no_lawtests else {"prompts": args.lawtest_prompts, "draws": args.lawtest_draws,
                                         "loop_draws": args.loop_draws}
     res = evaluate(pair, cfg, Path(args.out), args.cache, only=only, ablation=not args.no_ablation, lawtests=lt,
-                   progress=not args.no_progress)
+                   progress=not args.no_progress, trees=trees)
     print(format_table(res))
     if "lawtests" in res:
         from .lawtests import format_lawtests

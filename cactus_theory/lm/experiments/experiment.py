@@ -18,10 +18,11 @@ from tqdm.auto import tqdm
 
 from ...core import registry
 from ...core.rules import TAS, Cactus, Interpolation, SpS, TopK
+from ...core.tree import check_mode
 from ..loop import SAMPLING, autoregressive_generate, speculative_generate, tree_generate
 from ..metrics import SequenceCounters
 
-__all__ = ["DEFAULT_RULES", "SAMPLING", "run_benchmark", "format_table", "bootstrap", "targets"]
+__all__ = ["DEFAULT_RULES", "SAMPLING", "run_benchmark", "format_table", "bootstrap", "targets", "tree_targets"]
 
 DEFAULT_RULES = [(registry.label(r), r) for r in (SpS(), TAS(0.09, 0.3), TopK(5), Interpolation(0.5), Cactus(0.25),
                                                   Cactus(0.5), Cactus(1.0))]
@@ -81,15 +82,21 @@ def run_benchmark(pair, prompts, rules=DEFAULT_RULES, ks=(4,), batch_sizes=(1,),
     row has the run's ``DecodeStats`` fields, ``speedup`` (against the mean of the two baseline runs
     at its batch size), bootstrap intervals and the per-prompt counters.
 
-    ``trees``: (label, tree) pairs (``tree_generate``'s static parents or ``DynamicTree``); each rule
-    also runs on each tree with candidates per ``tree_scheme``; its row's ``k`` is the label (``"tree
-    2,2"``) and ``al_vs_sps`` compares with SpS on the same tree."""
+    ``trees``: (label, tree) pairs (``tree_generate``'s static parents, ``DynamicTree`` or
+    ``BudgetTree``), or (label, tree, scheme) / (label, tree, scheme, mode) tuples; each rule also runs
+    on each tree with candidates per the tuple's scheme (else ``tree_scheme``) and its mode (else
+    ``"rounds"``; a ``"joint"`` tree runs the two-block rules only, SpS's joint law being its rounds law,
+    and is compared with SpS on the tree of the same label without its " joint" suffix); its row's
+    ``k`` is the label (``"tree 2,2"``), ``al_vs_sps`` compares with SpS on the same tree, ``al_vs_chain`` (with a paired interval)
+    with the same rule's chain at the largest ``k`` of ``ks``, and ``verifier_vs_one`` is its verifier
+    forward over the tree against the one-token forward of the verifier alone."""
     kw = dict(max_new_tokens=max_new_tokens, seed=seed, **sampling)
     if warmup:  # first calls pay for allocations and one-off setup (the compact model conversion)
         autoregressive_generate(pair, prompts[:1], **{**kw, "max_new_tokens": 4})
         speculative_generate(pair, prompts[:1], rules[0][1], k=ks[0], **{**kw, "max_new_tokens": 8})
     jobs = [(b, k, label, rule) for b in batch_sizes for k in ks for label, rule in rules]
-    jobs += [(b, tree, label, rule) for b in batch_sizes for tree in trees for label, rule in rules]
+    jobs += [(b, tree, label, rule) for b in batch_sizes for tree in trees for label, rule in rules
+             if _runs_on(tree, rule)]
     bar = tqdm(total=len(jobs) + 2 * len(batch_sizes), desc="bench_lm", disable=not progress)
     rows, baselines = [], {}
     for b in batch_sizes:
@@ -98,8 +105,9 @@ def run_benchmark(pair, prompts, rules=DEFAULT_RULES, ks=(4,), batch_sizes=(1,),
         mine = [j for j in jobs if j[0] == b]
         results = []
         for _, k, label, rule in mine:
-            if isinstance(k, tuple):  # (label, tree)
-                res = tree_generate(pair, prompts, rule, k[1], tree_scheme, batch_size=b, **kw)
+            if isinstance(k, tuple):  # (label, tree[, scheme[, mode]])
+                res = tree_generate(pair, prompts, rule, k[1], k[2] if len(k) > 2 else tree_scheme,
+                                    mode=k[3] if len(k) > 3 else "rounds", batch_size=b, **kw)
                 k = k[0]
             else:
                 res = speculative_generate(pair, prompts, rule, k=k, batch_size=b, **kw)
@@ -119,19 +127,44 @@ def run_benchmark(pair, prompts, rules=DEFAULT_RULES, ks=(4,), batch_sizes=(1,),
             row["speedup"] = row["tokens_per_s"] / ref
             row["draft_ms"] = 1000 * res.stats.draft_seconds / max(1, res.stats.draft_calls)
             row["draft_vs_verifier"] = row["draft_ms"] / baselines[b]["verifier_ms"]
+            row["verifier_ms"] = 1000 * res.stats.verifier_seconds / max(1, res.stats.verifier_calls)
+            row["verifier_vs_one"] = row["verifier_ms"] / baselines[b]["verifier_ms"]
             rows.append(row)
     bar.close()
     for r in rows:
-        sps = next((x for x in rows if x["repr"] == repr(SpS()) and x["k"] == r["k"]
+        same_tree = r["k"].removesuffix(" joint") if isinstance(r["k"], str) else r["k"]
+        sps = next((x for x in rows if x["repr"] == repr(SpS()) and x["k"] == same_tree
                     and x["batch_size"] == r["batch_size"]), None)
         r["al_vs_sps"] = r["al"] / sps["al"] if sps else math.nan
         if sps and r is not sps:  # paired over the same prompts
-            r["al_vs_sps_ci"] = bootstrap([[SequenceCounters(**c) for c in r["per_sequence"]],
-                                           [SequenceCounters(**c) for c in sps["per_sequence"]]],
-                                          lambda a, b: _al(a) / _al(b))[1:]
+            r["al_vs_sps_ci"] = _paired_al_ratio(r, sps)
+        chain = next((x for x in rows if x["repr"] == r["repr"] and x["k"] == max(ks)
+                      and x["batch_size"] == r["batch_size"]), None)
+        if isinstance(r["k"], str) and chain:
+            r["al_vs_chain"] = r["al"] / chain["al"]
+            r["al_vs_chain_ci"] = _paired_al_ratio(r, chain)
     return {"rows": rows, "baselines": {str(b): v for b, v in baselines.items()},
             "settings": {"max_new_tokens": max_new_tokens, "seed": seed, "prompts": len(prompts), **sampling,
                          "ks": list(ks), "batch_sizes": list(batch_sizes), "threads": torch.get_num_threads()}}
+
+
+def _runs_on(tree: tuple, rule) -> bool:
+    """Whether ``rule`` runs on the tree entry ``tree``: every rule in mode ``"rounds"``; in mode
+    ``"joint"`` the rules that mode takes (``core.tree.check_mode``) except SpS, whose joint law is its
+    rounds law (its row would repeat the rounds tree's)."""
+    if len(tree) < 4 or tree[3] != "joint":
+        return True
+    try:
+        check_mode("joint", (rule,))
+    except ValueError:
+        return False
+    return rule != SpS()
+
+
+def _paired_al_ratio(r: dict, ref: dict) -> list:
+    """Bootstrap 95% interval of AL(r) / AL(ref), resampling prompts jointly (same prompts, paired)."""
+    return bootstrap([[SequenceCounters(**c) for c in r["per_sequence"]],
+                      [SequenceCounters(**c) for c in ref["per_sequence"]]], lambda a, b: _al(a) / _al(b))[1:]
 
 
 def _ci(v) -> str:
@@ -144,19 +177,22 @@ def format_table(res: dict) -> str:
         runs = ", ".join(f"{x['tokens_per_s']:.2f}" for x in base["runs"])
         lines.append(f"batch {b}: verifier alone {base['tokens_per_s']:.2f} tokens/s (runs {runs}), "
                      f"{base['verifier_ms']:.1f} ms per forward, NLL {base['nll']:.3f}")
-    lines.append(f"{'rule':<18}{'k':>3}{'B':>3}{'AL':>7}{'95% CI':>14}{'acc':>7}{'95% CI':>14}{'AL/SpS':>7}"
-                 f"{'tok/s':>8}{'speedup':>9}{'95% CI':>14}{'step KL':>9}{'NLL':>7}{'draft/ver':>10}")
+    kw = max([3] + [len(str(r["k"])) + 1 for r in res["rows"]])  # tree labels name the tree
+    lines.append(f"{'rule':<18}{'k':>{kw}}{'B':>3}{'AL':>7}{'95% CI':>14}{'acc':>7}{'95% CI':>14}{'AL/SpS':>7}"
+                 f"{'tok/s':>8}{'speedup':>9}{'95% CI':>14}{'step KL':>9}{'NLL':>7}{'draft/ver':>10}{'fwd/one':>8}")
     for r in res["rows"]:
-        lines.append(f"{r['rule']:<18}{r['k']:>3}{r['batch_size']:>3}{r['al']:>7.3f}{_ci(r['al_ci']):>14}"
+        lines.append(f"{r['rule']:<18}{str(r['k']):>{kw}}{r['batch_size']:>3}{r['al']:>7.3f}{_ci(r['al_ci']):>14}"
                      f"{r['acceptance_rate']:>7.3f}{_ci(r['acceptance_ci']):>14}{r['al_vs_sps']:>7.2f}"
                      f"{r['tokens_per_s']:>8.2f}{r['speedup']:>8.2f}x{_ci(r.get('speedup_ci')):>14}"
-                     f"{r['mean_step_kl']:>9.4f}{r['nll']:>7.3f}{r['draft_vs_verifier']:>9.1%}")
+                     f"{r['mean_step_kl']:>9.4f}{r['nll']:>7.3f}{r['draft_vs_verifier']:>9.1%}"
+                     f"{r.get('verifier_vs_one', math.nan):>7.2f}x")
     lines.append("profile (per verifier call): " + "; ".join(
         f"{r['rule']} k={r['k']} B={r['batch_size']}: draft {1000 * r['draft_seconds'] / max(1, r['verifier_calls']):.1f}"
         f" / verifier {1000 * r['verifier_seconds'] / max(1, r['verifier_calls']):.1f}"
         f" / verify {1000 * r['verify_seconds'] / max(1, r['verifier_calls']):.1f}"
         f" / bookkeeping {1000 * r['bookkeeping_seconds'] / max(1, r['verifier_calls']):.1f} ms"
-        for r in res["rows"] if r["k"] == 4 and r["batch_size"] == min(int(b) for b in res["baselines"])))
+        for r in res["rows"] if (r["k"] == 4 or isinstance(r["k"], str))
+        and r["batch_size"] == min(int(b) for b in res["baselines"])))
     return "\n".join(lines)
 
 
@@ -180,4 +216,35 @@ def targets(res: dict, k: int = 4, batch: int = 1) -> list[tuple[str, float, lis
                  cac["al_vs_sps"] >= 1.15),
                 ("Cactus d=1 speedup", cac["speedup"], cac.get("speedup_ci"), ">= 1.8x", cac["speedup"] >= 1.8),
                 ("Cactus d=1 mean step KL (nats)", cac["mean_step_kl"], None, "(reported)", True)]
+    return out
+
+
+def tree_targets(res: dict, tree: str, batch: int = 1) -> list[tuple[str, float, list | None, str, bool]]:
+    """The tree issue's targets for the tree row labelled ``tree``, each (what, measured, 95% interval
+    or None, target, met); "met" needs the whole interval past the target (a point value alone does
+    not), except the forward-cost ratio, which has no interval."""
+    base = tree.removesuffix(" joint")  # a joint tree's SpS row is its rounds twin's
+    rows = {r["repr"]: r for r in res["rows"] if r["k"] == tree and r["batch_size"] == batch}
+    sps = next((r for r in res["rows"] if r["k"] == base and r["batch_size"] == batch and r["repr"] == repr(SpS())),
+               None)
+    cac = rows.get(repr(Cactus(1.0)))
+
+    def firm(ci, bound):
+        return bool(ci) and ci[0] >= bound
+
+    out = []
+    if sps and base == tree:
+        out += [(f"{tree}: SpS AL", sps["al"], sps["al_ci"], ">= 2.6", firm(sps["al_ci"], 2.6))]
+        if "al_vs_chain" in sps:
+            out += [(f"{tree}: SpS AL / chain SpS AL", sps["al_vs_chain"], sps["al_vs_chain_ci"], ">= 1.4",
+                     firm(sps["al_vs_chain_ci"], 1.4))]
+        out += [(f"{tree}: SpS speedup", sps["speedup"], sps.get("speedup_ci"), ">= 1.6x",
+                 firm(sps.get("speedup_ci"), 1.6)),
+                (f"{tree}: verifier forward / one-token forward", sps["verifier_vs_one"], None, "<= 1.5x",
+                 sps["verifier_vs_one"] <= 1.5)]
+    if sps and cac:
+        out += [(f"{tree}: Cactus d=1 AL / SpS AL", cac["al_vs_sps"], cac.get("al_vs_sps_ci"), ">= 1.10",
+                 firm(cac.get("al_vs_sps_ci"), 1.10)),
+                (f"{tree}: Cactus d=1 speedup", cac["speedup"], cac.get("speedup_ci"), ">= 1.8x",
+                 firm(cac.get("speedup_ci"), 1.8))]
     return out

@@ -160,11 +160,16 @@ def run_lawtests(pair, method_list, problems, draws: int = 20_000, loop_draws: i
     from ..data import encode_prompts
 
     sampling = sampling or SAMPLING.as_dict()
-    rules = [m for m in method_list if m.rule is not None and not m.rule.reads_head]
+    # tree rows decode with a chain rule's own rule: their one-step (chain) law is that rule's, tested once
+    rules = [m for m in method_list if m.rule is not None and not m.rule.reads_head
+             and getattr(m, "tree", None) is None]
     # a rule that reads the verifier's head (DropMatch) has no one-step law from (p, q) alone: its law
     # needs the dropout paths' law (dropmatch.path_law), tested in tests/core/test_dropmatch.py instead
     untested = {m.label: "reads the verifier's head: its step law needs the dropout path law (tests/test_dropmatch.py)"
                 for m in method_list if m.rule is not None and m.rule.reads_head}
+    untested.update({m.label: "a tree row: its rule's verification step is tested on the chain row; the tree's first "
+                              "step is tested against its exact law in paper_repro step l"
+                     for m in method_list if getattr(m, "tree", None) is not None})
     if pair.tokenizer is not None:
         prompt_ids = encode_prompts(pair.tokenizer, [p.question for p in problems], chat=True)
     else:

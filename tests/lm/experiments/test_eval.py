@@ -187,6 +187,31 @@ def test_eval_numbers_match_independent_recomputation(tmp_path, monkeypatch):
     assert "Holm" in table and "Family of the p-values" in notes and "Minimum detectable difference" in notes
 
 
+def test_eval_tree_rows_decode_trees_and_key_their_own_cache(tmp_path):
+    """``--tree NODES``: SpS and Cactus delta = 1 rows on EAGLE-2's budget tree, decoded by
+    ``tree_generate`` (each step drafts the tree's nodes; AL past the chain's bound is possible),
+    cached apart from the chain rows of the same rule, and left out of the one-step law tests."""
+    from cactus_theory.core.tree import BudgetTree
+
+    tree = BudgetTree(4, 3, 2)
+    ml = ev.methods(grid={"sps": [{}], "cactus": [{"delta": 1.0}]}, only=["cactus"], trees=[tree])
+    ml = [m for m in ml if m.key in (None, "sps", "cactus")]
+    trees = [m for m in ml if m.tree is not None]
+    assert [m.label for m in trees] == ["SpS, EAGLE-2 tree 4/3/2", "Cactus delta=1, EAGLE-2 tree 4/3/2"]
+    chain_sps = next(m for m in ml if m.key == "sps" and m.tree is None)
+    assert trees[0].rule_id != chain_sps.rule_id and trees[0].slug != chain_sps.slug
+    cfg = ev.EvalConfig(**CFG)
+    res = ev.run_eval(PAIR, cfg, ml, tmp_path, ablation=False, progress=False)
+    for m in trees:
+        R = res["records"][m.label]
+        assert all(r["drafted"] == tree.kept * r["steps"] for r in R)
+        assert res["summary"][m.label]["al"][0] >= 1
+    sps_label = next(m.label for m in ml if m.key == "sps")
+    assert res["summary"][sps_label]["diff_vs_sps"]["estimate"] == 0  # the chain SpS stays the reference
+    lt = run_lawtests(PAIR, ml, make_problems("add", 1), draws=2000, loop_draws=200, k=2, progress=False)
+    assert {r["method"] for r in lt["step"]}.isdisjoint(m.label for m in trees)
+
+
 def test_eval_resumes_from_cache_and_recomputes_only_what_is_missing(tmp_path, monkeypatch):
     cfg = ev.EvalConfig(**CFG)
     ml = small_methods()[:2]

@@ -61,3 +61,35 @@ def test_run_benchmark_runs_trees():
         assert r["new_tokens"] == 18 and 1 <= r["al"] and (r["method"] == "tree") == isinstance(r["k"], str)
     assert all(r["al_vs_sps"] == 1 for r in rows if r["rule"] == "SpS")
     assert "dyn 3,2,2" in format_table(res)
+
+
+def test_run_benchmark_budget_trees_joint_twins_and_tree_targets():
+    """EAGLE-2 budget trees with their scheme and mode in the tree entry: a joint twin runs Cactus only
+    (SpS's joint law is its rounds law) and is compared with SpS on its rounds twin; ``tree_targets``
+    reads both, compares each tree with the chain at the largest k (paired interval) and calls a target
+    met only when the whole interval clears it."""
+    from cactus_theory.core.tree import BudgetTree
+    from cactus_theory.lm.experiments.experiment import run_benchmark, tree_targets
+
+    rules = [("SpS", ct.SpS()), ("Cactus d=1.0", ct.Cactus(1.0))]
+    tree = BudgetTree(4, 3, 2)
+    trees = [("eagle2 4,3,2", tree, "deterministic", "rounds"), ("eagle2 4,3,2 joint", tree, "deterministic", "joint")]
+    res = run_benchmark(pair(), [[1, 2], [3], [4, 5]], rules=rules, ks=(2,), batch_sizes=(1,), max_new_tokens=6,
+                        progress=False, trees=trees)
+    rows = res["rows"]
+    assert [(r["rule"], r["k"]) for r in rows] == [("SpS", 2), ("Cactus d=1.0", 2), ("SpS", "eagle2 4,3,2"),
+                                                   ("Cactus d=1.0", "eagle2 4,3,2"), ("Cactus d=1.0", "eagle2 4,3,2 joint")]
+    sps_tree = rows[2]
+    joint = rows[4]
+    assert joint["al_vs_sps"] == pytest.approx(joint["al"] / sps_tree["al"])
+    assert sps_tree["al_vs_chain"] == pytest.approx(sps_tree["al"] / rows[0]["al"])
+    lo, hi = sps_tree["al_vs_chain_ci"]
+    assert lo <= sps_tree["al_vs_chain"] <= hi and sps_tree["verifier_vs_one"] > 0
+    t = {x[0]: x for x in tree_targets(res, "eagle2 4,3,2")}
+    assert set(t) == {"eagle2 4,3,2: SpS AL", "eagle2 4,3,2: SpS AL / chain SpS AL", "eagle2 4,3,2: SpS speedup",
+                      "eagle2 4,3,2: verifier forward / one-token forward", "eagle2 4,3,2: Cactus d=1 AL / SpS AL",
+                      "eagle2 4,3,2: Cactus d=1 speedup"}
+    what, measured, ci, target, met = t["eagle2 4,3,2: SpS AL"]
+    assert measured == sps_tree["al"] and met == (ci[0] >= 2.6)
+    tj = tree_targets(res, "eagle2 4,3,2 joint")
+    assert [x[0] for x in tj] == ["eagle2 4,3,2 joint: Cactus d=1 AL / SpS AL", "eagle2 4,3,2 joint: Cactus d=1 speedup"]
