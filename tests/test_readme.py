@@ -7,6 +7,7 @@ table quotes its source file cell for cell."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -113,3 +114,31 @@ def test_the_rule_tables_cover_the_registry():
     rows = set(re.findall(r"^\| `(\w+)\(", text, re.M))
     names = {cls.__name__ for cls in ct.RULE_CLASSES.values()}
     assert rows == names, (sorted(rows - names), sorted(names - rows))
+
+
+def test_readme_chain_and_tree_table_quotes_the_bench_run():
+    """README's chain / tree table: each cell re-derived from the committed bench run it names."""
+    text = README.read_text(encoding="utf-8")
+    section = text.split("### Decoding speed: chain and tree side by side", 1)[1].split("\n### ", 1)[0]
+    source = "benchmarks/results/lm/trees_bf16.json"
+    assert f"]({source})" in section
+    res = json.loads((ROOT / source).read_text(encoding="utf-8"))
+    label = {"chain k = 4": 4, "EAGLE-2 tree, 8 nodes": "eagle2 8,4,2", "EAGLE-2 tree, 16 nodes": "eagle2 16,5,4",
+             "EAGLE-2 tree, 24 nodes": "eagle2 24,6,4"}
+
+    def row(k, rule):
+        return next(r for r in res["rows"] if r["k"] == k and r["rule"] == rule and r["batch_size"] == 1)
+
+    def al(r):
+        return f"{r['al']:.2f} [{r['al_ci'][0]:.2f}, {r['al_ci'][1]:.2f}]"
+
+    def sp(r):
+        return f"{r['speedup']:.2f}x [{r['speedup_ci'][0]:.2f}, {r['speedup_ci'][1]:.2f}]"
+
+    rows = _table(section, "| draft |")
+    assert [r["draft"] for r in rows] == list(label)
+    for r in rows:
+        sps, cac = row(label[r["draft"]], "SpS"), row(label[r["draft"]], "Cactus delta=1")
+        assert r["SpS AL"] == al(sps) and r["SpS speedup"] == sp(sps)
+        assert r["Cactus delta=1 AL"] == al(cac) and r["Cactus delta=1 speedup"] == sp(cac)
+        assert r["verifier forward / one token"] == f"{sps['verifier_vs_one']:.2f}x"
