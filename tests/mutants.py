@@ -427,8 +427,8 @@ PORTS: list[Port] = [
          "        return 1",
          ("tests/claims/test_verdicts.py::test_rows_measured_with_an_earlier_rule_definition_are_marked",)),
     Port("eval-rule-id-is-repr", "eval keys cached batches on repr(rule) (an r1 row reused for the r2 rule)", EV,
-         "        return \"None\" if self.rule is None else self.rule.identity",
-         "        return \"None\" if self.rule is None else repr(self.rule)",
+         "        rid = \"None\" if self.rule is None else self.rule.identity",
+         "        rid = \"None\" if self.rule is None else repr(self.rule)",
          (G + "::test_eval_cache_never_reuses_a_row_of_an_earlier_revision",
           "tests/claims/test_verdicts.py::test_rows_measured_with_an_earlier_rule_definition_are_marked")),
     Port("eval-cache-check-repr", "the cache accepts a record whose rule matches repr(rule) up to its revision", EV,
@@ -443,6 +443,24 @@ PORTS: list[Port] = [
          (G + "::test_eval_cache_never_reuses_a_row_of_an_earlier_revision",),
          harmless="a record found in a shared folder is still checked against the identity (got['rule'] == "
                   "rule_id) and recomputed if it differs: only a cache miss, never a stale row"),
+    # issue 19: EAGLE-2's re-ranked tree and the draft build's one-pass backward
+    Port("budget-rerank-random", "a BudgetTree accepts random candidates (re-ranking them breaks losslessness)",
+         "cactus_theory/core/tree.py",
+         "    if isinstance(tree, BudgetTree) and scheme not in RERANK_SCHEMES:",
+         "    if isinstance(tree, BudgetTree) and scheme not in RERANK_SCHEMES + (\"iid\", \"without_replacement\"):",
+         ("tests/lm/test_tree_loop.py::test_bad_tree_arguments_raise_value_errors",
+          "tests/theory/test_tree.py::test_budget_tree_sps_is_lossless_only_with_deterministic_candidates")),
+    Port("rerank-ties-to-higher-node", "re-ranking breaks ties towards the higher node index (a child before its "
+         "parent: the kept set may drop an ancestor)", "cactus_theory/core/tree.py",
+         "        order = torch.sort(-logpath, dim=-1, stable=True).indices[..., :keep].sort(-1).values",
+         "        order = torch.sort(-logpath - 1e-9 * torch.arange(logpath.shape[-1]), dim=-1, stable=True)"
+         ".indices[..., :keep].sort(-1).values",
+         ("tests/theory/test_tree.py::test_rerank_keeps_the_most_probable_ancestor_closed_nodes",)),
+    Port("toplse-backward-drops-softmax", "the one-pass backward of the draft loss forgets logsumexp's softmax term",
+         "cactus_theory/lm/train/draft_build.py",
+         "            grad = torch.exp(z - lse[:, None])\n            grad.mul_(g_lse[:, None])",
+         "            grad = torch.zeros_like(z)",
+         ("tests/lm/train/test_draft_build.py::test_step_loss_and_its_gradient_equal_the_plain_autograd_formula",)),
 ]
 
 
