@@ -114,7 +114,12 @@ STEPS: list[Step] = [
          "`results/table_k_trees.md`: **our result**: trees by exact law on toy pairs: EAGLE-style top-K "
          "multi-round verification's step KL (draft probability read vs taken as 1); tree Cactus (rounds, joint) "
          "as a share of the multi-draft optimum's gain at the same KL; block verification's losslessness and AL "
-         "beside SpS (the real-LM rows: out of reach)", "-", "~15 s", section=True),
+         "beside SpS (the real-LM rows: step l)", "-", "~15 s", section=True),
+    Step("l", "table_l_lm_trees",
+         "`results/table_l_lm_trees.md`: **our measurement**: trees on the real LM by exact law: EAGLE-style "
+         "multi-round verification's step KL on teacher-forced rows (draft probability read vs taken as 1); the "
+         "loop's first EAGLE-2 tree step (drafted tree, node laws, verification) against its exact block law "
+         "(goodness of fit)", "-", "LM step", lm=True, section=True, findings=True),
 ]
 """The steps in run order (``c`` after ``e``: its LM panel reads the rows ``e`` saves)."""
 
@@ -128,7 +133,7 @@ SUPPORT = [
     ("findings.py", "README.md's \"What the checks found\", generated from `results/*.json` (`python -m "
                     "paper_repro.findings`)", "-", "< 1 s"),
     ("main.py", "the `python -m paper_repro` command (the embedded draft is built by the first decoding step "
-                "that must compute, when not cached: the committed build took about 37 minutes, "
+                "that must compute, when not cached: the committed build took about 15 minutes, "
                 "`results/draft_build.json`; `--force` recomputes everything: `results/timings.json` lists each "
                 "step's recorded compute time); runs `cactus_theory.claims.report.verify_claims` (randomised "
                 "checks of Theorems 1-3, Proposition 4, Corollaries 5-6)", "-", "+ draft build"),

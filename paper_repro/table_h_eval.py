@@ -112,7 +112,7 @@ NI_MARGIN_POINTS = 5.0  # non-inferiority margin, accuracy points (justified in 
 MARGIN_TEXT = (
     "Non-inferiority margin: 5 accuracy points. \"Cactus matches SpS\" is tested as \"Cactus is not worse than SpS by "
     "more than 5 points\": one-sided at alpha = 0.025, i.e. it holds when the lower end of the two-sided 95% paired "
-    "interval (Cactus minus SpS) lies above -5 points. Why 5: the three lossless runs, which emit exactly the "
+    "interval (Cactus minus SpS) lies above -5 points. Why 5: the {n_lossless} lossless runs, which emit exactly the "
     "verifier's law, spread over {spread:.1f} points of accuracy by noise alone ({each}), so a margin below that "
     "would call noise a loss; and 5 points is below the minimum detectable difference of this size "
     "({mdd:.1f} points, lenient: McNemar, alpha 0.05, power 0.8), so the margin is not a formality: even with no "
@@ -137,6 +137,7 @@ def margin_text(res: dict) -> str:
 
     se = le["mdd"]["points"] / (norm.isf(0.025) + norm.ppf(0.8))  # sqrt(discordance / n)
     return MARGIN_TEXT.format(power=float(norm.cdf(NI_MARGIN_POINTS / 100 / se - norm.isf(0.025))),
+                              n_lossless={2: "two", 3: "three", 4: "four"}.get(len(each), str(len(each))),
                               spread=100 * (max(each.values()) - min(each.values())),
                               each=", ".join(f"{k} {100 * v:.1f}%" for k, v in each.items()),
                               mdd=100 * le["mdd"]["points"],
@@ -180,8 +181,9 @@ def claims(res: dict, which: str) -> list[Claim]:
     units = f"{n} problems"
     how = (f"`cactus-theory eval`: task {c['task']} ({n} problems, chat template), k = {c['k']}, "
            f"{_sampling(c)}; 95% paired percentile bootstrap over problems")
-    lab = {m["key"]: m["label"] for m in res["methods"] if m["key"] not in ("cactus", None)}
-    cac = [m["label"] for m in res["methods"] if m["key"] == "cactus" and m["params"].get("delta") in (0.75, 1.0)]
+    chain = [m for m in res["methods"] if "tree" not in m]  # the paper's claims are about chains; tree rows aside
+    lab = {m["key"]: m["label"] for m in chain if m["key"] not in ("cactus", None)}
+    cac = [m["label"] for m in chain if m["key"] == "cactus" and m["params"].get("delta") in (0.75, 1.0)]
     sps = lab["sps"]
     lossy = ([lab["tas"]] if "tas" in lab else []) + cac
     comp = comparisons(res)

@@ -17,8 +17,8 @@ seeded random toy pairs (``toy.random_pair``; a draft that mixes the verifier wi
     bonus included; ``expected_length`` of ``block_verification_law``) beside SpS's on the same chain
     (``tree_block_law`` with ``chain_parents(k)``), on bigram pairs.
 
-The real-LM rows of (a) are not computed here (the embedded draft is not built on this machine): their
-claim is "out of reach".
+The real-LM rows of (a), and the real-LM tree loop's first step against its exact law, are step l
+(``table_l_lm_trees``: it needs the embedded draft; this step runs on toy pairs only).
 
 ``python -m paper_repro.table_k_trees [--fast]`` writes ``paper_repro/results/table_k_trees.md``.
 """
@@ -217,13 +217,6 @@ def claims(d: dict) -> list[Claim]:
         "exact step law (scheme 'deterministic', SpS) on the same pairs; max |law - q| over every pair",
         f"max |law - q| = {err:.1e} over {len(a)} pairs (tolerance {EXACT_TOL:g})", exact_verdict(err <= EXACT_TOL),
         units=f"{len(a)} toy pairs", decision=f"holds if max |law - q| <= {EXACT_TOL:g} on every pair", family=FAMILY))
-    out.append(Claim(
-        "eagle-tree-lossy-lm", "EAGLE-style verification read with the draft's probability is not lossless on "
-        "real-LM rows either", "ours (issue 19, deliverable 4a)", "derived",
-        "would compute the same exact step KL on teacher-forced (p, q) rows of the embedded draft and verifier",
-        "not computed: the embedded draft is not built on this machine (its build takes about 37 minutes, "
-        "results/draft_build.json), and step k runs on toy pairs only", "out of reach",
-        units="0 LM rows", decision="out of reach: no rows", family=FAMILY))
     per = _per_pair_b(d)
     diff = per["joint"] - per["rounds"]
     ivd = _iv(diff[np.isfinite(diff)])
@@ -277,8 +270,7 @@ def section(d: dict) -> str:
     cfg = d["config"]
     L = ["### k. Trees: what the exact laws say (our result, toy pairs only)", "",
          f"Exact laws (`theory.tree`) on seeded random toy pairs (`toy.random_pair`, draft weight {cfg['weight']:g}, "
-         f"Dirichlet({cfg['concentration']:g}) rows). The real-LM rows of (a) are out of reach here: the embedded "
-         "draft is not built on this machine.", "",
+         f"Dirichlet({cfg['concentration']:g}) rows). The real-LM rows of (a) are in section l.", "",
          "**(a) EAGLE-2/3 tree sampling** (top-K candidates, multi-round SpS verification). 'eagle': each "
          "candidate read with the draft's probability; 'prob. 1': its draft probability taken as 1 (EAGLE's "
          "released code). KL(law || q) in nats, mean with its 95% bootstrap interval over pairs.", "",

@@ -64,6 +64,14 @@ drawn after ``p``'s support is exhausted without replacement.
                 larger share of the optimal acceptance gain than ``"rounds"`` on the toy pairs tested
                 (0.67 / 0.70 / 0.76 against 0.35 / 0.59 / 0.42 for ``Cactus(0.1)``, two i.i.d. drafts).
 
+**EAGLE-2's budget tree** (``BudgetTree(nodes, depth, topk)``): grown by path probability and re-ranked
+to its ``nodes`` most probable nodes. The tree is a function of the draft's laws, so with
+``"deterministic"`` candidates it stays lossless (each candidate is a point mass whatever the set);
+re-ranking random candidates by their own probability would change the law they are drawn from, so
+``"iid"`` / ``"without_replacement"`` are refused. ``budget_tree`` grows it from exact laws (the
+reference the runtime's tree is tested against); ``tree_block_law`` / ``tree_sequence_law`` take it in
+place of ``parents`` and grow it per context.
+
 **Exact laws** (float64 numpy): ``node_parts`` / ``tree_step_law`` for one node; ``tree_block_law``
 (the law of the whole emitted block of a static tree on toy models) and ``tree_sequence_law`` (the
 first ``T`` tokens of the whole tree-decoding loop, comparable with ``toy.autoregressive_law``).

@@ -389,6 +389,7 @@ def summarise(recs: dict[str, list[dict]], secs: dict[str, list[dict]], method_l
             row["step_kl"] = list(_ratio_ci(col(m.label, "kl_sum"), col(m.label, "kl_count"), idx))
             rej = col(m.label, "drafted") - col(m.label, "accepted")
             row["rejected_per_token"] = float(rej.sum() / col(m.label, "new_tokens").sum())
+        if m.rule is not None and m.tree is None:  # Rej: a tree's unvisited nodes are not rejections
             with np.errstate(invalid="ignore", divide="ignore"):
                 est = (rej.sum() / col(m.label, "new_tokens").sum()) / (rej_sps[0].sum() / rej_sps[1].sum()) - 1
                 boot = (rej[idx].sum(1) / col(m.label, "new_tokens")[idx].sum(1)) / (
@@ -436,7 +437,7 @@ def comparisons(result: dict) -> dict:
     "answer", GSM8K's strict-match), per method its paired difference vs SpS (estimate, 95% percentile
     bootstrap over problems, McNemar's exact p) and the Holm-adjusted p-value over the declared family:
     every method of the table compared with SpS (the verifier alone included, the ablation row not).
-    Also the pooled lossless reference (``LOSSLESS``: every problem-run of the methods that emit the
+    Also the pooled lossless reference (``LOSSLESS`` and SpS on a tree: every problem-run of the methods that emit the
     verifier's law; interval clustered by problem) and the minimum detectable difference (McNemar,
     alpha 0.05 two-sided, power 0.8) at the discordance rate of the lossless methods against SpS."""
     from ...claims.ledger import holm, mcnemar_mdd
@@ -465,7 +466,10 @@ def comparisons(result: dict) -> dict:
         for lab, a in zip(family, adj, strict=True):
             diffs[lab]["holm"] = a
         n = result["summary"][sps]["problems"]
-        lossless = [lab for lab in LOSSLESS if lab in labels and lab != sps]
+        # the lossless methods: LOSSLESS, and SpS on a tree (deterministic candidates: lossless by exact law)
+        lossless_all = [lab for lab in labels if lab in LOSSLESS or any(
+            m["label"] == lab and m.get("key") == "sps" and m.get("tree") for m in result["methods"])]
+        lossless = [lab for lab in lossless_all if lab != sps]
         disc = [(diffs[lab]["x_only"] + diffs[lab]["y_only"]) / n for lab in lossless]
         entry = {"diffs": diffs, "n": n}
         if disc:
@@ -473,7 +477,7 @@ def comparisons(result: dict) -> dict:
             entry["mdd"] = {"discordance": rate, "from": lossless, "alpha": 0.05, "power": 0.8,
                             "points": mcnemar_mdd(rate, n),
                             "points_holm_first_step": mcnemar_mdd(rate, n, alpha=0.05 / len(family))}
-        pool = [lab for lab in LOSSLESS if lab in labels]
+        pool = lossless_all
         key = "correct" if metric == "lenient" else "strict"
         if len(pool) >= 2 and all(len(recs.get(lab, [])) == n for lab in pool):
             from scipy import stats as _st
@@ -526,6 +530,11 @@ def stale_methods(result: dict) -> dict[str, tuple[str, str]]:
         if m.get("key") is None or "rule" not in m:  # the verifier alone; a result that records no rule
             continue
         now = _build(m["key"], m.get("params", {})).identity
+        if m.get("tree"):  # a tree row: its id also names the tree (Method.rule_id)
+            from ...core.tree import BudgetTree
+
+            t = m["tree"]
+            now = f"{now}|{BudgetTree(t['nodes'], t['depth'], t['topk'])!r}|{t['scheme']}"
         if m["rule"] != now:
             out[m["label"]] = (m["rule"], now)
     return out

@@ -206,6 +206,9 @@ def test_eval_tree_rows_decode_trees_and_key_their_own_cache(tmp_path):
         R = res["records"][m.label]
         assert all(r["drafted"] == tree.kept * r["steps"] for r in R)
         assert res["summary"][m.label]["al"][0] >= 1
+        assert "rej_vs_sps" not in res["summary"][m.label]  # a tree's unvisited nodes are not rejections
+    assert ev.stale_methods(res) == {}  # a tree row's id names its tree: not an "earlier definition"
+    assert "(earlier definition)" not in ev.format_table(res)
     sps_label = next(m.label for m in ml if m.key == "sps")
     assert res["summary"][sps_label]["diff_vs_sps"]["estimate"] == 0  # the chain SpS stays the reference
     lt = run_lawtests(PAIR, ml, make_problems("add", 1), draws=2000, loop_draws=200, k=2, progress=False)
