@@ -225,6 +225,7 @@ CLI_CASES = [
     (["eval", "--threads", "0"], "--threads"),
     (["eval", "--tree", "0"], "--tree must be an integer >= 1"),
     (["eval", "--tree", "16", "--tree-depth", "0"], "--tree-depth must be an integer >= 1"),
+    (["eval", "--tree", "16", "--tree-depth", "2", "--tree-topk", "2"], "--tree 16 --tree-depth 2 --tree-topk 2: nodes"),
     (["build-draft", "--threads", "-1"], "--threads: must be an integer >= 1"),
     (["build-draft", "--epochs", "0"], "epochs must be an integer >= 1"),
     (["decode", "--prompt", "x", "--json", "/proc/out.json"], "--json '/proc/out.json': cannot write"),

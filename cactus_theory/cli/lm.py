@@ -145,6 +145,9 @@ def _check_tree_args(args: argparse.Namespace) -> tuple[int, ...] | None:
         if budget > 256 or grown > 4096:
             raise ValueError(f"--tree {budget} --tree-depth {depth} --tree-topk {topk}: at most 256 nodes kept and "
                              f"4096 grown, got {budget} kept of {grown} grown")
+        if budget > grown:
+            raise ValueError(f"--tree {budget}: a tree of --tree-depth {depth} and --tree-topk {topk} grows only {grown} "
+                             "nodes; lower --tree or raise --tree-depth / --tree-topk")
         if args.tree_scheme not in RERANK_SCHEMES:
             raise ValueError(f"--tree-scheme {args.tree_scheme} with --tree NODES: re-ranking random candidates by "
                              "their own probability breaks losslessness; use deterministic (or eagle), or "

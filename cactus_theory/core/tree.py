@@ -164,6 +164,9 @@ class BudgetTree:
     def __post_init__(self):
         for name in ("nodes", "depth", "topk"):
             check_positive_int(getattr(self, name), name)
+        if self.nodes > self.grown:  # never verify fewer nodes than asked without saying so
+            raise ValueError(f"nodes = {self.nodes} exceeds the {self.grown} nodes a tree of depth {self.depth} and "
+                             f"top-{self.topk} grows: lower nodes or raise depth / topk")
 
     @property
     def width(self) -> int:
@@ -183,8 +186,8 @@ class BudgetTree:
 
     @property
     def kept(self) -> int:
-        """Nodes verified: ``min(nodes, grown)``."""
-        return min(self.nodes, self.grown)
+        """Nodes verified (``nodes``, at most ``grown``: checked)."""
+        return self.nodes
 
 
 RERANK_SCHEMES = ("deterministic", "eagle")  # candidates that are not random: the top-k of p

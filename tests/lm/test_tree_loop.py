@@ -224,6 +224,8 @@ def test_bad_tree_arguments_raise_value_errors():
             tree_generate(pair(), [[1]], ct.SpS(), BUDGET, scheme)
     with pytest.raises(ValueError, match="nodes"):
         BudgetTree(0, 3, 3)
+    with pytest.raises(ValueError, match="exceeds the 6 nodes"):  # never fewer nodes than asked, silently
+        BudgetTree(7, 2, 2)
 
 
 def test_budget_tree_is_the_reference_tree_with_the_models_laws_at_every_node():

@@ -747,7 +747,10 @@ def eval_trees(args) -> list:
         for flag, v in (("--tree", n), ("--tree-depth", args.tree_depth), ("--tree-topk", args.tree_topk)):
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{flag} must be an integer >= 1, got {v!r}")
-        trees.append(BudgetTree(n, args.tree_depth, args.tree_topk))
+        try:
+            trees.append(BudgetTree(n, args.tree_depth, args.tree_topk))
+        except ValueError as e:
+            raise ValueError(f"--tree {n} --tree-depth {args.tree_depth} --tree-topk {args.tree_topk}: {e}") from None
     return trees
 
 
