@@ -90,11 +90,15 @@ def _plain(m: Llama, seq: list[int]) -> torch.Tensor:
     return m(torch.tensor([seq]), torch.zeros(1, dtype=torch.long), c)[0][0, -1]
 
 
-@pytest.mark.parametrize("tree", [(-1, -1, 0, 1, 1, 2, 4), DynamicTree(3, 2, 2)], ids=["static", "dynamic"])
+@pytest.mark.parametrize("tree", [(-1, -1, 0, 1, 1, 2, 4), DynamicTree(3, 2, 2), BUDGET],
+                         ids=["static", "dynamic", "budget"])
 def test_the_laws_given_to_verify_tree_are_the_models_laws_at_every_node(tree):
     """Drive ``TokenDrafter`` / ``Target`` through several tree steps on ragged rows (float64 compact
     models): every node's ``p`` (at its parent) and ``q`` (after it) equal a fresh forward of that
-    node's context, so the tree caches, their compaction and the draft's pending tokens are right."""
+    node's context, so the tree caches, their compaction and the draft's pending tokens are right.
+    EAGLE-2's re-ranked tree (``grow_tree`` + ``core.tree.rerank``) is, row by row and step by step,
+    the tree ``theory.tree.budget_tree`` grows from the draft's exact laws (plain Python sorting), and
+    its draft cache, read through the grown numbering, stays right after pruning."""
     dm, vm = Llama.from_hf(DRAFT, dtype=torch.float64), Llama.from_hf(VERIFIER, dtype=torch.float64)
     prompts = [[6], [3, 5, 7, 1, 2], [2, 9]]
     ids, lens = right_pad(prompts, 0, "cpu")
@@ -110,11 +114,17 @@ def test_the_laws_given_to_verify_tree_are_the_models_laws_at_every_node(tree):
         drafter.start(ids, lens, first)
         seqs = [p + [int(t)] for p, t in zip(prompts, first, strict=True)]
         err, accepted = 0.0, []
+        ref = memo(lambda s: soft(_plain(dm, list(s))).double().numpy())
         for step in range(6):
-            scheme = ("iid", "without_replacement", "deterministic")[step % 3]
+            scheme = "deterministic" if tree is BUDGET else ("iid", "without_replacement", "deterministic")[step % 3]
             tokens, parents, p = drafter.propose_tree(tree, scheme, sampling, gen)
             if isinstance(tree, tuple):
                 assert parents.tolist() == [list(tree)] * 3
+            elif tree is BUDGET:
+                assert tokens.shape == (3, BUDGET.nodes)
+                for b in range(3):
+                    par, tok = budget_tree(ref, BUDGET, tuple(seqs[b]))
+                    assert parents[b].tolist() == list(par) and tokens[b].tolist() == list(tok)
             else:  # the grown nodes are the previous level's most probable paths
                 pp = p.gather(-1, tokens[:, :, None])[:, :, 0].double().log()
                 path = pp.clone()
@@ -226,52 +236,6 @@ def test_bad_tree_arguments_raise_value_errors():
         BudgetTree(0, 3, 3)
     with pytest.raises(ValueError, match="exceeds the 6 nodes"):  # never fewer nodes than asked, silently
         BudgetTree(7, 2, 2)
-
-
-def test_budget_tree_is_the_reference_tree_with_the_models_laws_at_every_node():
-    """EAGLE-2's re-ranked tree on the runtime (``grow_tree`` + ``core.tree.rerank``) is, row by row and
-    step by step, the tree ``theory.tree.budget_tree`` grows from the draft's exact laws (plain Python
-    sorting), and the laws handed to ``verify_tree`` are the models' own at every kept node (float64
-    compact models, ragged rows, several steps, so the draft cache read through the grown numbering
-    is right after pruning)."""
-    dm, vm = Llama.from_hf(DRAFT, dtype=torch.float64), Llama.from_hf(VERIFIER, dtype=torch.float64)
-    prompts = [[6], [3, 5, 7, 1, 2], [2, 9]]
-    ids, lens = right_pad(prompts, 0, "cpu")
-    gen = torch.Generator().manual_seed(0)
-    drafter, target = TokenDrafter(dm, 3, 64, "cpu"), Target(vm, 3, 64, "cpu")
-    sampling = (1.0, 0, 1.0)
-    soft = lambda x: sampling_probs(x, *sampling)  # noqa: E731
-    ref = memo(lambda s: soft(_plain(dm, list(s))).double().numpy())
-    with torch.no_grad():
-        logits, _ = target.prefill(ids, lens)
-        first = torch.multinomial(soft(logits), 1, generator=gen)[:, 0]
-        target.pending = first
-        drafter.start(ids, lens, first)
-        seqs = [p + [int(t)] for p, t in zip(prompts, first, strict=True)]
-        err, accepted = 0.0, []
-        for _ in range(5):
-            tokens, parents, p = drafter.propose_tree(BUDGET, "deterministic", sampling, gen)
-            assert tokens.shape == (3, BUDGET.nodes)
-            for b in range(3):
-                par, tok = budget_tree(ref, BUDGET, tuple(seqs[b]))
-                assert parents[b].tolist() == list(par) and tokens[b].tolist() == list(tok)
-            logits, _ = target.score_tree(tokens, parents)
-            q = soft(logits)
-            for b in range(3):
-                ctx = {-1: seqs[b]}
-                for j, a in enumerate(parents[b].tolist()):
-                    ctx[j] = ctx[a] + [int(tokens[b, j])]
-                    err = max(err, float((p[b, j] - soft(_plain(dm, ctx[a]))).abs().max()))
-                    err = max(err, float((q[b, j + 1] - soft(_plain(vm, ctx[j]))).abs().max()))
-            res = ct.tree.verify_tree(tokens, parents, p, q, ct.SpS(), "deterministic", generator=gen)
-            a = res.num_accepted
-            target.advance_tree(res.accepted_nodes, a, res.tokens.gather(1, a[:, None])[:, 0])
-            drafter.advance_tree(a, res.accepted_nodes, res.tokens)
-            for b in range(3):
-                seqs[b] += res.tokens[b, :int(a[b]) + 1].tolist()
-            accepted += a.tolist()
-    assert err < 1e-10, err
-    assert max(accepted) >= 2
 
 
 class _CharTokenizer:
