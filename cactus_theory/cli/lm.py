@@ -115,9 +115,12 @@ TREE_MODES = ("rounds", "joint")  # core.tree.MODES
 
 
 def _check_tree_args(args: argparse.Namespace) -> tuple[int, ...] | None:
-    """``("branching", (b1, b2, ...))`` from ``--tree-branching``, ``("dynamic", (depth, width, children))``
+    """``("budget", (nodes, depth, topk))`` from ``--tree`` (with ``--tree-depth`` / ``--tree-topk``),
+    ``("branching", (b1, b2, ...))`` from ``--tree-branching``, ``("dynamic", (depth, width, children))``
     from ``--tree-dynamic``, or None; with the scheme, mode, rule and draft checked; no torch (argument
     errors answer before anything loads)."""
+    if isinstance(getattr(args, "tree", None), tuple):  # checked already: ``check`` stores its result in args.tree
+        return args.tree
     branching, dynamic = getattr(args, "tree_branching", None), getattr(args, "tree_dynamic", None)
     budget = getattr(args, "tree", None)
     given = [f for f, v in (("--tree", budget), ("--tree-branching", branching), ("--tree-dynamic", dynamic))
