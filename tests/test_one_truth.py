@@ -216,3 +216,22 @@ def test_the_build_time_is_the_measured_one_and_stated_once():
     assert isinstance(err, ValueError) and BUILD_TIME in str(err) and "build-draft" in str(err)
     stated = [p for p in (ROOT / "cactus_theory").rglob("*.py") if re.search(r"\d+(-\d+)? minutes on \d", p.read_text())]
     assert [p.name for p in stated] == ["draft.py"]
+
+
+def test_the_cli_s_torch_free_copies_of_the_tree_constants_are_core_s():
+    """``cli/lm.py`` and ``cactus-theory eval`` keep torch-free copies of the tree constants (their argument
+    checks run before torch loads); they must be ``core.tree``'s."""
+    import argparse
+
+    from cactus_theory.cli import lm as cli_lm
+    from cactus_theory.core import tree
+    from cactus_theory.lm.experiments import eval as ev
+
+    assert cli_lm.TREE_SCHEMES == tree.SCHEMES and cli_lm.TREE_MODES == tree.MODES
+    assert cli_lm.RERANK_SCHEMES == tree.RERANK_SCHEMES
+    assert (cli_lm.TREE_DEPTH, cli_lm.TREE_TOPK) == (tree.BUDGET_DEPTH, tree.BUDGET_TOPK)
+    assert (ev.BUDGET_DEPTH, ev.BUDGET_TOPK) == (tree.BUDGET_DEPTH, tree.BUDGET_TOPK)
+    p = argparse.ArgumentParser()
+    ev.configure(p)
+    a = p.parse_args([])
+    assert (a.tree_depth, a.tree_topk) == (tree.BUDGET_DEPTH, tree.BUDGET_TOPK)

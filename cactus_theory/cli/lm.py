@@ -26,7 +26,7 @@ DESCRIPTION = ("Speculative decoding with a (draft, verifier) pair under any acc
                "--baseline also the verifier alone (its texts and the speedup, both runs warmed up first).")
 MIN_TIMED_TOKENS = 100  # fewer generated tokens than this and a CPU speedup is mostly noise
 WARMUP_TOKENS = 8
-TREE_DEPTH, TREE_TOPK = 5, 4  # --tree NODES defaults (EAGLE-2's shape, sized for a CPU: docs/decoding.md)
+TREE_DEPTH, TREE_TOPK = 5, 4  # core.tree.BUDGET_DEPTH / BUDGET_TOPK (torch-free here; tests pin the copies)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -110,7 +110,7 @@ def check(args: argparse.Namespace) -> None:
 
 
 TREE_SCHEMES = ("iid", "without_replacement", "deterministic", "eagle")  # core.tree.SCHEMES (torch-free here)
-RERANK_SCHEMES = ("deterministic", "eagle")  # core.tree.RERANK_SCHEMES
+RERANK_SCHEMES = ("deterministic", "eagle")  # core.tree.RERANK_SCHEMES (torch-free here)
 TREE_MODES = ("rounds", "joint")  # core.tree.MODES
 
 

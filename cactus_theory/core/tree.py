@@ -22,7 +22,8 @@ from .validate import check_positive_int, check_probs
 
 __all__ = ["SCHEMES", "MODES", "RuleSpec", "set_target", "chain_parents", "branching_parents", "children_lists",
            "top_candidates", "TreeVerifyResult", "verify_tree", "check_scheme", "check_rules", "check_mode",
-           "round_rule", "check_parents", "drop_token", "without", "DynamicTree", "BudgetTree", "RERANK_SCHEMES",
+           "round_rule", "check_parents", "drop_token", "without", "DynamicTree", "BudgetTree", "RERANK_SCHEMES", "BUDGET_DEPTH",
+           "BUDGET_TOPK",
            "check_tree_scheme", "rerank"]
 
 SCHEMES = ("iid", "without_replacement", "deterministic", "eagle")
@@ -141,6 +142,9 @@ class DynamicTree:
         return sum(self.level_sizes())
 
 
+BUDGET_DEPTH, BUDGET_TOPK = 5, 4  # the default shape of a BudgetTree (--tree NODES): sized for a CPU, docs/decoding.md
+
+
 @dataclass(frozen=True)
 class BudgetTree:
     """EAGLE-2's dynamic tree with a node budget: grown as ``DynamicTree(depth, topk, topk)`` (the root
@@ -158,8 +162,8 @@ class BudgetTree:
     lossless: ``check_tree_scheme`` refuses them."""
 
     nodes: int
-    depth: int
-    topk: int
+    depth: int = BUDGET_DEPTH
+    topk: int = BUDGET_TOPK
 
     def __post_init__(self):
         for name in ("nodes", "depth", "topk"):

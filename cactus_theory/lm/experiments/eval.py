@@ -66,6 +66,7 @@ EVAL_GRID: dict[str, list[dict]] = {
     "topk": [{"k": 3, "recovery": "topk"}],
     "interpolation": [{"alpha": 0.5}, {"alpha": 0.9}],
 }
+BUDGET_DEPTH, BUDGET_TOPK = 5, 4  # core.tree's (torch-free here: the CLI checks run before torch loads; tests pin it)
 ABLATION_ALPHA = 0.9
 DELTA_MAX = 2048.0
 COUNTERS = ("new_tokens", "steps", "accepted", "drafted", "kl_sum", "kl_count", "nll_sum", "nll_count")
@@ -675,8 +676,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tree", type=int, nargs="*", default=[], metavar="NODES",
                         help="also run SpS and Cactus delta = 1 on EAGLE-2 budget trees of these node counts "
                              "(--tree-depth, --tree-topk; deterministic top-k candidates)")
-    parser.add_argument("--tree-depth", type=int, default=5, help="levels of the --tree trees (default 5)")
-    parser.add_argument("--tree-topk", type=int, default=4, help="candidates per grown node of the --tree trees (default 4)")
+    parser.add_argument("--tree-depth", type=int, default=BUDGET_DEPTH,
+                        help=f"levels of the --tree trees (default {BUDGET_DEPTH})")
+    parser.add_argument("--tree-topk", type=int, default=BUDGET_TOPK,
+                        help=f"candidates per grown node of the --tree trees (default {BUDGET_TOPK})")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per problem at most")
     parser.add_argument("--batch-size", type=int, default=32, help="problems decoded together (one cache piece)")
     parser.add_argument("--temperature", type=float, default=SAMPLING.temperature, help="sampling temperature")
