@@ -129,15 +129,7 @@ class _HFStream:
         pos = self.mask[:, :base].sum(-1, keepdim=True) + depth[:, lo:]
         self.mask = torch.cat([self.mask, torch.zeros_like(ids)], 1)
         self._w = 0
-        out = self.model(input_ids=ids, attention_mask=mask4[:, None], position_ids=pos, use_cache=True,
-                         output_hidden_states=bool(self.aux_layers), **{self.kw: self.cache})
-        c = getattr(out, "past_key_values", None)
-        self.cache = c if c is not None else getattr(out, "cache", None)
-        aux = [out.hidden_states[i] for i in self.aux_layers] if self.aux_layers else []
-        logits = out.logits
-        if logits_at is not None:
-            logits = logits[torch.arange(B, device=dev), logits_at].unsqueeze(1)
-        return logits.float(), aux
+        return self._call(ids, mask4[:, None], pos, logits_at)
 
     def keep_path(self, nodes: torch.Tensor, n: torch.Tensor) -> None:
         """Nodes ``nodes[b, :n[b]]`` of the tree just read become final (their slots unmasked)."""
@@ -153,7 +145,12 @@ class _HFStream:
         pos = (self.mask.sum(-1, keepdim=True) + valid.cumsum(-1) - 1).clamp_min(0)
         self.mask = torch.cat([self.mask, valid], dim=1)
         self._w = ids.shape[1]
-        out = self.model(input_ids=ids, attention_mask=self.mask, position_ids=pos, use_cache=True,
+        return self._call(ids, self.mask, pos, logits_at)
+
+    def _call(self, ids, mask, pos, logits_at):
+        """The model's forward over ``ids`` with ``mask`` and positions ``pos``, its cache kept; returns
+        float32 logits (B, W, V), or (B, 1, V) at ``logits_at`` (B,), and the features of ``aux_layers``."""
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
                          output_hidden_states=bool(self.aux_layers), **{self.kw: self.cache})
         c = getattr(out, "past_key_values", None)
         self.cache = c if c is not None else getattr(out, "cache", None)
