@@ -63,6 +63,11 @@ class _TestResult:
     def __getitem__(self, i):
         return (self.statistic, self.pvalue)[i]
 
+    @property
+    def reject(self) -> bool:
+        """``pvalue < alpha``."""
+        return bool(self.pvalue < self.alpha)
+
 
 @dataclass(frozen=True)
 class GoodnessOfFitResult(_TestResult):
@@ -78,10 +83,6 @@ class GoodnessOfFitResult(_TestResult):
     bins: int
     alpha: float
 
-    @property
-    def reject(self) -> bool:
-        return bool(self.pvalue < self.alpha)
-
 
 @dataclass(frozen=True)
 class HomogeneityResult(_TestResult):
@@ -93,10 +94,6 @@ class HomogeneityResult(_TestResult):
     dof: int
     bins: int
     alpha: float
-
-    @property
-    def reject(self) -> bool:
-        return bool(self.pvalue < self.alpha)
 
 
 @dataclass(frozen=True)
