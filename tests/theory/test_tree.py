@@ -56,25 +56,31 @@ def rule_id(r):
 
 # -- an independent brute-force step law -----------------------------------------------------------
 
+def _candidate_tuples(p: np.ndarray, K: int, scheme: str) -> list[tuple[tuple[int, ...], float]]:
+    """Every ordered tuple of ``K`` candidates a node can draw from ``p`` under ``scheme``, with its
+    probability (plain enumeration: the deterministic top-K; i.i.d. products; sequential draws
+    without replacement)."""
+    V = p.size
+    if scheme in ("deterministic", "eagle"):
+        return [(tuple(sorted(range(V), key=lambda i: (-p[i], i))[:K]), 1.0)]
+    if scheme == "iid":
+        return [(t, math.prod(p[list(t)])) for t in itertools.product(range(V), repeat=K)]
+    tuples = []
+    for t in itertools.permutations(range(V), K):
+        w, used = 1.0, 0.0
+        for x in t:
+            w *= p[x] / (1 - used) if used < 1 else 0.0
+            used += p[x]
+        tuples.append((t, w))
+    return tuples
+
+
 def brute_step_law(rule, p, q, K, scheme, only=None):
     """Enumerate every candidate tuple with its joint probability, then every accept/reject path of
     the rounds on that tuple (plain loops, one row at a time). ``only``: that one tuple, weight 1."""
     rules = rule if isinstance(rule, tuple) else (rule,)
     V = p.size
-    if only is not None:
-        tuples = [(tuple(only), 1.0)]
-    elif scheme in ("deterministic", "eagle"):
-        tuples = [(tuple(sorted(range(V), key=lambda i: (-p[i], i))[:K]), 1.0)]
-    elif scheme == "iid":
-        tuples = [(t, math.prod(p[list(t)])) for t in itertools.product(range(V), repeat=K)]
-    else:
-        tuples = []
-        for t in itertools.permutations(range(V), K):
-            w, used = 1.0, 0.0
-            for x in t:
-                w *= p[x] / (1 - used) if used < 1 else 0.0
-                used += p[x]
-            tuples.append((t, w))
+    tuples = [(tuple(only), 1.0)] if only is not None else _candidate_tuples(p, K, scheme)
     law, acc = np.zeros(V), 0.0
     for t, w in tuples:
         if w == 0:
@@ -113,18 +119,7 @@ def brute_joint_law(rule, p, q, K, scheme):
     ``S`` written out here (``h = q gamma / q(S)`` on ``S``, ``q (1 - gamma) / (1 - q(S))`` off it),
     then the SpS rounds of ``brute_step_law`` towards it."""
     V = p.size
-    if scheme == "deterministic":
-        tuples = [(tuple(sorted(range(V), key=lambda i: (-p[i], i))[:K]), 1.0)]
-    elif scheme == "iid":
-        tuples = [(t, math.prod(p[list(t)])) for t in itertools.product(range(V), repeat=K)]
-    else:
-        tuples = []
-        for t in itertools.permutations(range(V), K):
-            w, used = 1.0, 0.0
-            for x in t:
-                w *= p[x] / (1 - used)
-                used += p[x]
-            tuples.append((t, w))
+    tuples = _candidate_tuples(p, K, scheme)
     law, acc = np.zeros(V), 0.0
     for t, w in tuples:
         S = np.isin(np.arange(V), t)
