@@ -129,6 +129,7 @@ class ModelLaws:
 
     def __init__(self, pair, start: tuple, sampling: tuple):
         self.pair, self.start, self.sampling = pair, tuple(start), sampling
+        self._feats = None  # the head's fused verifier features along ``start``: one forward, read by every P
 
     def _soft(self, logits):
         from cactus_theory.lm import sampling_probs
@@ -151,8 +152,10 @@ class ModelLaws:
         with torch.inference_mode():
             if not getattr(d, "needs_features", False):
                 return self._soft(d(input_ids=torch.tensor([list(ctx)])).logits[0, -1])
-            hs = self.pair.verifier(input_ids=torch.tensor([list(s)]), output_hidden_states=True).hidden_states
-            feats = d.fuse([hs[i] for i in d.args.aux_layers])[:, :-1]  # entry j reads feature j and token j + 1
+            if self._feats is None:
+                hs = self.pair.verifier(input_ids=torch.tensor([list(s)]), output_hidden_states=True).hidden_states
+                self._feats = d.fuse([hs[i] for i in d.args.aux_layers])[:, :-1]  # entry j: feature j, token j + 1
+            feats = self._feats
             n = len(s) - 1
             cache = d.new_cache(1, len(ctx) + 2, feats.device)
             g = d.step(feats, torch.tensor([list(s[1:])]), cache, torch.arange(n)[None], n)[:, -1:]
