@@ -181,12 +181,14 @@ def _per_row(gen) -> list:
     return [gen] if isinstance(gen, RowGenerators) else []
 
 
-def _first_tokens(target, ids, lens, sampling, gen, out, per_seq, stats, eos, max_new):
+def _first_tokens(target, ids, lens, sampling, gen, out, per_seq, stats, eos, max_new, obs=None):
     logits, feats = target.prefill(ids, lens)
     stats.prefill_calls += 1
     p = sampling_probs(logits, *sampling)
     first = draw(p, gen)
     rows = list(range(len(out)))
+    if obs is not None:
+        obs.first(rows, p, first)
     kept, alive = _emit(out, rows, first[:, None], torch.ones_like(first), eos, max_new)
     nll = nll_of(logits[:, None], first[:, None])[:, 0].tolist()
     for b in rows:
@@ -196,7 +198,7 @@ def _first_tokens(target, ids, lens, sampling, gen, out, per_seq, stats, eos, ma
     return first, feats, alive
 
 
-def _start(draft, verifier, prompts, width, max_new, sampling, gen, stats, per_seq, eos):
+def _start(draft, verifier, prompts, width, max_new, sampling, gen, stats, per_seq, eos, obs=None):
     """Both loops' first step: caches for ``width`` drafted positions per step, the prompts' prefill and
     first tokens (from the verifier), the drafter started on them. Returns (device, drafter, target,
     the per-row outputs, the rows still running)."""
@@ -207,14 +209,16 @@ def _start(draft, verifier, prompts, width, max_new, sampling, gen, stats, per_s
     drafter = make_drafter(draft, B, cap, dev)
     target = Target(verifier, B, cap, dev, drafter.feature_layers if drafter.needs_features else ())
     out: list[list[int]] = [[] for _ in range(B)]
-    first, feats, alive = _first_tokens(target, ids, lens, sampling, gen, out, per_seq, stats, eos, max_new)
+    first, feats, alive = _first_tokens(target, ids, lens, sampling, gen, out, per_seq, stats, eos, max_new, obs)
     drafter.start(ids, lens, first, feats)
     return dev, drafter, target, out, _drop_finished(alive, list(range(B)), [target, drafter, *_per_row(gen)], dev)
 
 
 @torch.inference_mode()
-def _speculative_rows(draft, verifier, prompts, rule, k, max_new, sampling, gen, stats, per_seq, track_kl, eos):
-    dev, drafter, target, out, rows = _start(draft, verifier, prompts, k, max_new, sampling, gen, stats, per_seq, eos)
+def _speculative_rows(draft, verifier, prompts, rule, k, max_new, sampling, gen, stats, per_seq, track_kl, eos,
+                      obs=None):
+    dev, drafter, target, out, rows = _start(draft, verifier, prompts, k, max_new, sampling, gen, stats, per_seq, eos,
+                                             obs)
     tap = HeadTap(verifier) if rule.reads_head else None  # the head's input, only for a rule that reads it
     while rows:
         t0 = time.perf_counter()
@@ -227,6 +231,8 @@ def _speculative_rows(draft, verifier, prompts, rule, k, max_new, sampling, gen,
         step = VerifierStep(k, sampling, gen, logits, tap)
         tokens, a = verify(drafts, p, q, rule.bind(step), generator=gen, check=False)
         t3 = time.perf_counter()
+        if obs is not None:
+            obs.chain(rows, drafts, p, q, tokens, a)
         last = tokens.gather(1, a[:, None])[:, 0]
         target.advance(a, last)
         drafter.advance(a, tokens, feats)
@@ -305,21 +311,24 @@ def _count(stats, per_seq, rows, a, kept, k, logits, tokens, p, q, rule, track_k
 
 
 @torch.inference_mode()
-def _autoregressive_rows(verifier, prompts, max_new, sampling, gen, stats, per_seq, eos):
+def _autoregressive_rows(verifier, prompts, max_new, sampling, gen, stats, per_seq, eos, obs=None):
     dev = _device(verifier)
     B = len(prompts)
     ids, lens = right_pad(prompts, eos or 0, dev)
     target = Target(verifier, B, int(lens.max()) + max_new + 2, dev)
     out: list[list[int]] = [[] for _ in range(B)]
-    _, _, alive = _first_tokens(target, ids, lens, sampling, gen, out, per_seq, stats, eos, max_new)
+    _, _, alive = _first_tokens(target, ids, lens, sampling, gen, out, per_seq, stats, eos, max_new, obs)
     rows = _drop_finished(alive, list(range(B)), [target, *_per_row(gen)], dev)
     zero = torch.zeros(B, dtype=torch.long, device=dev)
     while rows:
         t1 = time.perf_counter()
         logits, _ = target.score(None)  # (n, 1, V)
-        t = draw(sampling_probs(logits[:, 0], *sampling), gen)[:, None]  # (n, 1)
+        q = sampling_probs(logits[:, 0], *sampling)  # (n, V)
+        t = draw(q, gen)[:, None]  # (n, 1)
         stats.verifier_seconds += time.perf_counter() - t1
         stats.verifier_calls += 1
+        if obs is not None:
+            obs.plain(rows, q, t[:, 0])
         target.advance(zero[:len(rows)], t[:, 0])
         kept, alive = _emit(out, rows, t, torch.ones(len(rows), dtype=torch.long), eos, max_new)
         t4 = time.perf_counter()
@@ -342,7 +351,7 @@ def _check_seeds(seeds, n: int) -> list[int] | None:
     return [int(x) for x in seeds]
 
 
-def _run(pair, prompts, max_new_tokens, batch_size, seed, chat, stats, body, seeds=None) -> DecodeResult:
+def _run(pair, prompts, max_new_tokens, batch_size, seed, chat, stats, body, seeds=None, observer=None) -> DecodeResult:
     ids = prepare_prompts(pair, prompts, max_new_tokens, chat)
     seeds = _check_seeds(seeds, len(ids))
     dev = _device(pair.verifier)
@@ -353,6 +362,8 @@ def _run(pair, prompts, max_new_tokens, batch_size, seed, chat, stats, body, see
     for s in range(0, len(ids), batch_size):
         chunk, t1, m1 = per_seq[s:s + batch_size], time.perf_counter(), stats.metric_seconds
         rng = gen if seeds is None else RowGenerators.from_seeds(seeds[s:s + batch_size], dev)
+        if observer is not None:
+            observer.batch(s, ids[s:s + batch_size])
         tokens += body(ids[s:s + batch_size], rng, chunk)
         for c in chunk:
             c.seconds = (time.perf_counter() - t1 - (stats.metric_seconds - m1)) / len(chunk)
@@ -372,7 +383,7 @@ def _run(pair, prompts, max_new_tokens, batch_size, seed, chat, stats, body, see
 def speculative_generate(pair: ModelPair, prompts, rule: Rule | str, k: int = 4, max_new_tokens: int = 64,
                          temperature: float = SAMPLING.temperature, top_k: int = SAMPLING.top_k,
                          top_p: float = SAMPLING.top_p, batch_size: int = 8, seed: int = 0, chat: bool = True,
-                         track_kl: bool = True, compact: bool = True, seeds=None) -> DecodeResult:
+                         track_kl: bool = True, compact: bool = True, seeds=None, observer=None) -> DecodeResult:
     """Speculative decoding of ``prompts`` (strings, chat-wrapped if ``chat``, or token-id lists) with
     ``rule`` deciding every drafted token through ``sampler.verify`` (see the module docstring).
 
@@ -384,6 +395,13 @@ def speculative_generate(pair: ModelPair, prompts, rule: Rule | str, k: int = 4,
     ``q`` alike. ``track_kl`` computes the exact step ``KL(h_alg || q)`` at every judged position
     (outside the timed decode). ``compact=False`` runs Hugging Face Llama models through their own
     forward instead of the compact Llama.
+
+    ``observer`` (for audits, ``lm.experiments.loop_audit``): an object told, at each batch, what the loop
+    hands to its samplers: ``batch(start, prompts)`` (the batch's first prompt index and its token ids),
+    ``first(rows, q, tokens)`` (the verifier's law of each row's first token and the draw),
+    ``chain(rows, drafts, p, q, tokens, num_accepted)`` (each ``verify`` call), ``tree(rows, tokens,
+    parents, p, q, result)`` (each ``verify_tree`` call) and ``plain(rows, q, tokens)`` (each verifier-alone
+    draw); ``rows`` are indices within the batch (add ``start``). Tensors are the loop's own: copy to keep.
     """
     rule = _as_rule(rule)
     _check_args(k, batch_size, temperature, top_k, top_p)
@@ -392,13 +410,13 @@ def speculative_generate(pair: ModelPair, prompts, rule: Rule | str, k: int = 4,
     draft, verifier = runtime_models(pair, compact)
     return _run(pair, prompts, max_new_tokens, batch_size, seed, chat, stats,
                 lambda b, gen, ps: _speculative_rows(draft, verifier, b, rule, k, max_new_tokens, sampling, gen, stats,
-                                                     ps, track_kl, pair.eos_token_id), seeds)
+                                                     ps, track_kl, pair.eos_token_id, observer), seeds, observer)
 
 
 def autoregressive_generate(pair: ModelPair, prompts, max_new_tokens: int = 64,
                             temperature: float = SAMPLING.temperature, top_k: int = SAMPLING.top_k,
                             top_p: float = SAMPLING.top_p, batch_size: int = 8, seed: int = 0,
-                            chat: bool = True, compact: bool = True, seeds=None) -> DecodeResult:
+                            chat: bool = True, compact: bool = True, seeds=None, observer=None) -> DecodeResult:
     """The baseline: the verifier alone, one forward per token, the same sampling transforms
     (``seed`` / ``seeds`` as ``speculative_generate``)."""
     _check_args(1, batch_size, temperature, top_k, top_p)
@@ -407,7 +425,7 @@ def autoregressive_generate(pair: ModelPair, prompts, max_new_tokens: int = 64,
     _, verifier = runtime_models(pair, compact)
     return _run(pair, prompts, max_new_tokens, batch_size, seed, chat, stats,
                 lambda b, gen, ps: _autoregressive_rows(verifier, b, max_new_tokens, sampling, gen, stats, ps,
-                                                        pair.eos_token_id), seeds)
+                                                        pair.eos_token_id, observer), seeds, observer)
 
 
 @torch.inference_mode()
@@ -460,10 +478,10 @@ def check_tree(tree):
 
 @torch.inference_mode()
 def _tree_rows(draft, verifier, prompts, rules, tree, scheme, mode, max_new, sampling, gen, stats, per_seq,
-               eos):
+               eos, obs=None):
     N, grown = tree_nodes(tree)
     dev, drafter, target, out, rows = _start(draft, verifier, prompts, grown + 1, max_new, sampling, gen, stats,
-                                             per_seq, eos)
+                                             per_seq, eos, obs)
     # draft forwards per step: the pending tokens, then each level but the last
     levels = tree.depth if isinstance(tree, (DynamicTree, BudgetTree)) else 1 + max(_depths(tree))
     while rows:
@@ -475,6 +493,8 @@ def _tree_rows(draft, verifier, prompts, rules, tree, scheme, mode, max_new, sam
         t2 = time.perf_counter()
         res = verify_tree(tokens, par, p, q, rules, scheme, generator=gen, check=False, mode=mode)
         t3 = time.perf_counter()
+        if obs is not None:
+            obs.tree(rows, tokens, par, p, q, res)
         a, path = res.num_accepted, res.accepted_nodes
         last = res.tokens.gather(1, a[:, None])[:, 0]
         target.advance_tree(path, a, last)
@@ -555,7 +575,7 @@ def _depths(parents: Sequence[int]) -> list[int]:
 def tree_generate(pair: ModelPair, prompts, rule, tree, scheme: str = "iid", mode: str = "rounds",
                   max_new_tokens: int = 64, temperature: float = SAMPLING.temperature, top_k: int = SAMPLING.top_k,
                   top_p: float = SAMPLING.top_p, batch_size: int = 8, seed: int = 0,
-                  chat: bool = True, compact: bool = True, seeds=None) -> DecodeResult:
+                  chat: bool = True, compact: bool = True, seeds=None, observer=None) -> DecodeResult:
     """Tree speculative decoding of ``prompts`` (as ``speculative_generate``): each step drafts the static
     tree ``tree`` (a parents sequence, e.g. ``core.tree.branching_parents((2, 2))``, or a
     ``core.tree.DynamicTree(depth, width, children)`` grown by path probability, or EAGLE-2's
@@ -580,4 +600,5 @@ def tree_generate(pair: ModelPair, prompts, rule, tree, scheme: str = "iid", mod
     sampling = (temperature, top_k, top_p)
     return _run(pair, prompts, max_new_tokens, batch_size, seed, chat, stats,
                 lambda b, gen, ps: _tree_rows(draft, verifier, b, rules, tree, scheme, mode, max_new_tokens,
-                                              sampling, gen, stats, ps, pair.eos_token_id), seeds)
+                                              sampling, gen, stats, ps, pair.eos_token_id, observer), seeds,
+                observer)
