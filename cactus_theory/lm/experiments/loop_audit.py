@@ -29,6 +29,7 @@ real pair and commits the report.
 from __future__ import annotations
 
 import copy
+import inspect
 import math
 from dataclasses import asdict, dataclass, field
 
@@ -41,7 +42,7 @@ from ...core.transforms import sampling_probs
 from ...core.tree import BudgetTree, verify_tree
 from ..loop import autoregressive_generate, speculative_generate, tree_generate
 
-__all__ = ["Recorder", "AuditReport", "audit_decode", "reference_laws"]
+__all__ = ["Recorder", "AuditReport", "audit_decode"]
 
 
 def _sparse(row: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
@@ -148,7 +149,13 @@ class AuditReport:
 
 class _Reference:
     """Fresh laws of the pair's own (Hugging Face) models in ``dtype`` (default their own), with the loop's
-    transforms: no cache, not the compact Llama, not the head's decode cache."""
+    transforms; never the compact Llama the loop runs, nor the head's decode cache.
+
+    Per row, one forward of the verifier over the row's whole decoded sequence (no cache: ``row``) gives
+    the law at every final position; the laws after drafts that were not kept come from that forward's
+    own Hugging Face cache cut at the block start with the drafts appended (``block``). The head's laws come
+    from ``FeatureDraft.unrolled`` over the block's sequence, fed the verifier's features of the final tokens
+    (entries past them are never attended by the block's chain, so zeros stand there)."""
 
     def __init__(self, pair, sampling, dtype=None):
         self.sampling = sampling
@@ -156,51 +163,63 @@ class _Reference:
         self.draft = pair.draft if dtype is None else copy.deepcopy(pair.draft).to(dtype)
         self.feature = bool(getattr(self.draft, "needs_features", False))
         self.dev = next(self.verifier.parameters()).device
+        self.kw = "cache" if "cache" in inspect.signature(self.verifier.forward).parameters else "past_key_values"
 
     def _soft(self, logits: torch.Tensor) -> np.ndarray:
         return sampling_probs(logits.float(), *self.sampling).double().cpu().numpy()
 
     @torch.inference_mode()
-    def block(self, seq: list[int], L: int, draft: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
-        """One fresh forward over ``seq`` whose first ``L`` tokens are final (``seq[L - 1]`` the pending token)
-        and the rest a block of drafts. Returns ``q`` (len(seq) - L + 1, V): the verifier's law after
-        ``seq[:L + j]``, and (``draft``) ``p`` (len(seq) - L + 1, V): the draft's law of block position
-        ``j + 1`` after ``seq[:L + j]``, else None."""
+    def row(self, seq: list[int]) -> None:
+        """Read a row's whole sequence (prompt and every token the loop read or emitted)."""
         x = torch.tensor([seq], device=self.dev)
-        out = self.verifier(input_ids=x, output_hidden_states=self.feature and draft)
-        q = self._soft(out.logits[0, L - 1:])
-        return q, (self._draft(x, L, out.hidden_states if self.feature else None) if draft else None)
+        out = self.verifier(input_ids=x, use_cache=True, output_hidden_states=self.feature)
+        self.seq, self.logits, self.cache = list(seq), out.logits[0], out.past_key_values
+        self.hidden = out.hidden_states if self.feature else None
 
-    def _draft(self, x: torch.Tensor, L: int, hidden) -> np.ndarray:
-        W = x.shape[1] - L + 1  # block positions 1 .. W
+    def _after(self, L: int, drafts: list[list[int]]) -> torch.Tensor:
+        """Verifier logits (P, W, V) after ``seq[:L]`` followed by each of the P equally long ``drafts``."""
+        c = copy.deepcopy(self.cache)
+        c.crop(L - len(self.seq)) if L < len(self.seq) else None
+        if len(drafts) > 1:
+            c.batch_repeat_interleave(len(drafts))
+        return self.verifier(input_ids=torch.tensor(drafts, device=self.dev), **{self.kw: c}).logits
+
+    @torch.inference_mode()
+    def block(self, L: int, drafts: list[list[int]], draft: bool = True) -> tuple[list[np.ndarray], list | None]:
+        """For a block read after the row's first ``L`` tokens (``seq[L - 1]`` pending) and each draft path in
+        ``drafts`` (P lists of equal length W >= 0): ``q`` (P arrays (W + 1, V)), the verifier's law after
+        the block start and after each draft, and ``p`` (P arrays (W + 1, V)), the draft's law of block
+        positions 1 .. W + 1 given the drafts before them (``draft``; else None)."""
+        q0 = self._soft(self.logits[L - 1])[None]
+        W = len(drafts[0])
+        qs = [q0] * len(drafts)
+        if W:
+            lg = self._after(L, drafts)
+            qs = [np.concatenate([q0, self._soft(lg[i])]) for i in range(len(drafts))]
+        if not draft:
+            return qs, None
+        x = torch.tensor([self.seq[:L] + d for d in drafts], device=self.dev)
+        return qs, self._draft(x, L)
+
+    def _draft(self, x: torch.Tensor, L: int) -> list[np.ndarray]:
+        """The draft's laws of block positions 1 .. W + 1 for each row of ``x`` (P, L + W)."""
+        W1 = x.shape[1] - L + 1
         if not self.feature:
-            return self._soft(self.draft(input_ids=x).logits[0, L - 1:])
+            lg = self.draft(input_ids=x).logits[:, L - 1:]
+            return [self._soft(lg[i]) for i in range(x.shape[0])]
         d = self.draft
-        feats = d.fuse([hidden[i].to(d.dtype) for i in d.args.aux_layers])
-        g = d.unrolled(feats[:, :-1], x[:, 1:], W)  # step s at entry j reads feature j, token j + 1
-        return np.stack([self._soft(d.full_logits(g[s][0, L - 2 + s])) for s in range(W)])
+        P, T = x.shape
+        hid = [torch.cat([h[:, :L - 1].expand(P, -1, -1), h.new_zeros((P, T - L + 1, h.shape[-1]))], 1)
+               for h in (self.hidden[i] for i in d.args.aux_layers)]
+        feats = d.fuse([h.to(d.dtype) for h in hid])  # (P, T, dim)
+        g = d.unrolled(feats[:, :-1], x[:, 1:], W1)  # step s at entry j reads feature j and token j + 1
+        at = torch.stack([g[s][:, L - 2 + s] for s in range(W1)], 1)  # (P, W + 1, dim)
+        return [self._soft(d.full_logits(at[i])) for i in range(P)]
 
     @torch.inference_mode()
-    def draft_after(self, seq: list[int], L: int, hidden_prefix=None) -> np.ndarray:
-        """The draft's law after ``seq`` for a block that started at ``L`` (the tree reference): for the head,
-        the verifier's features of the final tokens only (``hidden_prefix``, from a forward over
-        ``seq[:L]``; entries past them are never attended by the block's chain, so zeros stand there)."""
-        x = torch.tensor([seq], device=self.dev)
-        if not self.feature:
-            return self._soft(self.draft(input_ids=x).logits[0, -1])
-        T = x.shape[1]
-        hid = [torch.cat([h, h.new_zeros((1, T - L, h.shape[-1]))], 1) for h in hidden_prefix]
-        return self._draft(x, L, hid)[-1]
-
-    @torch.inference_mode()
-    def prefix_hidden(self, seq: list[int]):
-        x = torch.tensor([seq], device=self.dev)
-        return self.verifier(input_ids=x, output_hidden_states=True).hidden_states if self.feature else None
-
-
-def reference_laws(pair, seq: list[int], L: int, sampling, dtype=None):
-    """The audit's reference for one block (see ``_Reference.block``): ``(q, p)`` numpy float64."""
-    return _Reference(pair, sampling, dtype).block(seq, L)
+    def draft_after(self, L: int, path: list[int]) -> np.ndarray:
+        """The draft's law after ``seq[:L] + path`` in a block started at ``L`` (``budget_tree``'s reference)."""
+        return self._draft(torch.tensor([self.seq[:L] + list(path)], device=self.dev), L)[0][-1]
 
 
 def _order(pair) -> torch.Tensor | None:
@@ -213,6 +232,19 @@ def _draw_like_drafter(p: torch.Tensor, u: float, order) -> int:
     if order is None:
         return int(sample_rows(p[None], torch.tensor([u], dtype=torch.float64))[0])
     return int(order[sample_rows(p[order][None], torch.tensor([u], dtype=torch.float64))[0]])
+
+
+def _emitted(events) -> list[int]:
+    """Every token a row's events emitted, in order (past EOS and the budget too: the loop read them)."""
+    out: list[int] = []
+    for ev in events:
+        if ev[0] in ("first", "plain"):
+            out.append(ev[2])
+        elif ev[0] == "chain":
+            out += ev[4][:ev[5] + 1]
+        else:
+            out += ev[5][:ev[6] + 1]
+    return out
 
 
 def _paths(parents: list[int], tokens: list[int]) -> list[list[int]]:
@@ -289,18 +321,19 @@ def audit_decode(pair, prompts, *, method: str = "chain", rule=None, k: int = 4,
         g = torch.Generator().manual_seed(seeds[b])
         seq = list(res.prompts[b])
         n_prompt = len(seq)
+        ref.row(seq + _emitted(events))
         for ev in events:
             kind = ev[0]
             if kind in ("first", "plain"):
                 _, qs, t = ev
-                qr, _ = ref.block(seq, len(seq), draft=False)
-                qd.add(qs, qr[0])
+                qr, _ = ref.block(len(seq), [[]], draft=False)
+                qd.add(qs, qr[0][0])
                 check(kind, t == int(sample_rows(_dense(qs, V)[None], rand(g, 1))[0]))
                 seq.append(t)
             elif kind == "chain":
                 _, drafts, ps, qs, toks, a = ev
                 L = len(seq)
-                qr, pr = ref.block(seq + drafts, L)
+                (qr,), (pr,) = ref.block(L, [drafts])
                 for j in range(k + 1):
                     qd.add(qs[j], qr[j])
                 for j in range(k):
@@ -318,19 +351,18 @@ def audit_decode(pair, prompts, *, method: str = "chain", rule=None, k: int = 4,
             else:  # tree
                 _, toks, par, ps, qs, rtoks, a, path = ev
                 L = len(seq)
-                seen_q, seen_p = set(), set()
-                for nodes in _paths(par, toks):
-                    qr, pr = ref.block(seq + [toks[j] for j in nodes], L)
-                    if "root" not in seen_q:
-                        qd.add(qs[0], qr[0])
-                        seen_q.add("root")
-                    for i, j in enumerate(nodes):
-                        if j not in seen_q:
-                            qd.add(qs[j + 1], qr[i + 1])
-                            seen_q.add(j)
-                        if j not in seen_p:
-                            pd.add(ps[j], pr[i])
-                            seen_p.add(j)
+                paths = _paths(par, toks)
+                W = max(len(x) for x in paths)
+                # paths padded at their end to one length (a later token never changes an earlier law)
+                qr, pr = ref.block(L, [[toks[j] for j in x] + [toks[x[-1]]] * (W - len(x)) for x in paths])
+                qd.add(qs[0], qr[0][0])
+                seen: set = set()
+                for x, qx, px in zip(paths, qr, pr, strict=True):
+                    for i, j in enumerate(x):
+                        if j not in seen:
+                            qd.add(qs[j + 1], qx[i + 1])
+                            pd.add(ps[j], px[i])
+                            seen.add(j)
                 if scheme in ("iid", "without_replacement"):  # one uniform per node, in node order
                     removed: dict[int, set] = {}
                     for j, pa in enumerate(par):
@@ -343,28 +375,25 @@ def audit_decode(pair, prompts, *, method: str = "chain", rule=None, k: int = 4,
                         x = int(sample_rows(src[None], rand(g, 1))[0])
                         check("drafted", x == toks[j])
                         gone.add(x)
-                elif scheme in ("deterministic", "eagle"):  # candidates are a function of the draft's laws
-                    if isinstance(tree, BudgetTree):
-                        hp = ref.prefix_hidden(seq)
-                        memo: dict = {}
+                elif isinstance(tree, BudgetTree):  # EAGLE-2's tree from the reference laws, plain sorting
+                    memo: dict = {}
 
-                        def cond(c, hp=hp, L=L, memo=memo):
-                            c = tuple(c)
-                            if c not in memo:
-                                memo[c] = ref.draft_after(list(c), L, hp)
-                            return memo[c]
+                    def cond(c, L=L, memo=memo):
+                        c = tuple(c)
+                        if c not in memo:
+                            memo[c] = ref.draft_after(L, list(c[L:]))
+                        return memo[c]
 
-                        want_par, want_tok = budget_tree(cond, tree, tuple(seq))
-                        check("tree_candidates", list(want_par) == par and list(want_tok) == toks)
-                    else:
-                        ok = True
-                        for j, pa in enumerate(par):
-                            if toks[j] < 0:
-                                continue
+                    want_par, want_tok = budget_tree(cond, tree, tuple(seq))
+                    check("tree_candidates", list(want_par) == par and list(want_tok) == toks)
+                else:  # a deterministic static / dynamic tree: the rank-th most likely token at the parent
+                    ok = True
+                    for j, pa in enumerate(par):
+                        if toks[j] >= 0:
                             rank = sum(1 for i in range(j) if par[i] == pa and toks[i] >= 0)
                             pj = _dense(ps[j], V).double().numpy()
                             ok &= toks[j] == sorted(range(V), key=lambda t, pj=pj: (-pj[t], t))[rank]
-                        check("tree_candidates", ok)
+                    check("tree_candidates", ok)
                 pt = torch.stack([_dense(x, V) for x in ps])[None]
                 qt = torch.stack([_dense(x, V) for x in qs])[None]
                 r2 = verify_tree(torch.tensor([toks]), torch.tensor([par]), pt, qt, rule, scheme,
