@@ -31,7 +31,7 @@ from __future__ import annotations
 import copy
 import inspect
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
@@ -95,35 +95,52 @@ class Recorder:
                                 res.accepted_nodes[i].tolist()))
 
 
-@dataclass
 class _Diff:
     """Largest differences between the laws handed over and the reference: max |difference| of any entry,
-    max TV of a row, and rows whose supports differ (a token in one and not the other)."""
+    max TV of a row, and rows whose supports differ (a token in one and not the other). A reference row
+    (V, 2) carries a baseline too (``audit_decode(baseline_dtype=)``): then the same numbers of the laws
+    handed over against the baseline, and of the reference against the baseline (the rounding scale)."""
 
-    rows: int = 0
-    max_abs: float = 0.0
-    max_tv: float = 0.0
-    support_mismatch: int = 0
-    tvs: list = field(default_factory=list)
+    def __init__(self):
+        self.stats = {name: {"rows": 0, "max_abs": 0.0, "support_mismatch": 0, "tvs": []}
+                      for name in ("reference", "baseline", "reference_vs_baseline")}
+
+    def _one(self, name: str, got: np.ndarray, ref: np.ndarray) -> None:
+        st = self.stats[name]
+        d = np.abs(got - ref)
+        st["rows"] += 1
+        st["max_abs"] = max(st["max_abs"], float(d.max()))
+        st["tvs"].append(0.5 * float(d.sum()))
+        st["support_mismatch"] += int(not np.array_equal(got > 0, ref > 0))
 
     def add(self, got: tuple[np.ndarray, np.ndarray], ref: np.ndarray) -> None:
         ids, vals = got
-        g = np.zeros_like(ref)
+        main = ref if ref.ndim == 1 else ref[:, 0]
+        g = np.zeros_like(main)
         g[ids] = vals
-        d = np.abs(g - ref)
-        self.rows += 1
-        self.max_abs = max(self.max_abs, float(d.max()))
-        tv = 0.5 * float(d.sum())
-        self.max_tv = max(self.max_tv, tv)
-        self.tvs.append(tv)
-        if not np.array_equal(np.flatnonzero(ref > 0), np.sort(ids)):
-            self.support_mismatch += 1
+        self._one("reference", g, main)
+        if ref.ndim == 2:
+            self._one("baseline", g, ref[:, 1])
+            self._one("reference_vs_baseline", main, ref[:, 1])
+
+    @property
+    def rows(self) -> int:
+        return self.stats["reference"]["rows"]
 
     def summary(self) -> dict:
-        tv = np.asarray(self.tvs) if self.tvs else np.zeros(1)
-        return {"rows": self.rows, "max_abs": self.max_abs, "max_tv": self.max_tv,
-                "median_tv": float(np.median(tv)), "p99_tv": float(np.quantile(tv, 0.99)),
-                "support_mismatch": self.support_mismatch}
+        out = {}
+        for name, st in self.stats.items():
+            if not st["rows"] and name != "reference":
+                continue
+            tv = np.asarray(st["tvs"]) if st["tvs"] else np.zeros(1)
+            row = {"rows": st["rows"], "max_abs": st["max_abs"], "max_tv": float(tv.max()),
+                   "median_tv": float(np.median(tv)), "p99_tv": float(np.quantile(tv, 0.99)),
+                   "support_mismatch": st["support_mismatch"]}
+            if name == "reference":
+                out.update(row)
+            else:
+                out[name] = row
+        return out
 
 
 @dataclass
@@ -222,6 +239,26 @@ class _Reference:
         return self._draft(torch.tensor([self.seq[:L] + list(path)], device=self.dev), L)[0][-1]
 
 
+class _Both:
+    """The reference and a baseline in another dtype side by side: ``block`` returns rows (W + 1, V, 2)."""
+
+    def __init__(self, ref: _Reference, base: _Reference):
+        self.ref, self.base = ref, base
+
+    def row(self, seq):
+        self.ref.row(seq)
+        self.base.row(seq)
+
+    def block(self, L, drafts, draft=True):
+        q1, p1 = self.ref.block(L, drafts, draft)
+        q2, p2 = self.base.block(L, drafts, draft)
+        q = [np.stack([a, b], -1) for a, b in zip(q1, q2, strict=True)]
+        return q, (None if p1 is None else [np.stack([a, b], -1) for a, b in zip(p1, p2, strict=True)])
+
+    def draft_after(self, L, path):
+        return self.ref.draft_after(L, path)
+
+
 def _order(pair) -> torch.Tensor | None:
     """The order the drafter draws its law in: the head's shortlist (``d2t``), or the vocabulary."""
     d2t = getattr(pair.draft, "d2t", None)
@@ -269,14 +306,16 @@ def _paths(parents: list[int], tokens: list[int]) -> list[list[int]]:
 def audit_decode(pair, prompts, *, method: str = "chain", rule=None, k: int = 4, tree=None, scheme="deterministic",
                  mode: str = "rounds", max_new_tokens: int = 128, batch_size: int = 32, seed: int = 0,
                  sampling=(0.6, 20, 0.95), chat: bool = True, tolerance: float = 1e-4, support_slack: float = 0.0,
-                 reference_dtype=None, progress=None) -> AuditReport:
+                 reference_dtype=None, baseline_dtype=None, progress=None) -> AuditReport:
     """Decode ``prompts`` with per-row seeds, recording every law and draw, then check (1)-(4) of the module
     docstring. ``method``: ``"chain"`` (``speculative_generate`` with ``rule``, default SpS, ``k`` drafts),
     ``"tree"`` (``tree_generate`` with ``tree`` / ``scheme`` / ``mode``) or ``"plain"`` (the verifier
     alone). ``tolerance``: the largest TV a row handed over may differ from the reference by;
     ``support_slack``: the share of rows whose support (after top-k / top-p) may differ (a token at the
     top-p boundary flipping under rounding; 0 in float32). ``reference_dtype``: the dtype of the fresh
-    forwards (default the models' own)."""
+    forwards (default the models' own); ``baseline_dtype``: also compare with fresh forwards in this dtype
+    (e.g. float32 for a bfloat16 decode: the rounding scale, the reference's own distance to it beside the
+    loop's); EAGLE-2 trees grown from the baseline's laws are compared with the reference's."""
     import time
 
     from ...core.rules import SpS
@@ -301,11 +340,14 @@ def audit_decode(pair, prompts, *, method: str = "chain", rule=None, k: int = 4,
         res = autoregressive_generate(pair, prompts, **kw)
     decode_seconds = time.perf_counter() - t0
     ref = _Reference(pair, sampling, reference_dtype)
+    base = _Reference(pair, sampling, baseline_dtype) if baseline_dtype is not None else None
+    if base is not None:
+        ref = _Both(ref, base)
     order = _order(pair)
     V = pair.vocab_size
     qd, pd = _Diff(), _Diff()
     draws = {name: {"checked": 0, "mismatched": 0} for name in
-             ("first", "drafted", "verify", "plain", "tree_candidates")}
+             ("first", "drafted", "verify", "plain", "tree_candidates", "tree_reference_vs_baseline")}
     outputs = {"rows": 0, "mismatched": 0, "steps": 0, "rejections": 0, "rejection_positions": [],
                "eos_stops": 0, "budget_stops": 0}
     eos = pair.eos_token_id
@@ -376,16 +418,22 @@ def audit_decode(pair, prompts, *, method: str = "chain", rule=None, k: int = 4,
                         check("drafted", x == toks[j])
                         gone.add(x)
                 elif isinstance(tree, BudgetTree):  # EAGLE-2's tree from the reference laws, plain sorting
-                    memo: dict = {}
+                    def grown(src, L=L, seq=tuple(seq)):
+                        memo: dict = {}
 
-                    def cond(c, L=L, memo=memo):
-                        c = tuple(c)
-                        if c not in memo:
-                            memo[c] = ref.draft_after(L, list(c[L:]))
-                        return memo[c]
+                        def cond(c):
+                            c = tuple(c)
+                            if c not in memo:
+                                memo[c] = src.draft_after(L, list(c[L:]))
+                            return memo[c]
 
-                    want_par, want_tok = budget_tree(cond, tree, tuple(seq))
-                    check("tree_candidates", list(want_par) == par and list(want_tok) == toks)
+                        wp, wt = budget_tree(cond, tree, seq)
+                        return list(wp), list(wt)
+
+                    want = grown(ref)
+                    check("tree_candidates", want == (par, toks))
+                    if base is not None:  # the same tree grown from the baseline's laws
+                        check("tree_reference_vs_baseline", grown(base) == want)
                 else:  # a deterministic static / dynamic tree: the rank-th most likely token at the parent
                     ok = True
                     for j, pa in enumerate(par):
@@ -418,7 +466,8 @@ def audit_decode(pair, prompts, *, method: str = "chain", rule=None, k: int = 4,
     outputs["rejections_past_64"] = int(sum(x >= 64 for x in pos))
     outputs["new_tokens"] = int(sum(len(t) for t in res.tokens))
     q_sum, p_sum = qd.summary(), pd.summary()
-    exact = all(d["mismatched"] == 0 for d in draws.values()) and outputs["mismatched"] == 0
+    exact = (all(d["mismatched"] == 0 for name, d in draws.items() if name != "tree_reference_vs_baseline")
+             and outputs["mismatched"] == 0)  # the baseline's own tree is a rounding scale, not a check
     slack = math.floor(support_slack * max(1, q_sum["rows"] + p_sum["rows"]))
     within = (q_sum["max_tv"] <= tolerance and p_sum["max_tv"] <= tolerance
               and q_sum["support_mismatch"] + p_sum["support_mismatch"] <= slack)

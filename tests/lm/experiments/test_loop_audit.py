@@ -70,3 +70,15 @@ def test_a_drafter_handing_over_another_law_fails_the_audit(monkeypatch):
     monkeypatch.setattr(cache, "_sample", sample)
     r = audit_decode(pair(EOS), PROMPTS, method="chain", **KW)
     assert not r.ok and r.p["max_tv"] > 0.01, r.p
+
+
+def test_a_baseline_dtype_reports_the_rounding_scale():
+    """A float64 baseline beside the float32 reference: the loop's laws and the reference stand at the same
+    (rounding-sized) distance from it, and the trees grown from both agree."""
+    r = audit_decode(pair(EOS), PROMPTS[:4], method="tree", tree=BudgetTree(6, 3, 2), baseline_dtype=torch.float64,
+                     **KW)
+    assert r.ok, r
+    for law in (r.q, r.p):
+        assert law["baseline"]["rows"] == law["rows"] and law["baseline"]["max_tv"] < 1e-5
+        assert law["reference_vs_baseline"]["max_tv"] < 1e-5
+    assert r.draws["tree_reference_vs_baseline"]["checked"] > 0
