@@ -109,7 +109,7 @@ def compute(ctx: Ctx, cfg: dict) -> dict:
 def _verdict(r: dict) -> tuple[str, str]:
     """(verdict, the numbers it rests on) of one audit under the pre-registered reading."""
     d, q, p, o = r["draws"], r["q"], r["p"], r["outputs"]
-    replays = {k: v for k, v in d.items() if v["checked"] and k not in ("tree_candidates", "tree_reference_vs_baseline")}
+    replays = {k: d[k] for k in ("first", "plain", "drafted", "verify") if d[k]["checked"]}  # a fixed order
     replay_ok = all(v["mismatched"] == 0 for v in replays.values()) and o["mismatched"] == 0
     exact = ", ".join(f"{k} {v['checked'] - v['mismatched']}/{v['checked']}" for k, v in replays.items())
     nums = f"replays exact: {exact}; outputs {o['rows'] - o['mismatched']}/{o['rows']}"

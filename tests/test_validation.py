@@ -161,7 +161,7 @@ def test_crashes_became_clear_errors():
         ct.acceptance_rate(None, P, Q)
     with pytest.raises(ValueError, match="^rule must be a cactus_theory Rule"):
         ct.step_divergence("sps", P, Q)
-    with pytest.raises(ValueError, match="^generator must be a torch.Generator or None, got 123"):
+    with pytest.raises(ValueError, match="^generator must be a torch.Generator, a RowGenerators \\(one per row\\) or None, got 123"):
         verify(torch.tensor([[1]]), torch.tensor(P).view(1, 1, 3), torch.tensor(np.stack([Q, Q])).view(1, 2, 3),
                SpS(), generator=123)
     with pytest.raises(ValueError, match="^k must be an integer >= 1, got True"):
