@@ -50,7 +50,8 @@ pooled deviation is seen).
 **Sizing.** Each part is sized to detect a pooled TV of ``tv`` with probability ``power`` at level
 ``alpha / m`` (``m`` testable parts: Holm's first step), by ``stats.samples_needed`` for its bin count
 at that size (bins grow with the draws: the two are iterated to a fixed point, which exists because
-both are monotone). The bonus part needs ``n_bonus / P(a = k)`` rows. ``N`` is the largest need, capped
+both are monotone). The bonus part needs ``(n_bonus + 3 sqrt(n_bonus)) / P(a = k)`` rows (its count is
+binomial: the margin keeps it at ``n_bonus`` or more with probability ~0.999). ``N`` is the largest need, capped
 by ``max_samples``; a part the cap starves reports its detectable TV (above ``tv``), one whose draws
 cannot fill two bins is tested for impossible outputs only, and the bonus is "not testable" when
 ``P(a = k) = 0`` or the cap leaves fewer than ``2 * min_expected`` expected bonus rows.
@@ -469,8 +470,8 @@ def compare_laws(sampler_law: BlockLaw, rule_law: BlockLaw, atol: float) -> Exac
     first = 0.5 * float(np.abs(s.first() - r.first()).sum())
     length = 0.5 * float(np.abs(s.length_probs() - r.length_probs()).sum())
     bonus = 0.5 * float(np.abs(s.bonus - r.bonus).sum())
-    return ExactResult(float(d.max()), where, first, length, bonus, impossible,
-                       max(first, length, impossible), min(1.0, hi), atol)
+    low = max(first, length, impossible)
+    return ExactResult(float(d.max()), where, first, length, bonus, impossible, low, max(low, min(1.0, float(hi))), atol)
 
 
 @dataclass(frozen=True)
@@ -578,7 +579,7 @@ def _check_signature(sampler) -> None:
                         f"through it (verify's signature: draft_tokens, draft_probs, verifier_probs, rule, "
                         f"generator=...); wrap a sampler that draws from torch's global RNG with "
                         f"as_sampler(fn, rng='global')")
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name != "generator"]
     if len(positional) < 4 and not any(p.kind is p.VAR_POSITIONAL for p in params):
         raise TypeError(f"sampler {_name(sampler)}{sig} takes {len(positional)} positional arguments; verify's "
                         f"signature has 4 (draft_tokens, draft_probs, verifier_probs, rule) and generator=; wrap one "
@@ -766,6 +767,8 @@ def check_sampler(sampler, P, Q, *, rule: Rule | None = None, tv: float = 0.02, 
             second = 1.0 - float(masses[p][0]) if masses[p].size > 1 else 0.0
             fill = min_expected / second if second > 0 else math.inf
             n_p = fill if fill * (1 / frac[p]) <= max_samples else math.log(1 - power) / math.log(1 - tv) if tv < 1 else 1
+        if p == "bonus":  # the bonus count is random: three standard deviations of margin keep it >= n_p
+            n_p += 3 * math.sqrt(n_p)
         need[p] = math.ceil(n_p / frac[p])
     N = num_samples if num_samples is not None else min(max_samples, max(need.values()))
     B = chunk if chunk is not None else int(min(4096, max(1, CHUNK_ELEMENTS // V)))
