@@ -8,7 +8,7 @@ Setting (every test here): SpS, k = 1, 6 new tokens, temperature 0.7, top-k 5, t
 batch, N = 3000 decodes per prompt per side, ALPHA = 1e-3 (Holm over the 6 positions), seed 0. Power: the
 detection rate of each bug over 20 seeds at exactly this setting is measured by
 ``benchmarks/check_calibration.py --only planted`` (``benchmarks/results/check_calibration.json``, read back
-below: every bug >= 0.9 there, its Wilson interval stated in docs/statistical-tests.md). The correct loop
+below: every bug >= 0.9 there, its Clopper-Pearson interval stated in docs/statistical-tests.md). The correct loop
 passes at this setting (a true null at ALPHA: false positive with probability <= 1e-3).
 """
 
