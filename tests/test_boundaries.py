@@ -92,6 +92,7 @@ BAD_ARGS = [
     (["check-engine", "--engine", "vllm9"], "--engine"),
     (["check-engine", "--n", "0"], "--n"),
     (["check-engine", "--alpha", "1"], "--alpha"),
+    (["check-engine", "--max-new-tokens", "4", "--positions", "5"], "positions 0 .. 3 only"),
     (["check-engine", "--rule", "bogus"], "--rule"),
     (["check-engine", "--engine", "transformers", "--rule", "cactus"], "its own rule (SpS)"),
     (["check-engine", "--engine", "transformers", "--temperature", "0"], "--temperature must be > 0"),

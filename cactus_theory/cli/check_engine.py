@@ -71,7 +71,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
     g = parser.add_argument_group("the test")
     g.add_argument("--n", type=positive_int, default=500, help="decodes of each prompt on each side")
-    g.add_argument("--positions", type=positive_int, default=16, help="test positions 0 .. POSITIONS - 1")
+    g.add_argument("--positions", type=positive_int, default=None,
+                   help="test positions 0 .. POSITIONS - 1 (default: min(16, --max-new-tokens))")
     g.add_argument("--alpha", type=_unit_float, default=1e-3, help="family-wise level (Holm)")
     g.add_argument("--power", type=_unit_float, default=0.9, help="power at which the detectable TVs are stated")
     g.add_argument("--min-count", type=positive_int, default=20,
@@ -109,6 +110,11 @@ def check(args: argparse.Namespace) -> None:
     check_model(args.verifier, "--verifier")
     if args.seed < 0:
         raise ValueError(f"--seed must be >= 0, got {args.seed}")
+    if args.positions is None:
+        args.positions = min(16, args.max_new_tokens)
+    elif args.positions > args.max_new_tokens:
+        raise ValueError(f"--positions {args.positions}: a decode has at most --max-new-tokens {args.max_new_tokens} "
+                         f"tokens, so positions 0 .. {args.max_new_tokens - 1} only")
     if args.min_count < 2:
         raise ValueError(f"--min-count must be >= 2, got {args.min_count}")
     for flag in ("tree_depth", "tree_topk"):

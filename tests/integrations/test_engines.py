@@ -55,6 +55,12 @@ def parse(argv):
     return args
 
 
+def test_positions_default_to_the_decode_length_at_most_16():
+    assert parse(["--max-new-tokens", "4"]).positions == 4
+    assert parse(["--max-new-tokens", "64"]).positions == 16
+    assert parse(["--max-new-tokens", "64", "--positions", "40"]).positions == 40
+
+
 def test_check_engine_loop_runs_end_to_end_on_a_tiny_pair(tmp_path, capsys):
     out = tmp_path / "res.json"
     args = parse(["--engine", "loop", "--prompt", "x", "-k", "2", "--max-new-tokens", "3", "--n", "400",
