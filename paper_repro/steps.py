@@ -120,6 +120,11 @@ STEPS: list[Step] = [
          "multi-round verification's step KL on teacher-forced rows (draft probability read vs taken as 1); the "
          "loop's first EAGLE-2 tree step (drafted tree, node laws, verification) against its exact block law "
          "(goodness of fit)", "-", "LM step", lm=True, section=True, findings=True),
+    Step("m", "table_m_lossless",
+         "`results/table_m_lossless.md`: **our check**: the decode loop lossless end to end in the eval's setting "
+         "(ragged 32-row chat batch, 128 new tokens, EOS; chain and EAGLE-2 tree; float32 and bfloat16): every law "
+         "handed to verify against fresh forwards, every draw replayed", "-", "LM step (about an hour)", lm=True,
+         section=True, findings=True),
 ]
 """The steps in run order (``c`` after ``e``: its LM panel reads the rows ``e`` saves)."""
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from .draws import RowGenerators
 from .transforms import check_sampling, sampling_probs
 from .validate import check_positive_int
 
@@ -59,8 +60,16 @@ def path_hits(hidden: torch.Tensor, weight: torch.Tensor, rate: float, num_paths
               sampling: tuple = (1.0, 0, 1.0), bias: torch.Tensor | None = None,
               generator: torch.Generator | None = None) -> torch.Tensor:
     """``hit`` (..., V) of one step: 1 at the tokens of ``num_paths`` sampled dropout paths of the head
-    (each its own mask, then a token from the transformed logits), 0 elsewhere, in float32."""
+    (each its own mask, then a token from the transformed logits), 0 elsewhere, in float32.
+    ``generator``: a ``torch.Generator`` (or None), or a ``core.draws.RowGenerators`` with one generator per
+    row of ``hidden``'s first axis (each row's paths then drawn from its own)."""
     check_sampling(*sampling)
+    if isinstance(generator, RowGenerators):
+        if hidden.ndim < 2 or hidden.shape[0] != len(generator):
+            raise ValueError(f"generator: RowGenerators has {len(generator)} rows for hidden of shape "
+                             f"{tuple(hidden.shape)} (one per row of its first axis)")
+        return torch.cat([path_hits(hidden[b:b + 1], weight, rate, num_paths, sampling=sampling, bias=bias,
+                                    generator=g) for b, g in enumerate(generator)])
     V = weight.shape[0]
     hit = torch.zeros((*hidden.shape[:-1], V), dtype=torch.float32, device=hidden.device)
     M = num_paths

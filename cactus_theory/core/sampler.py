@@ -20,10 +20,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .draws import RowGenerators, check_generator, uniforms
 from .rules import Rule
 from .validate import check_int, check_probs, check_token
 
-__all__ = ["verify", "verify_flat", "sample_rows", "check_common", "PLACEHOLDER_TOKEN_ID"]
+__all__ = ["verify", "verify_flat", "sample_rows", "draw", "check_common", "PLACEHOLDER_TOKEN_ID", "RowGenerators"]
 
 PLACEHOLDER_TOKEN_ID = -1  # vLLM V1's filler after the last emitted token of a request
 
@@ -48,12 +49,10 @@ def check_common(rule, **tensors: torch.Tensor | None) -> None:
 
 def _validate(draft_tokens, draft_probs, verifier_probs, rule, generator) -> None:
     check_common(rule, draft_tokens=draft_tokens, draft_probs=draft_probs, verifier_probs=verifier_probs)
-    if generator is not None and not isinstance(generator, torch.Generator):
-        raise ValueError(f"generator must be a torch.Generator or None, got {generator!r} "
-                         "(seed one with torch.Generator().manual_seed(seed))")
     if draft_tokens.ndim != 2:
         raise ValueError(f"draft_tokens must have shape (B, k), got {tuple(draft_tokens.shape)}")
     B, k = draft_tokens.shape
+    check_generator(generator, B)
     if k < 1:
         raise ValueError(f"draft_tokens must hold k >= 1 drafted tokens per row, got k = {k}")
     if draft_probs.ndim != 3 or tuple(draft_probs.shape[:2]) != (B, k):
@@ -114,6 +113,17 @@ def sample_rows(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return torch.minimum(y, last_pos).squeeze(-1)
 
 
+def draw(probs: torch.Tensor, generator=None) -> torch.Tensor:
+    """One token per row from ``probs`` (B, V) (non-negative rows; need not sum to 1) -> (B,) int64.
+
+    One ``torch.Generator`` (or None): ``torch.multinomial`` from it, the stream plain sampling has always
+    used. ``RowGenerators``: row ``b``'s token by inverse CDF (``sample_rows``) at one float64 uniform
+    from its own generator, so it does not depend on the other rows."""
+    if isinstance(generator, RowGenerators):
+        return sample_rows(probs, generator.rand(1, probs.device)[:, 0])
+    return torch.multinomial(probs, 1, generator=generator)[:, 0]
+
+
 def verify(
     draft_tokens: torch.Tensor,
     draft_probs: torch.Tensor,
@@ -131,7 +141,8 @@ def verify(
             row ``k`` is the verifier's law after all ``k`` drafts: the bonus token is drawn from it
             (from ``rule.bonus(row k)`` for a rule with ``bonus_from_q = False``).
         rule: any ``cactus_theory`` rule (``SpS()``, ``Cactus(delta)``, ``TAS(...)``, ...).
-        generator: ``torch.Generator`` for all random draws (uniforms are drawn on its device).
+        generator: ``torch.Generator`` for all random draws (uniforms are drawn on its device), or a
+            ``RowGenerators`` (one generator per row: row ``b`` draws its ``k + 1`` uniforms from its own).
         check: validate inputs (shapes, ids in [0, V), finite normalised rows within
             ``validate.prob_atol``: 1e-4 float32, 1e-2 float16/bfloat16, 1e-6 float64). It costs
             two reductions over each probability tensor (no copy), a fraction of the call
@@ -162,8 +173,7 @@ def verify(
     stats = rule.stats_at(q_all[:, :k].to(dt), n) if rule.needs_row_stats else ()  # SpS / Cactus: none
     phi = rule.accept_from(p_n, q_n, *stats)  # [B, k]
 
-    dev = generator.device if generator is not None else draft_probs.device
-    u = torch.rand((B, k + 1), generator=generator, device=dev, dtype=torch.float64).to(draft_probs.device)
+    u = uniforms(generator, B, k + 1, draft_probs.device)  # [B, k + 1] float64
     accepted = u[:, :k] < phi.double()  # [B, k]
     num_accepted = accepted.long().cumprod(-1).sum(-1)  # [B]: index of the first rejection, or k
 

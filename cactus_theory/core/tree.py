@@ -16,6 +16,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from .draws import check_generator, uniforms
 from .rules import Rule, ScalingRule, SpS
 from .sampler import check_common, sample_rows
 from .validate import check_positive_int, check_probs
@@ -311,14 +312,13 @@ class TreeVerifyResult(NamedTuple):
 
 def _validate_tree(tokens, parents, draft_probs, verifier_probs, generator):
     check_common(SpS(), tokens=tokens, parents=parents, draft_probs=draft_probs, verifier_probs=verifier_probs)
-    if generator is not None and not isinstance(generator, torch.Generator):
-        raise ValueError(f"generator must be a torch.Generator or None, got {generator!r}")
     for name, t in (("tokens", tokens), ("parents", parents)):
         if t.dtype.is_floating_point or t.dtype == torch.bool or t.is_complex():
             raise ValueError(f"{name} must hold integers, got dtype {t.dtype}")
         if t.ndim != 2:
             raise ValueError(f"{name} must have shape (B, N), got {tuple(t.shape)}")
     B, N = tokens.shape
+    check_generator(generator, B)
     if tuple(parents.shape) != (B, N):
         raise ValueError(f"parents must have tokens' shape (B, N) = ({B}, {N}), got {tuple(parents.shape)}")
     if draft_probs.ndim != 3 or tuple(draft_probs.shape[:2]) != (B, N):
@@ -408,7 +408,8 @@ def verify_tree(
             node ``j`` (the next token's law if ``j`` is accepted; the bonus law at a leaf).
         rule: a Rule, or a sequence of Rules, round ``i`` of every node using ``rules[min(i, len - 1)]``.
         scheme: how siblings were drawn, one of ``SCHEMES`` (module docstring).
-        generator: ``torch.Generator`` for all draws. Uniforms ``u [B, N + 1]`` float64 are drawn at
+        generator: ``torch.Generator`` for all draws, or a ``RowGenerators`` (row ``b`` draws from its own).
+            Uniforms ``u [B, N + 1]`` float64 are drawn at
             once: ``u[:, j]`` decides node ``j`` (``u < phi``), ``u[:, N]`` draws the emitted token by
             inverse CDF (``sampler.sample_rows``). A chain with ``"iid"`` consumes them as
             ``sampler.verify`` does and emits the same tokens.
@@ -438,8 +439,7 @@ def verify_tree(
     tok = tokens.to(dev).long()
     table = _children_table(tok, parents.to(dev))
     kmax = table.shape[-1]
-    gdev = generator.device if generator is not None else dev
-    u = torch.rand((B, N + 1), generator=generator, device=gdev, dtype=torch.float64).to(dev)
+    u = uniforms(generator, B, N + 1, dev)  # [B, N + 1] float64
 
     rows_all = torch.arange(B, device=dev)
     cur = torch.zeros(B, dtype=torch.long, device=dev)  # slot: 0 root, j + 1 node j

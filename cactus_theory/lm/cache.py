@@ -32,7 +32,8 @@ import inspect
 
 import torch
 
-from ..core.sampler import sample_rows
+from ..core.draws import uniforms
+from ..core.sampler import draw, sample_rows
 from ..core.transforms import sampling_probs
 from ..core.tree import SCHEMES, BudgetTree, rerank, without
 from .draft import FeatureDraft
@@ -240,7 +241,7 @@ class Target:
 def _sample(logits: torch.Tensor, sampling, gen) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token per row from the transformed law; returns (token (B,), law (B, V))."""
     p = sampling_probs(logits, *sampling)
-    return torch.multinomial(p, 1, generator=gen)[:, 0], p
+    return draw(p, gen), p
 
 
 def tree_sizes(tree) -> tuple[int, ...]:
@@ -317,8 +318,7 @@ def grow_tree(p0: torch.Tensor, read_level, tree, scheme: str, gen):
             else:
                 src = p if removed is None else without(p, removed[rows, slot])
                 src = torch.where(src.sum(-1, keepdim=True) > 0, src, p)  # support exhausted: placeholder
-                u = torch.rand(B, generator=gen, dtype=torch.float64, device=gen.device if gen is not None else dev)
-                x = sample_rows(src, u.to(dev))
+                x = sample_rows(src, uniforms(gen, B, 1, dev)[:, 0])
                 if removed is not None:
                     removed[rows, slot, x] = True
             tokens[:, j] = x
@@ -455,7 +455,7 @@ class FeatureDrafter:
             # the transforms on the shortlist equal those on the full row (-inf outside it); the law
             # is then written into the full vocabulary for verify
             p_s = sampling_probs(self.head.logits(g[:, 0]), *sampling)
-            t = d2t[torch.multinomial(p_s, 1, generator=gen)[:, 0]]
+            t = d2t[draw(p_s, gen)]
             toks.append(t)
             laws.append(p_s.new_zeros((p_s.shape[0], V)).index_copy_(1, d2t, p_s))
             if j < k - 1:

@@ -52,9 +52,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..core.draws import RowGenerators
 from ..core.registry import make_rule
 from ..core.rules import Rule
-from ..core.sampler import verify
+from ..core.sampler import draw, verify
 from ..core.sampling import SAMPLING as _SAMPLING
 from ..core.transforms import check_sampling, sampling_probs
 from ..core.tree import (
@@ -175,12 +176,19 @@ def _drop_finished(alive: torch.Tensor, rows: list[int], parts: list, dev) -> li
     return rows
 
 
-def _first_tokens(target, ids, lens, sampling, gen, out, per_seq, stats, eos, max_new):
+def _per_row(gen) -> list:
+    """Per-row generators leave the batch with their rows (``_drop_finished``); one shared generator stays."""
+    return [gen] if isinstance(gen, RowGenerators) else []
+
+
+def _first_tokens(target, ids, lens, sampling, gen, out, per_seq, stats, eos, max_new, obs=None):
     logits, feats = target.prefill(ids, lens)
     stats.prefill_calls += 1
     p = sampling_probs(logits, *sampling)
-    first = torch.multinomial(p, 1, generator=gen)[:, 0]
+    first = draw(p, gen)
     rows = list(range(len(out)))
+    if obs is not None:
+        obs.first(rows, p, first)
     kept, alive = _emit(out, rows, first[:, None], torch.ones_like(first), eos, max_new)
     nll = nll_of(logits[:, None], first[:, None])[:, 0].tolist()
     for b in rows:
@@ -190,7 +198,7 @@ def _first_tokens(target, ids, lens, sampling, gen, out, per_seq, stats, eos, ma
     return first, feats, alive
 
 
-def _start(draft, verifier, prompts, width, max_new, sampling, gen, stats, per_seq, eos):
+def _start(draft, verifier, prompts, width, max_new, sampling, gen, stats, per_seq, eos, obs=None):
     """Both loops' first step: caches for ``width`` drafted positions per step, the prompts' prefill and
     first tokens (from the verifier), the drafter started on them. Returns (device, drafter, target,
     the per-row outputs, the rows still running)."""
@@ -201,14 +209,16 @@ def _start(draft, verifier, prompts, width, max_new, sampling, gen, stats, per_s
     drafter = make_drafter(draft, B, cap, dev)
     target = Target(verifier, B, cap, dev, drafter.feature_layers if drafter.needs_features else ())
     out: list[list[int]] = [[] for _ in range(B)]
-    first, feats, alive = _first_tokens(target, ids, lens, sampling, gen, out, per_seq, stats, eos, max_new)
+    first, feats, alive = _first_tokens(target, ids, lens, sampling, gen, out, per_seq, stats, eos, max_new, obs)
     drafter.start(ids, lens, first, feats)
-    return dev, drafter, target, out, _drop_finished(alive, list(range(B)), [target, drafter], dev)
+    return dev, drafter, target, out, _drop_finished(alive, list(range(B)), [target, drafter, *_per_row(gen)], dev)
 
 
 @torch.inference_mode()
-def _speculative_rows(draft, verifier, prompts, rule, k, max_new, sampling, gen, stats, per_seq, track_kl, eos):
-    dev, drafter, target, out, rows = _start(draft, verifier, prompts, k, max_new, sampling, gen, stats, per_seq, eos)
+def _speculative_rows(draft, verifier, prompts, rule, k, max_new, sampling, gen, stats, per_seq, track_kl, eos,
+                      obs=None):
+    dev, drafter, target, out, rows = _start(draft, verifier, prompts, k, max_new, sampling, gen, stats, per_seq, eos,
+                                             obs)
     tap = HeadTap(verifier) if rule.reads_head else None  # the head's input, only for a rule that reads it
     while rows:
         t0 = time.perf_counter()
@@ -221,6 +231,8 @@ def _speculative_rows(draft, verifier, prompts, rule, k, max_new, sampling, gen,
         step = VerifierStep(k, sampling, gen, logits, tap)
         tokens, a = verify(drafts, p, q, rule.bind(step), generator=gen, check=False)
         t3 = time.perf_counter()
+        if obs is not None:
+            obs.chain(rows, drafts, p, q, tokens, a)
         last = tokens.gather(1, a[:, None])[:, 0]
         target.advance(a, last)
         drafter.advance(a, tokens, feats)
@@ -233,7 +245,7 @@ def _speculative_rows(draft, verifier, prompts, rule, k, max_new, sampling, gen,
         t4 = time.perf_counter()
         _count(stats, per_seq, rows, a.tolist(), kept, k, logits, tokens, p, q, rule, track_kl)
         stats.metric_seconds += time.perf_counter() - t4
-        rows = _drop_finished(alive, rows, [target, drafter], dev)
+        rows = _drop_finished(alive, rows, [target, drafter, *_per_row(gen)], dev)
     return out
 
 
@@ -299,21 +311,24 @@ def _count(stats, per_seq, rows, a, kept, k, logits, tokens, p, q, rule, track_k
 
 
 @torch.inference_mode()
-def _autoregressive_rows(verifier, prompts, max_new, sampling, gen, stats, per_seq, eos):
+def _autoregressive_rows(verifier, prompts, max_new, sampling, gen, stats, per_seq, eos, obs=None):
     dev = _device(verifier)
     B = len(prompts)
     ids, lens = right_pad(prompts, eos or 0, dev)
     target = Target(verifier, B, int(lens.max()) + max_new + 2, dev)
     out: list[list[int]] = [[] for _ in range(B)]
-    _, _, alive = _first_tokens(target, ids, lens, sampling, gen, out, per_seq, stats, eos, max_new)
-    rows = _drop_finished(alive, list(range(B)), [target], dev)
+    _, _, alive = _first_tokens(target, ids, lens, sampling, gen, out, per_seq, stats, eos, max_new, obs)
+    rows = _drop_finished(alive, list(range(B)), [target, *_per_row(gen)], dev)
     zero = torch.zeros(B, dtype=torch.long, device=dev)
     while rows:
         t1 = time.perf_counter()
         logits, _ = target.score(None)  # (n, 1, V)
-        t = torch.multinomial(sampling_probs(logits[:, 0], *sampling), 1, generator=gen)  # (n, 1)
+        q = sampling_probs(logits[:, 0], *sampling)  # (n, V)
+        t = draw(q, gen)[:, None]  # (n, 1)
         stats.verifier_seconds += time.perf_counter() - t1
         stats.verifier_calls += 1
+        if obs is not None:
+            obs.plain(rows, q, t[:, 0])
         target.advance(zero[:len(rows)], t[:, 0])
         kept, alive = _emit(out, rows, t, torch.ones(len(rows), dtype=torch.long), eos, max_new)
         t4 = time.perf_counter()
@@ -323,19 +338,33 @@ def _autoregressive_rows(verifier, prompts, max_new, sampling, gen, stats, per_s
             per_seq[b].nll_sum += nll[i] * kept[i]
             per_seq[b].nll_count += kept[i]
         stats.metric_seconds += time.perf_counter() - t4
-        rows = _drop_finished(alive, rows, [target], dev)
+        rows = _drop_finished(alive, rows, [target, *_per_row(gen)], dev)
     return out
 
 
-def _run(pair, prompts, max_new_tokens, batch_size, seed, chat, stats, body) -> DecodeResult:
+def _check_seeds(seeds, n: int) -> list[int] | None:
+    if seeds is None:
+        return None
+    if isinstance(seeds, (str, bytes)) or not hasattr(seeds, "__len__") or len(seeds) != n:
+        raise ValueError(f"seeds must be None or one integer seed per prompt ({n}), got {seeds!r}")
+    RowGenerators.from_seeds(seeds)  # checks every seed (ValueError naming the bad one)
+    return [int(x) for x in seeds]
+
+
+def _run(pair, prompts, max_new_tokens, batch_size, seed, chat, stats, body, seeds=None, observer=None) -> DecodeResult:
     ids = prepare_prompts(pair, prompts, max_new_tokens, chat)
-    gen = torch.Generator(_device(pair.verifier)).manual_seed(int(seed))
+    seeds = _check_seeds(seeds, len(ids))
+    dev = _device(pair.verifier)
+    gen = torch.Generator(dev).manual_seed(int(seed))
     tokens: list[list[int]] = []
     per_seq = [SequenceCounters() for _ in ids]
     t0 = time.perf_counter()
     for s in range(0, len(ids), batch_size):
         chunk, t1, m1 = per_seq[s:s + batch_size], time.perf_counter(), stats.metric_seconds
-        tokens += body(ids[s:s + batch_size], gen, chunk)
+        rng = gen if seeds is None else RowGenerators.from_seeds(seeds[s:s + batch_size], dev)
+        if observer is not None:
+            observer.batch(s, ids[s:s + batch_size])
+        tokens += body(ids[s:s + batch_size], rng, chunk)
         for c in chunk:
             c.seconds = (time.perf_counter() - t1 - (stats.metric_seconds - m1)) / len(chunk)
     stats.seconds = time.perf_counter() - t0 - stats.metric_seconds
@@ -354,14 +383,25 @@ def _run(pair, prompts, max_new_tokens, batch_size, seed, chat, stats, body) -> 
 def speculative_generate(pair: ModelPair, prompts, rule: Rule | str, k: int = 4, max_new_tokens: int = 64,
                          temperature: float = SAMPLING.temperature, top_k: int = SAMPLING.top_k,
                          top_p: float = SAMPLING.top_p, batch_size: int = 8, seed: int = 0, chat: bool = True,
-                         track_kl: bool = True, compact: bool = True) -> DecodeResult:
+                         track_kl: bool = True, compact: bool = True, seeds=None, observer=None) -> DecodeResult:
     """Speculative decoding of ``prompts`` (strings, chat-wrapped if ``chat``, or token-id lists) with
     ``rule`` deciding every drafted token through ``sampler.verify`` (see the module docstring).
+
+    Randomness: ``seed`` seeds one generator shared by each batch (a row's draws then depend on its
+    batch, never its law); ``seeds`` (one integer per prompt) gives row ``i`` its own generator
+    (``core.draws.RowGenerators``), so its tokens do not depend on the batch size or composition either.
 
     Sampling defaults are the paper's (temperature 0.6, top-k 20, top-p 0.95), applied to ``p`` and
     ``q`` alike. ``track_kl`` computes the exact step ``KL(h_alg || q)`` at every judged position
     (outside the timed decode). ``compact=False`` runs Hugging Face Llama models through their own
     forward instead of the compact Llama.
+
+    ``observer`` (for audits, ``lm.experiments.loop_audit``): an object told, at each batch, what the loop
+    hands to its samplers: ``batch(start, prompts)`` (the batch's first prompt index and its token ids),
+    ``first(rows, q, tokens)`` (the verifier's law of each row's first token and the draw),
+    ``chain(rows, drafts, p, q, tokens, num_accepted)`` (each ``verify`` call), ``tree(rows, tokens,
+    parents, p, q, result)`` (each ``verify_tree`` call) and ``plain(rows, q, tokens)`` (each verifier-alone
+    draw); ``rows`` are indices within the batch (add ``start``). Tensors are the loop's own: copy to keep.
     """
     rule = _as_rule(rule)
     _check_args(k, batch_size, temperature, top_k, top_p)
@@ -370,21 +410,22 @@ def speculative_generate(pair: ModelPair, prompts, rule: Rule | str, k: int = 4,
     draft, verifier = runtime_models(pair, compact)
     return _run(pair, prompts, max_new_tokens, batch_size, seed, chat, stats,
                 lambda b, gen, ps: _speculative_rows(draft, verifier, b, rule, k, max_new_tokens, sampling, gen, stats,
-                                                     ps, track_kl, pair.eos_token_id))
+                                                     ps, track_kl, pair.eos_token_id, observer), seeds, observer)
 
 
 def autoregressive_generate(pair: ModelPair, prompts, max_new_tokens: int = 64,
                             temperature: float = SAMPLING.temperature, top_k: int = SAMPLING.top_k,
                             top_p: float = SAMPLING.top_p, batch_size: int = 8, seed: int = 0,
-                            chat: bool = True, compact: bool = True) -> DecodeResult:
-    """The baseline: the verifier alone, one forward per token, the same sampling transforms."""
+                            chat: bool = True, compact: bool = True, seeds=None, observer=None) -> DecodeResult:
+    """The baseline: the verifier alone, one forward per token, the same sampling transforms
+    (``seed`` / ``seeds`` as ``speculative_generate``)."""
     _check_args(1, batch_size, temperature, top_k, top_p)
     stats = DecodeStats("autoregressive")
     sampling = (temperature, top_k, top_p)
     _, verifier = runtime_models(pair, compact)
     return _run(pair, prompts, max_new_tokens, batch_size, seed, chat, stats,
                 lambda b, gen, ps: _autoregressive_rows(verifier, b, max_new_tokens, sampling, gen, stats, ps,
-                                                        pair.eos_token_id))
+                                                        pair.eos_token_id, observer), seeds, observer)
 
 
 @torch.inference_mode()
@@ -437,10 +478,10 @@ def check_tree(tree):
 
 @torch.inference_mode()
 def _tree_rows(draft, verifier, prompts, rules, tree, scheme, mode, max_new, sampling, gen, stats, per_seq,
-               eos):
+               eos, obs=None):
     N, grown = tree_nodes(tree)
     dev, drafter, target, out, rows = _start(draft, verifier, prompts, grown + 1, max_new, sampling, gen, stats,
-                                             per_seq, eos)
+                                             per_seq, eos, obs)
     # draft forwards per step: the pending tokens, then each level but the last
     levels = tree.depth if isinstance(tree, (DynamicTree, BudgetTree)) else 1 + max(_depths(tree))
     while rows:
@@ -452,6 +493,8 @@ def _tree_rows(draft, verifier, prompts, rules, tree, scheme, mode, max_new, sam
         t2 = time.perf_counter()
         res = verify_tree(tokens, par, p, q, rules, scheme, generator=gen, check=False, mode=mode)
         t3 = time.perf_counter()
+        if obs is not None:
+            obs.tree(rows, tokens, par, p, q, res)
         a, path = res.num_accepted, res.accepted_nodes
         last = res.tokens.gather(1, a[:, None])[:, 0]
         target.advance_tree(path, a, last)
@@ -475,7 +518,7 @@ def _tree_rows(draft, verifier, prompts, rules, tree, scheme, mode, max_new, sam
             c.nll_sum += sum(nll[i][:kept[i]])
             c.nll_count += kept[i]
         stats.metric_seconds += time.perf_counter() - t4
-        rows = _drop_finished(alive, rows, [target, drafter], dev)
+        rows = _drop_finished(alive, rows, [target, drafter, *_per_row(gen)], dev)
     return out
 
 
@@ -532,7 +575,7 @@ def _depths(parents: Sequence[int]) -> list[int]:
 def tree_generate(pair: ModelPair, prompts, rule, tree, scheme: str = "iid", mode: str = "rounds",
                   max_new_tokens: int = 64, temperature: float = SAMPLING.temperature, top_k: int = SAMPLING.top_k,
                   top_p: float = SAMPLING.top_p, batch_size: int = 8, seed: int = 0,
-                  chat: bool = True, compact: bool = True) -> DecodeResult:
+                  chat: bool = True, compact: bool = True, seeds=None, observer=None) -> DecodeResult:
     """Tree speculative decoding of ``prompts`` (as ``speculative_generate``): each step drafts the static
     tree ``tree`` (a parents sequence, e.g. ``core.tree.branching_parents((2, 2))``, or a
     ``core.tree.DynamicTree(depth, width, children)`` grown by path probability, or EAGLE-2's
@@ -542,7 +585,7 @@ def tree_generate(pair: ModelPair, prompts, rule, tree, scheme: str = "iid", mod
     ``core.tree.verify_tree(rule, scheme, mode)``. ``rule``: a Rule or a sequence of Rules (one per
     round). Llama-family models run as the compact Llama (``compact=False``: through their own
     forward with a 4D tree mask, as any other Hugging Face causal LM); the draft a causal LM or the
-    EAGLE-3-style feature head. Returns ``DecodeResult`` (``stats.k`` = N nodes per tree; ``stats.al`` tokens per verifier call)."""
+    EAGLE-3-style feature head. ``seed`` / ``seeds`` as ``speculative_generate``. Returns ``DecodeResult`` (``stats.k`` = N nodes per tree; ``stats.al`` tokens per verifier call)."""
     rules = check_rules(rule if isinstance(rule, (list, tuple)) else _as_rule(rule))
     tree = check_tree(tree)
     check_tree_scheme(tree, scheme)
@@ -557,4 +600,5 @@ def tree_generate(pair: ModelPair, prompts, rule, tree, scheme: str = "iid", mod
     sampling = (temperature, top_k, top_p)
     return _run(pair, prompts, max_new_tokens, batch_size, seed, chat, stats,
                 lambda b, gen, ps: _tree_rows(draft, verifier, b, rules, tree, scheme, mode, max_new_tokens,
-                                              sampling, gen, stats, ps, pair.eos_token_id))
+                                              sampling, gen, stats, ps, pair.eos_token_id, observer), seeds,
+                observer)

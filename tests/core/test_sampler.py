@@ -243,3 +243,37 @@ def test_float32_tolerance_is_the_stated_one():
     verify(n, P * (1 + 5e-5), Q, ct.SpS())  # within 1e-4: accepted
     with pytest.raises(ValueError, match="tolerance 0.0001"):
         verify(n, P * (1 + 5e-4), Q, ct.SpS())
+
+
+def test_row_generators_make_each_row_its_own_stream():
+    """``verify`` / ``verify_tree`` with ``RowGenerators``: row b's tokens are those of row b verified
+    alone with a generator of its own seed (its uniforms come from that generator only), whatever the
+    other rows are; the uniforms are that generator's stream."""
+    from cactus_theory.core.draws import RowGenerators, uniforms
+    from cactus_theory.core.tree import verify_tree
+
+    torch.manual_seed(0)
+    B, k, V = 6, 3, 7
+    p = torch.softmax(torch.randn(B, k, V, dtype=torch.float64), -1)
+    q = torch.softmax(torch.randn(B, k + 1, V, dtype=torch.float64), -1)
+    n = torch.randint(0, V, (B, k))
+    seeds = [5, 9, 5, 1, 2**33, 0]
+    rule = ct.Cactus(0.3)
+    tok, a = verify(n, p, q, rule, generator=RowGenerators.from_seeds(seeds))
+    for b in range(B):
+        t1, a1 = verify(n[b:b + 1], p[b:b + 1], q[b:b + 1], rule, generator=torch.Generator().manual_seed(seeds[b]))
+        assert tok[b].tolist() == t1[0].tolist() and int(a[b]) == int(a1[0])
+    u = uniforms(RowGenerators.from_seeds(seeds), B, 4, "cpu")
+    assert torch.equal(u[1], torch.rand(4, generator=torch.Generator().manual_seed(9), dtype=torch.float64))
+    assert torch.equal(u[0], u[2])  # equal seeds, equal streams
+    par = torch.tensor([[-1, -1, 0]] * B)
+    ptree = p[:, [0, 0, 1]]
+    res = verify_tree(n, par, ptree, q, rule, "iid", generator=RowGenerators.from_seeds(seeds))
+    for b in (0, 3):
+        r1 = verify_tree(n[b:b + 1], par[b:b + 1], ptree[b:b + 1], q[b:b + 1], rule, "iid",
+                         generator=torch.Generator().manual_seed(seeds[b]))
+        assert res.tokens[b].tolist() == r1.tokens[0].tolist()
+    with pytest.raises(ValueError, match="RowGenerators has 5 generators"):
+        verify(n, p, q, rule, generator=RowGenerators.from_seeds(seeds[:5]))
+    with pytest.raises(ValueError, match="seeds\\[1\\]"):
+        RowGenerators.from_seeds([1, -2])

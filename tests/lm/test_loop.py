@@ -121,6 +121,55 @@ def test_seeded_determinism():
     assert x.tokens == autoregressive_generate(pair(), prompts, max_new_tokens=8, seed=3).tokens
 
 
+@pytest.mark.parametrize("method", ["speculative", "tree", "autoregressive"])
+def test_per_row_seeds_make_each_row_independent_of_its_batch(method):
+    """``seeds=`` (one per prompt): a row's tokens depend on its own seed and prompt only, not on the batch
+    size, the other rows or their order (float64 compact models, so batching cannot round differently);
+    the same seeds reproduce, another seed changes the row."""
+    from cactus_theory.core.tree import DynamicTree
+
+    prompts = [[1, 2, 3], [4], [5, 6], [7, 8, 9, 1]]
+    seeds = [101, 7, 2**40 + 3, 55]
+    kw = dict(max_new_tokens=9, temperature=0.9, top_k=0, top_p=0.95)
+    p64 = ModelPair(ct.lm.llama.Llama.from_hf(DRAFT, dtype=torch.float64),
+                    ct.lm.llama.Llama.from_hf(VERIFIER, dtype=torch.float64), None, eos_token_id=EOS)
+
+    def run(ps, ss, bs):
+        if method == "speculative":
+            return speculative_generate(p64, ps, ct.Cactus(0.5), k=3, batch_size=bs, seeds=ss, **kw).tokens
+        if method == "tree":
+            return ct.lm.tree_generate(p64, ps, ct.SpS(), DynamicTree(2, 2, 2), scheme="iid", batch_size=bs,
+                                       seeds=ss, **kw).tokens
+        return autoregressive_generate(p64, ps, batch_size=bs, seeds=ss, **kw).tokens
+
+    whole = run(prompts, seeds, 4)
+    assert run(prompts, seeds, 4) == whole  # reproducible
+    order = [2, 0, 3, 1]
+    shuffled = run([prompts[i] for i in order], [seeds[i] for i in order], 3)  # other order, other batches
+    assert [shuffled[order.index(i)] for i in range(4)] == whole
+    assert [run([prompts[i]], [seeds[i]], 1)[0] for i in range(4)] == whole  # each row alone
+    assert run(prompts, [s + 1 for s in seeds], 4) != whole
+
+
+def test_per_row_seeds_keep_the_law():
+    """Every row on its own generator (distinct seeds) still emits the exact sequence law (ragged prompts
+    interleaved in one batch)."""
+    prompts = [[6], [3, 5, 7, 1, 2]]
+    batch = [prompts[i % 2] for i in range(2 * 2500)]
+    rule = ct.Cactus(0.5)
+    res = speculative_generate(pair(), batch, rule, k=2, max_new_tokens=3, batch_size=len(batch),
+                               seeds=list(range(len(batch))), track_kl=False, **RAW)
+    for j, pr in enumerate(prompts):
+        law = sequence_law(cond(DRAFT), cond(VERIFIER), rule, 2, 3, prompt=tuple(pr), verifier_first=True)
+        assert_fits(res.tokens[j::2], law, 3)
+
+
+def test_seeds_are_checked_before_decoding():
+    for bad in ([1, 2], "12", [1, -1, 2], [1, 2.5, 3], [True, 1, 2]):
+        with pytest.raises(ValueError, match="seeds"):
+            speculative_generate(pair(), [[1], [2], [3]], ct.SpS(), max_new_tokens=4, seeds=bad)
+
+
 def test_self_drafting_accepts_everything_with_zero_kl():
     """Draft = verifier: p = q exactly, so SpS and Cactus accept every draft and h_alg = q."""
     same = ModelPair(VERIFIER, VERIFIER, None)
