@@ -53,12 +53,19 @@ PUBLIC_PATHS = {f"cactus_theory.{alias}": f"cactus_theory.{target}" for alias, t
 _install_aliases(PUBLIC_PATHS)
 
 
-def __getattr__(name: str):
-    """``ct.sampler``, ``ct.rules``, ...: a public module path as an attribute, imported on first access."""
-    if f"cactus_theory.{name}" in PUBLIC_PATHS:
-        import importlib
+# public functions of the theory layer, imported on first access (``import cactus_theory`` stays free of scipy)
+_LAZY = {"check_sampler": "cactus_theory.theory.check", "check_generation": "cactus_theory.theory.check_generation"}
 
+
+def __getattr__(name: str):
+    """``ct.sampler``, ``ct.rules``, ...: a public module path as an attribute, imported on first access; and
+    ``ct.check_sampler`` / ``ct.check_generation`` (``_LAZY``), from the theory layer on first access."""
+    import importlib
+
+    if f"cactus_theory.{name}" in PUBLIC_PATHS:
         return importlib.import_module(f"cactus_theory.{name}")
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'cactus_theory' has no attribute {name!r}")
 
 __version__ = "0.1.0"
@@ -68,4 +75,5 @@ __all__ = [
     "js", "kl", "reverse_kl", "tv", "acceptance_rate", "induced_distribution", "step_divergence",
     "EARS", "RULE_CLASSES", "TAS", "Cactus", "Interpolation", "Rule", "SpS", "TopK", "make_rule",
     "two_block_root", "SGLangThreshold", "RelaxedAcceptance", "MedusaTypical", "FLy", "DropMatch",
+    "check_sampler", "check_generation",
 ]

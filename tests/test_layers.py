@@ -267,3 +267,21 @@ def test_public_modules_are_attributes_of_the_package():
             assert getattr(ct, name) is importlib.import_module(target)
     with pytest.raises(AttributeError, match="no attribute 'not_a_module'"):
         ct.not_a_module  # noqa: B018
+
+
+def test_the_api_imports_the_theory_layer_lazily():
+    """``ct.check_sampler`` / ``ct.check_generation`` live in the theory layer and are served on first access:
+    the api has no module-level import of ``theory``, and ``import cactus_theory`` loads neither that layer
+    nor scipy (a fresh interpreter)."""
+    import subprocess
+    import sys
+
+    tree = ast.parse((PKG / "__init__.py").read_text(encoding="utf-8"))
+    for node in tree.body:  # module level only: imports inside functions run on access
+        if isinstance(node, ast.ImportFrom):
+            assert not (node.module or "").startswith("theory"), node.module
+    code = ("import sys, cactus_theory as ct; assert 'scipy' not in sys.modules, 'scipy'; "
+            "assert not [m for m in sys.modules if m.startswith('cactus_theory.theory')], 'theory'; "
+            "f = ct.check_sampler; g = ct.check_generation; "
+            "assert f.__module__ == 'cactus_theory.theory.check' and g.__module__ == 'cactus_theory.theory.check_generation'")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT)})

@@ -173,18 +173,11 @@ def t_interval(x, *, level: float = 0.95) -> Interval:
 
 
 def holm(pvalues) -> list[float]:
-    """Holm's step-down adjusted p-values (same order as ``pvalues``): the family-wise error rate of
-    rejecting every hypothesis whose adjusted p-value is below alpha is at most alpha, whatever the
-    dependence between the tests."""
-    p = np.asarray(list(pvalues), dtype=np.float64)
-    m = p.size
-    order = np.argsort(p, kind="stable")
-    adj = np.empty(m)
-    running = 0.0
-    for i, j in enumerate(order):
-        running = max(running, min(1.0, (m - i) * p[j]))
-        adj[j] = running
-    return [float(a) for a in adj]
+    """Holm's step-down adjusted p-values (same order as ``pvalues``): ``theory.stats.holm`` (imported
+    on call, so the ledger loads without scipy)."""
+    from ..theory.stats import holm as _holm
+
+    return _holm(pvalues)
 
 
 def mcnemar_mdd(discordance: float, n: int, *, alpha: float = 0.05, power: float = 0.8) -> float:

@@ -27,6 +27,8 @@ COMMANDS = {
     "decode": ("cactus_theory.cli.lm", "speculative decoding with a (draft, verifier) pair, timed against "
                                       "the verifier alone"),
     "eval": ("cactus_theory.lm.experiments.eval", "task accuracy, acceptance and distribution tests of every rule on a real LM"),
+    "check-engine": ("cactus_theory.cli.check_engine", "is an engine's speculative decoding lossless over whole decodes? "
+                                                       "(our loop, transformers)"),
 }
 MOVED = {"repro": "the paper's reproduction has its own entry point: run `make repro` or "
                   "`python -m paper_repro` in a clone of the repository"}

@@ -55,7 +55,8 @@ def _rows_ok(x: Array, atol: float) -> bool:
 
         half = x.dtype in (torch.float16, torch.bfloat16)
         sums = x.sum(-1, dtype=torch.float32) if half else x.sum(-1)
-        return bool((x.min() >= -atol) & ((sums - 1).abs() <= atol).all())
+        # the minimum row by row first: a full x.min() of an expanded (stride-0) view is ~25x slower
+        return bool((x.amin(-1).min() >= -atol) & ((sums - 1).abs() <= atol).all())
     with np.errstate(invalid="ignore"):
         return bool(x.min() >= -atol) and bool(np.all(np.abs(x.sum(-1) - 1) <= atol))
 

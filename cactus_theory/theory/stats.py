@@ -24,9 +24,11 @@ draws over a finite set of categories against fully specified probabilities, lik
 ``scipy.stats.chisquare`` / ``power_divergence`` plus pooling of small expected counts, exact and
 Monte Carlo p-values for small samples, and samples or counts as input.
 
-Inputs are either samples (integer category ids, shape (N,), or (N, d) for a law over d-tuples
-given as a d-dimensional probability array) or counts (same shape as the probabilities);
-``kind="auto"`` decides by shape and refuses ambiguous input.
+Inputs are either samples (integer category ids of an integer dtype, shape (N,), or (N, d) for a law
+over d-tuples given as a d-dimensional probability array) or counts (same shape as the probabilities;
+integers, or floats holding whole numbers); ``kind="auto"`` decides by shape and refuses ambiguous
+input. Samples of a float dtype are refused (``TypeError``), even when every value is a whole number:
+such an array is as likely a table of counts, and guessing either way gives a wrong answer silently.
 """
 
 from __future__ import annotations
@@ -39,12 +41,13 @@ import numpy as np
 from scipy import stats as sps
 
 from ..core.divergences import kl, tv
-from ..core.validate import check_nonneg, check_number, check_positive_int
+from ..core.validate import InputTypeError, check_nonneg, check_number, check_positive_int
 
 __all__ = [
     "GoodnessOfFitResult", "HomogeneityResult", "EstimateResult", "to_counts", "pool_bins",
     "goodness_of_fit", "homogeneity", "tv_estimate", "kl_estimate", "samples_needed", "power",
-    "detectable_tv", "proportion_interval", "PairedResult", "paired_difference",
+    "detectable_tv", "proportion_interval", "PairedResult", "paired_difference", "holm",
+    "TestResult",
 ]
 
 _LAMBDAS = {"chi2": "pearson", "gtest": "log-likelihood"}
@@ -67,6 +70,9 @@ class _TestResult:
     def reject(self) -> bool:
         """``pvalue < alpha``."""
         return bool(self.pvalue < self.alpha)
+
+
+TestResult = _TestResult  # the public name of the base (theory.check's results unpack the same way)
 
 
 @dataclass(frozen=True)
@@ -133,8 +139,9 @@ def _check_expected(expected) -> np.ndarray:
 def to_counts(x, shape: tuple, *, kind: str = "auto", name: str = "x") -> np.ndarray:
     """Counts array of ``shape`` from samples or counts.
 
-    Samples: integer ids (N,) for a 1-D law, or (N, d) rows of ids for a d-dimensional law.
-    Counts: non-negative integers of exactly ``shape``. ``kind="auto"`` treats ``x`` as counts iff
+    Samples: integer ids (N,) for a 1-D law, or (N, d) rows of ids for a d-dimensional law, of an
+    integer dtype (a float array is refused: ``InputTypeError``, a ``TypeError`` and ``ValueError``).
+    Counts: non-negative whole numbers (integer or float dtype) of exactly ``shape``. ``kind="auto"`` treats ``x`` as counts iff
     its shape is ``shape`` and refuses the ambiguous case of a 1-D law with N = V samples.
     """
     if kind not in ("auto", "samples", "counts"):
@@ -149,6 +156,11 @@ def to_counts(x, shape: tuple, *, kind: str = "auto", name: str = "x") -> np.nda
                 f"are ambiguous; pass kind='samples' or kind='counts'"
             )
         kind = "counts" if a.shape == tuple(shape) else "samples"
+    if kind == "samples" and not np.issubdtype(a.dtype, np.integer):
+        # category ids are integers: a float array of whole numbers is as likely a table of counts
+        raise InputTypeError(
+            f"{name}: samples must hold integers (category ids of an integer dtype), got dtype {a.dtype}; "
+            f"counts may be float, pass them with kind='counts' and shape {tuple(shape)}")
     if np.issubdtype(a.dtype, np.floating):
         if not np.all(np.isfinite(a)) or np.any(a != np.round(a)):
             raise ValueError(f"{name} must hold integers, got non-integer values")
@@ -441,3 +453,19 @@ def paired_difference(x, y, *, confidence: float = 0.95, n_boot: int = 10_000, s
     xo, yo = int((d > 0).sum()), int((d < 0).sum())
     pv = float(sps.binomtest(xo, xo + yo, 0.5).pvalue) if xo + yo else 1.0
     return PairedResult(float(d.mean()), float(lo), float(hi), pv, int(d.size), xo, yo, confidence)
+
+
+def holm(pvalues) -> list[float]:
+    """Holm's step-down adjusted p-values (same order as ``pvalues``): with the p-values sorted,
+    ``p_(i) -> max_{j <= i} min(1, (m - j + 1) p_(j))``. Rejecting every hypothesis whose adjusted
+    p-value is below alpha keeps the family-wise error rate at most alpha, whatever the dependence
+    between the tests."""
+    p = np.asarray(list(pvalues), dtype=np.float64)
+    m = p.size
+    order = np.argsort(p, kind="stable")
+    adj = np.empty(m)
+    running = 0.0
+    for i, j in enumerate(order):
+        running = max(running, min(1.0, (m - i) * p[j]))
+        adj[j] = running
+    return [float(a) for a in adj]

@@ -35,7 +35,7 @@ from ..core.validate import check_positive_int, check_probs
 __all__ = [
     "Cond", "NGram", "random_ngram", "perturbed", "random_pair", "step_parts",
     "speculative_decode", "DecodeResult", "sequence_law", "autoregressive_law", "one_step_test",
-    "sequence_test", "Cached", "memoised",
+    "sequence_test", "Cached", "memoised", "autoregressive_decode", "toy_generate",
 ]
 
 Cond = Callable[[tuple], np.ndarray]
@@ -213,6 +213,49 @@ def speculative_decode(
         blocks[act] += 1
         accepted[act] += m - 1
     return DecodeResult(out[:, :T].copy(), blocks, accepted)
+
+
+def autoregressive_decode(cond: Cond, T: int, *, num_sequences: int = 1, prompt: tuple = (),
+                          generator: torch.Generator | None = None) -> np.ndarray:
+    """``num_sequences`` plain samples of ``T`` tokens from ``cond`` (the reference of a speculative loop):
+    token ``t`` by an inverse-CDF draw from ``cond(prompt + x_<t)``, uniforms from ``generator``; (B, T) int64."""
+    check_positive_int(T, "T")
+    check_positive_int(num_sequences, "num_sequences")
+    C = Cached(cond, "cond")
+    prompt = tuple(int(t) for t in prompt)
+    trie = _Trie(prompt, C(prompt).size)
+    nodes = np.zeros(num_sequences, dtype=np.int64)
+    out = np.empty((num_sequences, T), dtype=np.int64)
+    dev = generator.device if generator is not None else torch.device("cpu")
+    for t in range(T):
+        u = torch.rand(num_sequences, generator=generator, dtype=torch.float64, device=dev).cpu()
+        out[:, t] = sample_rows(torch.from_numpy(trie.rows(C, nodes)), u).numpy()
+        nodes = trie.step(nodes, out[:, t])
+    return out
+
+
+def toy_generate(verifier: Cond, T: int, *, draft: Cond | None = None, rule: Rule | None = None, k: int = 2,
+                 sampler: Callable = verify) -> Callable:
+    """A whole-decode generator over toy models for ``check_generation``: ``generate(prompts, n, seed)`` returns
+    ``n`` decodes of ``T`` tokens per prompt (prompts: tuples of token ids), in prompt order, from
+    ``speculative_decode(draft, verifier, rule, k, ...)`` when a ``rule`` is given (``sampler`` verifies), else
+    from ``autoregressive_decode(verifier, ...)``. One generator seeded by ``seed`` serves all prompts."""
+    if rule is not None and draft is None:
+        raise ValueError("a speculative toy generator needs a draft model")
+
+    def generate(prompts, n, seed):
+        g = torch.Generator().manual_seed(int(seed))
+        out = []
+        for pr in prompts:
+            if rule is None:
+                rows = autoregressive_decode(verifier, T, num_sequences=n, prompt=tuple(pr), generator=g)
+            else:
+                rows = speculative_decode(draft, verifier, rule, k, T, num_sequences=n, prompt=tuple(pr),
+                                          generator=g, sampler=sampler).tokens
+            out += rows.tolist()
+        return out
+
+    return generate
 
 
 def step_parts(rule: Rule, p: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

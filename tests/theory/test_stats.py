@@ -180,3 +180,24 @@ def test_results_unpack_like_scipy():
     assert (stat2, p2) == pytest.approx((ref2.statistic, ref2.pvalue), rel=1e-12)
     est, low, high = tv_estimate(counts, P4, kind="counts", n_boot=200)
     assert low < high and est == pytest.approx(0.5 * np.abs(counts / 500 - P4).sum(), rel=1e-12)
+
+
+@pytest.mark.parametrize("fn", [lambda x, e: goodness_of_fit(x, e), lambda x, e: goodness_of_fit(x, e, kind="samples"),
+                                lambda x, e: homogeneity(x, x, 3), lambda x, e: tv_estimate(x, e)])
+def test_float_category_ids_are_refused(fn):
+    """Samples are integer ids: a float array of whole numbers is as likely counts, so it is refused (a TypeError,
+    also a ValueError), never guessed; the same values as integers are accepted, and float counts too."""
+    e = np.array([0.5, 0.3, 0.2])
+    x = np.tile(np.array([0, 1, 2, 1, 0, 0, 2, 1], dtype=np.float64), 10)
+    with pytest.raises(TypeError, match="samples must hold integers.*kind='counts'"):
+        fn(x, e)
+    fn(x.astype(np.int64), e)
+    assert goodness_of_fit(np.array([40.0, 35.0, 25.0]), e, kind="counts").n == 100
+
+
+def test_holm_lives_in_stats_and_the_ledger_reads_it():
+    from cactus_theory.claims.ledger import holm as ledger_holm
+    from cactus_theory.stats import holm
+
+    ps = [0.01, 0.04, 0.03, 0.5]
+    assert holm(ps) == pytest.approx([0.04, 0.09, 0.09, 0.5]) and ledger_holm(ps) == holm(ps)

@@ -1,0 +1,221 @@
+"""``cactus-theory check-engine``: is an engine's speculative decoding lossless over whole decodes?
+
+``--engine loop`` judges our loop (``speculative_generate``, or ``tree_generate`` with ``--tree``; any
+``--rule``) against the verifier alone on the real pair (SmolLM2-135M-Instruct and the embedded draft by
+default); ``--engine transformers`` judges transformers' ``generate(assistant_model=...)`` against plain
+``generate`` (the assistant: the verifier's first ``--assistant-layers`` layers with its final norm and head,
+made on the fly). Both sides decode ``--n`` times each prompt; ``theory.check_generation`` tests the
+next-token law at every position of the observed prefix tree (Holm over the family) and prints the table;
+``--json`` writes it. Exit status 0 when no difference is found, 1 when equality in law is rejected, 2 for
+an argument error (one line, before any model loads). The engines are ``integrations.engines.ENGINES``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from ..lm.loading import check_model, quiet_transformers
+from ..util.args import check_writable_file, positive_int
+
+__all__ = ["DESCRIPTION", "ENGINE_NAMES", "configure", "check", "run"]
+
+DESCRIPTION = ("Judge an engine's speculative decoding against the same engine without it, over whole decodes: "
+               "per-position next-token tests along the observed prefix tree (Holm), with the detectable TV of "
+               "each position. Exit status 1 when equality in law is rejected.")
+ENGINE_NAMES = ("loop", "transformers")  # integrations.engines.ENGINES (torch-free here; a test pins the copy)
+TREE_DEPTH, TREE_TOPK = 5, 4  # core.tree.BUDGET_DEPTH / BUDGET_TOPK (torch-free here)
+
+
+def _unit_float(text: str) -> float:
+    """argparse type: a number in (0, 1)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number in (0, 1), got {text!r}") from None
+    if not 0 < v < 1:
+        raise argparse.ArgumentTypeError(f"must be a number in (0, 1), got {text!r}")
+    return v
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    from ..core.registry import add_rule_arguments, add_sampling_arguments
+
+    parser.add_argument("--engine", choices=ENGINE_NAMES, default="loop",
+                        help="loop: our speculative loop vs the verifier alone; transformers: generate(assistant_model=...) "
+                             "vs plain generate")
+    g = parser.add_argument_group("prompts")
+    g.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable; default: the project's "
+                                                                  "three built-in prompts, one per style)")
+    g.add_argument("--prompts-file", help=r"a UTF-8 text file, one prompt per line ('\n' inside a line is a newline)")
+    g.add_argument("--no-chat", action="store_true", help="feed prompts raw, without the chat template")
+    add_rule_arguments(parser, default="sps")
+    g = parser.add_argument_group("decoding")
+    g.add_argument("-k", "--num-drafts", dest="num_drafts", type=positive_int, default=4, help="drafted tokens per step")
+    g.add_argument("--max-new-tokens", type=positive_int, default=32, help="new tokens per decode at most")
+    g.add_argument("--tree", type=positive_int, default=None, metavar="NODES",
+                   help="--engine loop: EAGLE-2's budget tree of NODES nodes (deterministic top-k candidates), "
+                        "--tree-depth levels, --tree-topk per node")
+    g.add_argument("--tree-depth", type=positive_int, default=None, metavar="D", help=f"(default {TREE_DEPTH})")
+    g.add_argument("--tree-topk", type=positive_int, default=None, metavar="K", help=f"(default {TREE_TOPK})")
+    g.add_argument("--batch-size", type=positive_int, default=32, help="decodes run together")
+    add_sampling_arguments(parser)
+    g = parser.add_argument_group("models")
+    g.add_argument("--draft", default="embedded", help="--engine loop: 'embedded', 'smollm2', a .gguf file, a folder or "
+                                                       "a hub id")
+    g.add_argument("--verifier", default="smollm2", help="'smollm2', a .gguf file, a folder or a hub id")
+    g.add_argument("--assistant-layers", type=positive_int, default=None,
+                   help="--engine transformers: the assistant's decoder layers, the verifier's first ones (default 4)")
+    g.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="weights and compute")
+    g.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
+    g = parser.add_argument_group("the test")
+    g.add_argument("--n", type=positive_int, default=500, help="decodes of each prompt on each side")
+    g.add_argument("--positions", type=positive_int, default=None,
+                   help="test positions 0 .. POSITIONS - 1 (default: min(16, --max-new-tokens))")
+    g.add_argument("--alpha", type=_unit_float, default=1e-3, help="family-wise level (Holm)")
+    g.add_argument("--power", type=_unit_float, default=0.9, help="power at which the detectable TVs are stated")
+    g.add_argument("--min-count", type=positive_int, default=20,
+                   help="a prefix is tested when each side has it at least this often")
+    g.add_argument("--seed", type=int, default=0, help="seed (side a gets 2 seed, side b 2 seed + 1)")
+    g = parser.add_argument_group("output")
+    g.add_argument("--json", help="also write the table and the configuration to this JSON file (atomically)")
+    g.add_argument("--verbose", action="store_true", help="keep transformers' warnings and progress bars")
+
+
+def _prompts(args) -> list[str]:
+    import os
+
+    prompts = list(args.prompt)
+    if args.prompts_file:
+        if not os.path.isfile(args.prompts_file):
+            raise ValueError(f"--prompts-file {args.prompts_file!r}: no such file")
+        with open(args.prompts_file, encoding="utf-8") as f:
+            prompts += [line.rstrip("\n").replace("\\n", "\n") for line in f if line.strip()]
+    if any(not p.strip() for p in prompts):
+        raise ValueError("--prompt must not be empty")
+    if not prompts:
+        from ..lm.data import prompt_set
+
+        prompts = prompt_set(1)
+    return prompts
+
+
+def check(args: argparse.Namespace) -> None:
+    """Every check that needs no model (``ValueError`` naming the flag)."""
+    from ..core.registry import rule_from_args
+
+    args.rule_obj = rule_from_args(args)
+    args.prompts = _prompts(args)
+    check_model(args.verifier, "--verifier")
+    if args.seed < 0:
+        raise ValueError(f"--seed must be >= 0, got {args.seed}")
+    if args.positions is None:
+        args.positions = min(16, args.max_new_tokens)
+    elif args.positions > args.max_new_tokens:
+        raise ValueError(f"--positions {args.positions}: a decode has at most --max-new-tokens {args.max_new_tokens} "
+                         f"tokens, so positions 0 .. {args.max_new_tokens - 1} only")
+    if args.min_count < 2:
+        raise ValueError(f"--min-count must be >= 2, got {args.min_count}")
+    for flag in ("tree_depth", "tree_topk"):
+        if getattr(args, flag) is not None and args.tree is None:
+            raise ValueError(f"--{flag.replace('_', '-')} shapes the --tree NODES tree: give --tree NODES too")
+    if args.engine == "loop":
+        check_model(args.draft, "--draft")
+        if args.assistant_layers is not None:
+            raise ValueError("--assistant-layers builds transformers' assistant: it applies to --engine transformers only")
+        if args.tree is not None:
+            depth = args.tree_depth or TREE_DEPTH
+            topk = args.tree_topk or TREE_TOPK
+            grown = topk + (depth - 1) * topk * topk  # the root's topk candidates, then topk nodes grow topk each
+            if args.tree > 256 or grown > 4096:
+                raise ValueError(f"--tree {args.tree} --tree-depth {depth} --tree-topk {topk}: at most 256 nodes kept "
+                                 f"and 4096 grown, got {args.tree} kept of {grown} grown")
+            if args.tree > grown:
+                raise ValueError(f"--tree {args.tree}: a tree of --tree-depth {depth} and --tree-topk {topk} grows only "
+                                 f"{grown} nodes; lower --tree or raise --tree-depth / --tree-topk")
+            if args.rule_obj.reads_head:
+                raise ValueError(f"--rule {args.rule}: a rule that reads the verifier's LM head is not supported on trees")
+    else:
+        if args.draft != "embedded":
+            raise ValueError("--draft applies to --engine loop; transformers' assistant is --assistant-layers of the "
+                             "verifier")
+        if args.tree is not None:
+            raise ValueError("--tree applies to --engine loop; transformers drafts chains")
+        if args.rule != "sps":
+            raise ValueError(f"--engine transformers verifies with its own rule (SpS): --rule {args.rule} would be "
+                             "ignored")
+        if args.temperature <= 0:
+            raise ValueError(f"--engine transformers samples (do_sample=True): --temperature must be > 0, got "
+                             f"{args.temperature}")
+    if args.json:
+        check_writable_file(args.json, "--json")
+
+
+def options(args: argparse.Namespace):
+    """``integrations.engines.EngineOptions`` from the parsed (and checked) arguments."""
+    from ..integrations.engines import EngineOptions
+
+    tree = None
+    if args.tree is not None:
+        from ..core.tree import BudgetTree
+
+        tree = BudgetTree(args.tree, args.tree_depth or TREE_DEPTH, args.tree_topk or TREE_TOPK)
+    return EngineOptions(rule=args.rule_obj, k=args.num_drafts, tree=tree, max_new_tokens=args.max_new_tokens,
+                         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, batch_size=args.batch_size,
+                         chat=not args.no_chat, assistant_layers=args.assistant_layers or 4)
+
+
+def _load(args):
+    import torch
+
+    from ..lm.pair import load_model, load_pair
+
+    dtype = getattr(torch, args.dtype)
+    try:
+        if args.engine == "loop":
+            return {"pair": load_pair(args.draft, args.verifier, dtype=dtype)}
+        model, tok = load_model(args.verifier, dtype)
+        return {"model": model, "tokenizer": tok}
+    except OSError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"could not load --verifier {args.verifier!r}: {first}") from None
+
+
+def run(args: argparse.Namespace, models: dict | None = None) -> int:
+    """Load the models (or take ``models``: the engine function's keyword arguments), build the engine's two
+    generators, run ``check_generation``, print the table, write ``--json``. Returns 1 when it rejects."""
+    if not hasattr(args, "rule_obj"):
+        check(args)
+    import torch
+
+    from ..integrations.engines import ENGINES
+    from ..theory.check_generation import check_generation
+    from ..util.atomic import atomic_write_json
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    t0 = time.perf_counter()
+    if models is None:
+        print(f"loading {args.verifier!r} ...", file=sys.stderr, flush=True)
+        with quiet_transformers(args.verbose):
+            models = _load(args)
+        print(f"loaded in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+    opts = options(args)
+    with quiet_transformers(args.verbose):
+        eng = ENGINES[args.engine](opts, **models)
+        for note in eng.notes:
+            print(f"[{args.engine}] {note}", file=sys.stderr, flush=True)
+        res = check_generation(eng.generate_a, eng.generate_b, args.prompts, n=args.n, positions=args.positions,
+                               alpha=args.alpha, power=args.power, seed=args.seed, min_count=args.min_count,
+                               names=(eng.label_a, eng.label_b))
+    print(res.table())
+    for note in eng.notes:
+        print(f"note: {note}")
+    if args.json:
+        config = {k: v for k, v in vars(args).items() if k not in ("rule_obj",) and not callable(v)}
+        config["rule"] = repr(args.rule_obj)
+        out = res.as_dict()
+        out = {"engine": args.engine, "config": config} | out | {"notes": list(eng.notes) + out["notes"]}
+        atomic_write_json(args.json, out)
+    return 1 if res.reject else 0

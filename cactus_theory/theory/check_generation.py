@@ -1,0 +1,375 @@
+"""``check_generation``: do two whole-decode generators emit the same law? One call::
+
+    import cactus_theory as ct
+    res = ct.check_generation(generate_spec, generate_plain, prompts, n=2000)
+    stat, pvalue = res; res.reject; print(res)        # a per-test table
+
+A generator is ``generate(prompts, n, seed) -> list of token-id lists``: ``n`` decodes of each prompt, in
+prompt order (``out[i * n + j]`` is decode ``j`` of ``prompts[i]``), each the generated tokens only (EOS
+included if the engine emits it). ``generate_a`` gets seed ``2 * seed``, ``generate_b`` ``2 * seed + 1``,
+so the two samples are independent even when the two callables are one engine.
+
+**Per-position conditional tests along the observed prefix tree.** Two laws over sequences are equal iff
+at every prefix of positive probability the next-token laws are equal. At position ``t`` (0: the first
+generated token), every prefix ``s`` (the prompt and ``t`` generated tokens) observed at least
+``min_count`` times in *both* samples is a stratum; its next token (or "end": the decode stopped after
+``t`` tokens) is compared between the samples by ``stats.homogeneity`` (chi-square of the 2 x K table,
+categories pooled on the combined counts to an expected count >= ``min_expected`` in the smaller row;
+a stratum left with one bin carries no test). The position's statistic is the sum over its strata, with
+the summed degrees of freedom: given the prefix counts, the strata are independent under H0, so the sum
+is chi-square. Choosing strata and bins from the counts is valid: under H0 the next tokens are
+exchangeable between the samples given the prefix counts and the combined next-token counts.
+
+**An answer-level test** when ``scorer(prompt, tokens) -> float`` is given (e.g. 1 for a correct answer):
+the difference of mean scores, stratified by prompt (each prompt's ``n`` decodes per side), z-test with
+the pooled per-prompt variances under H0; the detectable difference is stated.
+
+**The family** (every testable position, the answer test) is corrected by Holm's method at ``alpha``; the
+result's ``pvalue`` is the smallest adjusted p-value. Each position states its detectable TV: the TV that,
+moved into *every* tested prefix's next-token law (on the pooled bins), is detected with probability
+``power`` at Holm's first-step level ``alpha / m`` (``stats.detectable_tv`` with ``n = sum_s n_a n_b /
+(n_a + n_b)`` and the summed dof); ``detectable_tv_one``: the same for a deviation at the most observed
+prefix alone. Deep positions test only frequent prefixes: a deviation on rare prefixes is invisible.
+
+``n`` (decodes per prompt per side), when not given, is sized so that position 0 (one stratum per prompt)
+detects a TV of ``tv`` at power ``power`` and level ``alpha / positions`` with ``bins`` categories.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..core.validate import check_int, check_number
+from .stats import TestResult, detectable_tv, holm, homogeneity, samples_needed
+
+__all__ = ["check_generation", "GenerationCheckResult", "GenerationTest", "read_decodes", "END"]
+
+END = -1  # the next-token category "the decode ended after this prefix"
+
+
+@dataclass(frozen=True)
+class GenerationTest(TestResult):
+    """One test of the family: ``name`` ("position t" or "answer"), ``position`` (None for the answer test),
+    ``strata`` prefixes tested, ``n_a`` / ``n_b`` decodes in them, ``statistic``, ``dof``, ``pvalue``,
+    ``holm`` (adjusted), ``alpha`` (the family's; ``reject = holm < alpha``), ``tv_observed`` (the plug-in TV
+    between the two next-token laws, averaged over strata by ``n_a n_b / (n_a + n_b)``: biased upwards by
+    noise) or, for the answer test, the difference of mean scores with ``low`` / ``high`` its 95% interval;
+    ``detectable`` the detectable TV (or, for the answer test, the detectable score difference) and
+    ``detectable_one`` the detectable TV at the most observed prefix alone."""
+
+    name: str
+    position: int | None
+    strata: int
+    n_a: int
+    n_b: int
+    statistic: float
+    dof: int
+    pvalue: float
+    holm: float
+    alpha: float
+    tv_observed: float
+    detectable: float
+    detectable_one: float = math.nan
+    low: float = math.nan
+    high: float = math.nan
+
+    @property
+    def reject(self) -> bool:
+        return bool(self.holm < self.alpha)
+
+
+@dataclass(frozen=True)
+class GenerationCheckResult(TestResult):
+    """What ``check_generation`` found. Unpacks to ``(statistic, pvalue)``: the statistic of the test with the
+    smallest Holm-adjusted p-value and that p-value; ``reject = pvalue < alpha``. ``tests`` the family
+    (``GenerationTest`` rows), ``not_tested`` positions without a stratum (and why), ``n`` decodes per prompt
+    per side, ``prompts`` how many, ``seeds`` (of a, of b), ``names`` of the two generators, ``seconds``
+    spent generating (a, b)."""
+
+    statistic: float
+    pvalue: float
+    alpha: float
+    tests: list
+    not_tested: list
+    n: int
+    prompts: int
+    seeds: tuple
+    names: tuple
+    tv: float
+    power: float
+    min_count: int
+    seconds: tuple = (0.0, 0.0)
+    notes: list = field(default_factory=list)
+
+    def table(self) -> str:
+        a, b = self.names
+        lines = [f"check_generation: {a} vs {b}, {self.prompts} prompts x {self.n} decodes each side (seeds "
+                 f"{self.seeds[0]}, {self.seeds[1]}), prefixes seen >= {self.min_count} times on both sides, "
+                 f"Holm over {len(self.tests)} tests at alpha = {self.alpha:g}, power {self.power:g}",
+                 f"{'test':12} {'strata':>6} {'n_a':>7} {'n_b':>7} {'statistic':>10} {'dof':>5} {'p-value':>9} "
+                 f"{'Holm':>9} {'observed':>9} {'detectable':>10} {'one prefix':>10}"]
+        for t in self.tests:
+            obs = (f"{t.tv_observed:+.4f}" if t.position is None else f"{t.tv_observed:.4f}")
+            lines.append(f"{t.name:12} {t.strata:6d} {t.n_a:7d} {t.n_b:7d} {t.statistic:10.4g} {t.dof:5d} "
+                         f"{t.pvalue:9.3g} {t.holm:9.3g} {obs:>9} {t.detectable:10.4f} "
+                         f"{'' if math.isnan(t.detectable_one) else f'{t.detectable_one:.4f}':>10}")
+        for note in self.not_tested:
+            lines.append(f"not tested: {note}")
+        lines += list(self.notes)
+        lines.append(f"verdict: {'REJECT equality in law' if self.reject else 'no evidence of a difference'} "
+                     f"(p = {self.pvalue:.3g}, alpha = {self.alpha:g}); observed / detectable: TV of next-token laws "
+                     f"(answer: difference of mean scores, a - b)")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table()
+
+    def as_dict(self) -> dict:
+        tests = [{f: getattr(t, f) for f in t.__dataclass_fields__} | {"reject": t.reject} for t in self.tests]
+        for t in tests:
+            for key, v in list(t.items()):
+                if isinstance(v, float) and not math.isfinite(v):
+                    t[key] = None
+        return {"names": list(self.names), "n": self.n, "prompts": self.prompts, "seeds": list(self.seeds),
+                "alpha": self.alpha, "tv": self.tv, "power": self.power, "min_count": self.min_count,
+                "statistic": self.statistic, "pvalue": self.pvalue, "reject": self.reject, "tests": tests,
+                "not_tested": list(self.not_tested), "notes": list(self.notes), "seconds": list(self.seconds)}
+
+
+def read_decodes(out, count: int, name: str) -> list[tuple[int, ...]]:
+    """A generator's output as tuples of ints, checked: a list of ``count`` token-id sequences (lists, tuples,
+    1-d integer numpy arrays or torch tensors) of non-negative ids. Raises ``TypeError`` / ``ValueError``
+    naming ``name`` and what was expected."""
+    if isinstance(out, (str, bytes)) or not isinstance(out, Sequence):
+        raise TypeError(f"{name} must return a list of token-id lists (n decodes per prompt, in prompt order), got "
+                        f"{type(out).__name__}")
+    if len(out) != count:
+        raise ValueError(f"{name} returned {len(out)} decodes; expected len(prompts) * n = {count} (n decodes per "
+                         f"prompt, in prompt order)")
+    res = []
+    for i, d in enumerate(out):
+        if hasattr(d, "tolist") and hasattr(d, "dtype"):  # numpy / torch
+            kind = str(d.dtype)
+            if "int" not in kind or "bool" in kind:
+                raise TypeError(f"{name} output[{i}] must hold integer token ids, got dtype {d.dtype}")
+            if getattr(d, "ndim", 1) != 1:
+                raise ValueError(f"{name} output[{i}] must be one token-id sequence (1-d), got shape {tuple(d.shape)}")
+            d = d.tolist()
+        if not isinstance(d, (list, tuple)):
+            raise TypeError(f"{name} output[{i}] must be a list of token ids, got {type(d).__name__}")
+        for t in d:
+            if isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, np.integer)):
+                raise TypeError(f"{name} output[{i}] must hold integer token ids, got {t!r} ({type(t).__name__})")
+            if t < 0:
+                raise ValueError(f"{name} output[{i}] has a negative token id {int(t)} (no padding: give each decode's "
+                                 f"tokens only)")
+        res.append(tuple(int(t) for t in d))
+    return res
+
+
+class _Tree:
+    """The observed prefix tree of both samples: ``node`` ids per (parent, token), ``depth`` of each node, and
+    the next-token counts of each side at each node."""
+
+    def __init__(self):
+        self.child: dict[tuple[int, int], int] = {}
+        self.depth: list[int] = []
+        self.counts: list[list[dict]] = [[], []]  # side -> node -> {next token: count}
+
+    def _node(self, t: int) -> int:
+        self.depth.append(t)
+        self.counts[0].append({})
+        self.counts[1].append({})
+        return len(self.depth) - 1
+
+    def add(self, side: int, roots: list[int], decodes: list[tuple], n: int, max_depth: int) -> None:
+        for idx, d in enumerate(decodes):
+            node = roots[idx // n]
+            for t in range(min(len(d), max_depth - 1) + 1):
+                nxt = d[t] if t < len(d) else END
+                c = self.counts[side][node]
+                c[nxt] = c.get(nxt, 0) + 1
+                if t == len(d) or t + 1 >= max_depth:
+                    break
+                key = (node, nxt)
+                node = self.child.get(key)
+                if node is None:
+                    node = self.child[key] = self._node(t + 1)
+
+
+def _position_test(tree: _Tree, nodes: list[int], min_expected: float):
+    """Stratified homogeneity over ``nodes``: (statistic, dof, strata, n_a, n_b, n_eff sum, largest n_eff, TV)."""
+    stat, dof, strata, na_tot, nb_tot, eff, eff_max, tv_w = 0.0, 0, 0, 0, 0, 0.0, 0.0, 0.0
+    for node in nodes:
+        ca, cb = tree.counts[0][node], tree.counts[1][node]
+        cats = sorted(set(ca) | set(cb))
+        xa = np.array([ca.get(c, 0) for c in cats], dtype=np.int64)
+        xb = np.array([cb.get(c, 0) for c in cats], dtype=np.int64)
+        na, nb = int(xa.sum()), int(xb.sum())
+        if len(cats) < 2:
+            continue
+        try:
+            r = homogeneity(xa, xb, len(cats), kind="counts", min_expected=min_expected)
+        except ValueError:  # fewer than 2 bins after pooling: this prefix carries no test
+            continue
+        stat += r.statistic
+        dof += r.dof
+        strata += 1
+        na_tot, nb_tot = na_tot + na, nb_tot + nb
+        e = na * nb / (na + nb)
+        eff += e
+        eff_max = max(eff_max, e)
+        tv_w += e * 0.5 * float(np.abs(xa / na - xb / nb).sum())
+    return stat, dof, strata, na_tot, nb_tot, eff, eff_max, (tv_w / eff if eff else 0.0)
+
+
+def _answer_test(scores_a: np.ndarray, scores_b: np.ndarray):
+    """Stratified difference of mean scores, ``scores_*`` (prompts, n): (difference, z, p, se under H0,
+    95% interval)."""
+    from scipy import stats as sps
+
+    P, n = scores_a.shape
+    d = float((scores_a.mean(1) - scores_b.mean(1)).mean())
+    both = np.concatenate([scores_a, scores_b], 1)
+    var0 = both.var(1, ddof=1) if 2 * n > 1 else np.zeros(P)
+    se0 = math.sqrt(float((var0 * 2 / n).sum())) / P
+    va = scores_a.var(1, ddof=1) if n > 1 else np.zeros(P)
+    vb = scores_b.var(1, ddof=1) if n > 1 else np.zeros(P)
+    se = math.sqrt(float(((va + vb) / n).sum())) / P
+    if se0 == 0:
+        z, p = (0.0, 1.0) if d == 0 else (math.inf, 0.0)
+    else:
+        z = d / se0
+        p = float(2 * sps.norm.sf(abs(z)))
+    zq = float(sps.norm.isf(0.025))
+    return d, z, p, se0, (d - zq * se, d + zq * se)
+
+
+def check_generation(generate_a: Callable, generate_b: Callable, prompts, *, n: int | None = None,
+                     positions: int | Sequence[int] | None = 16, tv: float = 0.1, alpha: float = 1e-3,
+                     power: float = 0.9, seed: int = 0, scorer: Callable | None = None, min_count: int = 20,
+                     min_expected: float = 5.0, bins: int = 16, names: tuple[str, str] = ("a", "b")
+                     ) -> GenerationCheckResult:
+    """Judge whether ``generate_a`` and ``generate_b`` emit the same law of whole decodes (module docstring).
+
+    Args:
+        generate_a, generate_b: ``generate(prompts, n, seed) -> list`` of ``len(prompts) * n`` token-id lists
+            (prompt order; the generated tokens only).
+        prompts: a non-empty list, passed to the generators as given (strings or token-id lists).
+        n: decodes per prompt per side (default: sized from ``tv``, ``power``, ``alpha`` and ``bins``).
+        positions: test positions ``0..positions - 1`` (an int), the listed positions, or None: every position
+            the decodes reach.
+        tv, power: the design (sizes ``n`` when it is not given; the detectable TVs are reported either way).
+        alpha: family-wise level (Holm over the positions and the answer test).
+        seed: ``generate_a`` gets ``2 * seed``, ``generate_b`` ``2 * seed + 1``.
+        scorer: ``scorer(prompt, tokens) -> float`` (bool allowed): adds the answer-level test.
+        min_count: a prefix is a stratum when each sample has it at least this often.
+        min_expected: pooling of each stratum's categories.
+        bins: categories assumed at position 0 when sizing ``n``.
+        names: labels of the two generators in the table.
+
+    Returns: ``GenerationCheckResult`` (unpacks to ``(statistic, pvalue)``; ``.reject``; ``print`` shows the table).
+    """
+    for nm, g in (("generate_a", generate_a), ("generate_b", generate_b)):
+        if not callable(g):
+            raise TypeError(f"{nm} must be callable as generate(prompts, n, seed), got {type(g).__name__}")
+    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or len(prompts) == 0:
+        raise ValueError(f"prompts must be a non-empty list (of strings or token-id lists), got {prompts!r:.80}")
+    if scorer is not None and not callable(scorer):
+        raise TypeError(f"scorer must be callable as scorer(prompt, tokens) -> float, got {type(scorer).__name__}")
+    tv = check_number(tv, "tv", low=0.0, high=1.0, low_open=True, what="in (0, 1]")
+    alpha = check_number(alpha, "alpha", low=0.0, high=1.0, low_open=True, high_open=True, what="in (0, 1)")
+    power = check_number(power, "power", low=0.0, high=1.0, low_open=True, high_open=True, what="in (0, 1)")
+    seed = check_int(seed, "seed", low=0)
+    min_count = check_int(min_count, "min_count", low=2)
+    bins = check_int(bins, "bins", low=2)
+    min_expected = check_number(min_expected, "min_expected", low=0.0, low_open=True, what="> 0")
+    if positions is None:
+        wanted = None
+    elif isinstance(positions, (int, np.integer)) and not isinstance(positions, bool):
+        wanted = list(range(check_int(positions, "positions", low=1)))
+    else:
+        try:
+            wanted = sorted({check_int(t, "positions[i]", low=0) for t in positions})
+        except TypeError:
+            raise TypeError(f"positions must be an int, a list of ints or None, got {positions!r}") from None
+        if not wanted:
+            raise ValueError("positions must name at least one position")
+    if not (isinstance(names, (tuple, list)) and len(names) == 2):
+        raise ValueError(f"names must be two labels, got {names!r}")
+    m_plan = (len(wanted) if wanted is not None else 16) + (scorer is not None)
+    if n is None:
+        need = samples_needed(tv, categories=bins, alpha=alpha / m_plan, beta=1 - power)
+        n = max(2 * min_count, math.ceil(2 * need / len(prompts)))
+    else:
+        n = check_int(n, "n", low=1)
+
+    seeds = (2 * seed, 2 * seed + 1)
+    decodes, seconds = [], []
+    for side, (g, nm) in enumerate(((generate_a, names[0]), (generate_b, names[1]))):
+        t0 = time.perf_counter()
+        out = g(prompts, n, seeds[side])
+        seconds.append(time.perf_counter() - t0)
+        decodes.append(read_decodes(out, len(prompts) * n, f"generate_{'ab'[side]} ({nm})"))
+
+    depth = (max(wanted) + 1) if wanted is not None else max(len(d) for side in decodes for d in side) + 1
+    tree = _Tree()
+    roots = [tree._node(0) for _ in prompts]
+    for side in (0, 1):
+        tree.add(side, roots, decodes[side], n, depth)
+    by_depth: dict[int, list[int]] = {}
+    for node, t in enumerate(tree.depth):
+        na, nb = sum(tree.counts[0][node].values()), sum(tree.counts[1][node].values())
+        if na >= min_count and nb >= min_count:
+            by_depth.setdefault(t, []).append(node)
+    positions_all = wanted if wanted is not None else list(range(depth))
+
+    raw, not_tested = [], []
+    for t in positions_all:
+        nodes = by_depth.get(t, [])
+        if not nodes:
+            not_tested.append(f"position {t}: no prefix seen >= {min_count} times on both sides")
+            continue
+        stat, dof, strata, na, nb, eff, eff_max, tvo = _position_test(tree, nodes, min_expected)
+        if strata == 0:
+            not_tested.append(f"position {t}: {len(nodes)} prefixes seen often enough, each with one next-token bin "
+                              f"(deterministic there, or too few draws to pool two bins)")
+            continue
+        raw.append(("position", t, strata, na, nb, stat, dof, eff, eff_max, tvo))
+    answer = None
+    if scorer is not None:
+        sc = []
+        for side in (0, 1):
+            vals = np.array([float(scorer(prompts[i // n], list(d))) for i, d in enumerate(decodes[side])])
+            if not np.all(np.isfinite(vals)):
+                raise ValueError(f"scorer returned a non-finite score for a decode of generate_{'ab'[side]}")
+            sc.append(vals.reshape(len(prompts), n))
+        answer = _answer_test(sc[0], sc[1])
+    m = len(raw) + (answer is not None)
+    if m == 0:
+        return GenerationCheckResult(0.0, 1.0, alpha, [], not_tested, n, len(prompts), seeds, tuple(names), tv, power,
+                                     min_count, tuple(seconds))
+    from scipy import stats as sps
+
+    pvals = [float(sps.chi2.sf(r[5], r[6])) for r in raw] + ([answer[2]] if answer is not None else [])
+    adj = holm(pvals)
+    tests = []
+    for r, p, h in zip(raw, pvals, adj, strict=False):
+        _, t, strata, na, nb, stat, dof, eff, eff_max, tvo = r
+        det = detectable_tv(max(eff, 1.0), categories=dof + 1, alpha=alpha / m, beta=1 - power)
+        det1 = detectable_tv(max(eff_max, 1.0), categories=dof + 1, alpha=alpha / m, beta=1 - power)
+        tests.append(GenerationTest(f"position {t}", t, strata, na, nb, float(stat), int(dof), p, h, alpha, tvo, det,
+                                    det1))
+    if answer is not None:
+        d, z, p, se0, (lo, hi) = answer
+        mdd = (float(sps.norm.isf(alpha / m / 2)) + float(sps.norm.ppf(power))) * se0
+        tests.append(GenerationTest("answer", None, len(prompts), len(prompts) * n, len(prompts) * n, float(z), 1, p,
+                                    adj[-1], alpha, d, mdd, math.nan, lo, hi))
+    best = min(tests, key=lambda x: x.holm)
+    return GenerationCheckResult(best.statistic, best.holm, alpha, tests, not_tested, n, len(prompts), seeds,
+                                 tuple(names), tv, power, min_count, tuple(seconds))
