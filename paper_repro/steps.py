@@ -125,6 +125,11 @@ STEPS: list[Step] = [
          "(ragged 32-row chat batch, 128 new tokens, EOS; chain and EAGLE-2 tree; float32 and bfloat16): every law "
          "handed to verify against fresh forwards, every draw replayed", "-", "LM step (about an hour)", lm=True,
          section=True, findings=True),
+    Step("n", "table_n_lossless_law",
+         "`results/table_n_lossless_law.md`: **our check**: SpS (chain and EAGLE-2 tree) against the verifier alone "
+         "over whole answers (`check_generation`: per-position conditional tests along the prefix tree and the "
+         "answer-level accuracy test), 24 questions x 100 decodes per method", "-", "LM step (about an hour)",
+         lm=True, section=True, findings=True),
 ]
 """The steps in run order (``c`` after ``e``: its LM panel reads the rows ``e`` saves)."""
 
