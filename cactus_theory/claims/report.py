@@ -28,7 +28,7 @@ from ..core.rules import EARS, TAS, Cactus, Interpolation, SpS, TopK, two_block_
 from ..core.validate import check_positive_int
 from ..theory.cases import CASE_KINDS, TAS_DEFAULT, make_pair
 from ..util.atomic import atomic_write_text
-from .ledger import KINDS, Claim, bootstrap_interval, exact_verdict
+from .ledger import KINDS, Claim, band_verdict, bootstrap_interval, exact_verdict
 
 __all__ = ["Claim", "CASE_KINDS", "WORKED_EXAMPLE", "make_pair", "verify_claims", "format_table", "configure",
            "run", "taylor_convergence", "worked_example", "worked_example_claim", "fresh_seed", "recovery_sensitivity"]
@@ -398,8 +398,7 @@ def far_above_delta_claim(values, *, V: int, delta: float, source: str = "verify
     per-draw values: holds if the 95% bootstrap interval of their mean lies inside ``ABOUT_ONE_NAT``."""
     iv = bootstrap_interval(np.asarray(values))
     lo, hi = ABOUT_ONE_NAT
-    verdict = ("out of reach" if iv.n < 5 else "holds" if lo <= iv.lo and iv.hi <= hi
-               else "differs" if iv.hi < lo or iv.lo > hi else "inconclusive")
+    verdict = band_verdict(iv, lo, hi)
     return Claim(
         "kl-far-above-delta", f"per-token budgets do not bound the step: at V = 1000, Dirichlet(0.3), delta = 0.05, "
         f"KL(h_alg || q) is about 1.0 nats (read: the mean's 95% interval inside [{lo}, {hi}])",
