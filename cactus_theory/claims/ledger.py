@@ -33,6 +33,7 @@ Every verdict measured on another model, task or scale names it in ``scope``, wh
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -179,10 +180,13 @@ def interval_verdict(iv: Interval, *, above: float = 0.0, scope: str = "", min_p
     with fewer than ``min_points`` units (``iv.n < min_points``; exactly ``min_points`` is enough);
     "holds" (or "consistent" when ``scope`` names another model or scale) if the whole interval lies
     strictly above (``iv.lo > above``: an interval touching ``above`` does not exclude it); "differs" if
-    it lies strictly below (``iv.hi < above``); else "inconclusive" (a NaN end included)."""
+    it lies strictly below (``iv.hi < above``); else "inconclusive", and so with a NaN end (which
+    excludes nothing, whatever the other end says)."""
     min_points = check_int(min_points, "min_points", low=1)
     if iv.n < min_points:
         return "out of reach"
+    if math.isnan(iv.lo) or math.isnan(iv.hi):  # one undefined end: no side is excluded
+        return "inconclusive"
     if iv.lo > above:
         return "consistent" if scope else "holds"
     if iv.hi < above:
@@ -194,12 +198,14 @@ def band_verdict(iv: Interval, low: float, high: float, *, min_points: int = MIN
     """Verdict of the claim "the quantity lies in ``[low, high]``" from its interval ``iv``: "out of
     reach" with fewer than ``min_points`` units; "holds" if the whole interval lies inside the band
     (``low <= iv.lo`` and ``iv.hi <= high``, ends included); "differs" if it lies wholly outside
-    (``iv.hi < low`` or ``iv.lo > high``); else "inconclusive" (a NaN end included)."""
+    (``iv.hi < low`` or ``iv.lo > high``); else "inconclusive", and so with a NaN end."""
     min_points = check_int(min_points, "min_points", low=1)
     if not low <= high:
         raise ValueError(f"band_verdict: low <= high needed, got [{low}, {high}]")
     if iv.n < min_points:
         return "out of reach"
+    if math.isnan(iv.lo) or math.isnan(iv.hi):  # one undefined end: no side is excluded
+        return "inconclusive"
     if low <= iv.lo and iv.hi <= high:
         return "holds"
     if iv.hi < low or iv.lo > high:
