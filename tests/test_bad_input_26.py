@@ -117,6 +117,26 @@ def test_cli_refuses_bad_trees_files_and_arguments_at_once(tmp_path):
         assert heavy == [], (argv, heavy)
 
 
+def test_the_file_checks_accept_what_the_project_loads(tmp_path):
+    """The other side of the file checks: a GGUF file (its magic), a model folder (config.json) and a
+    ``torch.save`` file pass, before anything loads."""
+    from cactus_theory.lm.draft_config import check_draft_file
+    from cactus_theory.lm.loading import check_model
+
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF" + bytes(28))
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    for spec in (str(gguf), str(folder), "smollm2", "embedded", "org/name"):
+        check_model(spec, "--draft")
+    pt = tmp_path / "draft.pt"
+    torch.save({"format": 0}, pt)
+    check_draft_file(str(pt), "--draft-path")
+    with pytest.raises(ValueError, match="no such file"):
+        check_draft_file(str(tmp_path / "none.pt"), "--draft-path")
+
+
 def test_tree_node_counts_are_arithmetic_and_equal_the_level_sizes():
     """``dynamic_tree_nodes`` (closed form) against the sum of the level sizes (the recurrence walked), on
     every small shape; a depth of 10^9 is counted at once (it looped for minutes before)."""
