@@ -185,7 +185,9 @@ def compute(ctx: Ctx, cfg: dict) -> dict:
         out.append({"method": name, "check": res.as_dict(), "accuracy": float(sa.mean()),
                     "accuracy_reference": float(sb.mean()), "answer_mdd": answer_mdd(sa, sb),
                     "table": res.table()})
-    return {"config": cfg, "pair": cfg["pair"], "comparisons": out,
+    info = getattr(pair.draft, "info", None) or {}
+    draft = {"heldout_acceptance_by_depth": info.get("heldout_acceptance_by_depth"), "threads": info.get("threads")}
+    return {"config": cfg, "pair": cfg["pair"], "draft": draft, "comparisons": out,
             "eval_gap": eval_gap(ctx.results / "eval" / "eval.json")}
 
 
@@ -218,10 +220,17 @@ def gap_text(d: dict) -> str:
     return f"The law test is inconclusive at its pre-registered size; {facts}."
 
 
+def _draft_note(d: dict) -> str:
+    """The draft this run loaded, by its own build report (builds on other machines or thread counts differ in
+    their weights, not in this step's law: SpS is lossless whatever the draft)."""
+    acc = (d.get("draft") or {}).get("heldout_acceptance_by_depth")
+    return f" (this build's held-out acceptance by depth: {', '.join(f'{a:.3f}' for a in acc)})" if acc else ""
+
+
 def render(d: dict) -> str:
     cfg = d["config"]
     lines = ["# Table n: lossless speculative loops against the verifier alone, whole answers", "",
-             f"Pair: {d['pair']}; {cfg['prompts']} questions of task {cfg['task']} (seed {cfg['task_seed']}, not in "
+             f"Pair: {d['pair']}{_draft_note(d)}; {cfg['prompts']} questions of task {cfg['task']} (seed {cfg['task_seed']}, not in "
              f"either eval) x {cfg['n']} decodes per method; chat template, the paper's sampling, up to "
              f"{cfg['max_new_tokens']} new tokens, EOS, batches of {cfg['batch_size']}, float32. check_generation: "
              f"positions 0..{cfg['positions'] - 1} and the answer-level test, Holm at alpha {cfg['alpha']:g} per "
