@@ -461,6 +461,25 @@ PORTS: list[Port] = [
          "            grad = torch.exp(z - lse[:, None])\n            grad.mul_(g_lse[:, None])",
          "            grad = torch.zeros_like(z)",
          ("tests/lm/train/test_draft_build.py::test_step_loss_and_its_gradient_equal_the_plain_autograd_formula",)),
+    # issue 27: the draft's noise and the target's on Model Runner V2 (vLLM #54282, 0.33's _DRAFT_NOISE_SALT)
+    Port("vllm-v2-recovery-shares-draft-noise", "the plugin's V2 path resamples a rejected draft's recovery with V2's "
+         "seeded Gumbel noise at its row's (seed, position), the noise vLLM 0.28's drafter drew the draft with", VL,
+         "        sampled[reqs] = out.long()\n",
+         "        sampled[reqs] = out.long()\n"
+         "        if not is_greedy:\n"
+         "            gumbel = importlib.import_module(\"vllm.v1.worker.gpu.sample.gumbel\")\n"
+         "            sub_starts = torch.cumsum(counts[reqs], 0) - counts[reqs]\n"
+         "            for i, b in enumerate(reqs.tolist()):\n"
+         "                a_i = int((sampled[b] >= 0).sum()) - 1\n"
+         "                if a_i < int(counts[b]):\n"
+         "                    j = int(sub_starts[i]) + a_i\n"
+         "                    n_j = ids[tok][j:j + 1]\n"
+         "                    p_j = torch.nn.functional.one_hot(n_j, V).to(q.dtype) if p_sub is None else p_sub[j:j + 1]\n"
+         "                    g = rule.residual(p_j, q_sub[j:j + 1], n_j, check=False)\n"
+         "                    sampled[b, a_i] = gumbel.gumbel_sample(torch.log(g), state[b:b + 1], temperature, seed,\n"
+         "                                                           pos[r[j:j + 1]], apply_temperature=False,\n"
+         "                                                           is_drafting=False)[0]\n",
+         ("tests/integrations/test_vllm_v2.py::test_v2_plugin_draws_are_independent_of_the_draft_noise",)),
 ]
 
 

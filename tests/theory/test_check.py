@@ -178,6 +178,47 @@ def test_a_wrong_recovery_is_caught():
     assert dist > res.parts["first"].detectable_tv and res.parts["first"].reject and res.reject
 
 
+def transformers_524(bits: int | None = None):
+    """transformers 5.24's ``_speculative_sampling`` (``r_i <= probability_ratio``), from the installed one.
+
+    5.25 changed only that comparison to ``r_i < probability_ratio`` (the two wheels' functions differ in that line
+    and a comment, read with ``diff``). For a float32 ratio ``x``, ``r <= x`` iff ``prev(r) < x``, ``prev(r)`` the
+    float32 just below ``r`` (no float32 lies strictly between them), so an installed ``<`` fed ``prev(r)`` runs
+    5.24's test exactly; an installed ``<=`` is used as it is. ``bits``: ``torch.rand_like`` returns a uniform on the
+    coarser grid ``m 2**-bits`` (a ``q_n = 0`` draft is then accepted with probability ``2**-bits``: visible to
+    sampling). Returns the function and ``comparison="<="`` for ``transformers_sampler``."""
+    from transformers.generation import utils as gen_utils
+
+    fn, rand_like = gen_utils._speculative_sampling, torch.rand_like
+    installed = transformers_sampler(fn).comparison
+
+    def draws(x):
+        r = rand_like(x)
+        if bits is not None:
+            r = torch.floor(r * 2.0**bits) / 2.0**bits
+        return r if installed == "<=" else torch.nextafter(r, torch.full_like(r, -math.inf))
+
+    def speculative_sampling_524(*args, **kwargs):
+        torch.rand_like = draws
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            torch.rand_like = rand_like
+
+    return transformers_sampler(speculative_sampling_524, comparison="<=")
+
+
+def q0_rows():
+    """``rows(7)`` with token 0 impossible for the verifier and likely for the draft."""
+    P, Q = rows(7, k=2, V=8)
+    Q0, P0 = Q.copy(), P.copy()
+    Q0[:, 0] = 0
+    Q0 /= Q0.sum(1, keepdims=True)
+    P0[:, 0] = 0.3
+    P0 /= P0.sum(1, keepdims=True)
+    return P0, Q0
+
+
 def test_transformers_speculative_sampling_in_one_line_and_the_exact_mode():
     from transformers.generation.utils import _speculative_sampling
 
@@ -185,15 +226,10 @@ def test_transformers_speculative_sampling_in_one_line_and_the_exact_mode():
     fast = dict(tv=0.15, alpha=ALPHA, seed=0, parts=("first", "block"))
     res = check_sampler(transformers_sampler(_speculative_sampling), P, Q, **fast)
     assert not res.reject, res.table()
-    # rows where the draft puts mass on a token the verifier never emits: the exact mode sees r <= ratio
-    # accept it (u = 0 has probability 2**-24); sampling at this size cannot
-    Q0 = Q.copy()
-    Q0[:, 0] = 0
-    Q0 /= Q0.sum(1, keepdims=True)
-    P0 = P.copy()
-    P0[:, 0] = 0.3
-    P0 /= P0.sum(1, keepdims=True)
-    hf = transformers_sampler(_speculative_sampling)
+    P0, Q0 = q0_rows()
+    # transformers 5.24 (r <= ratio) accepts a q = 0 draft when u = 0 (probability 2**-24): the exact mode sees it,
+    # sampling at this size cannot; SpS(rand_bits=24) is that law
+    hf = transformers_524()
     ex = check_sampler(hf, P0, Q0, mode="exact")
     assert ex.reject and ex.pvalue == 0.0
     # accepting draft 0 at position 0, or at position 1 after an accepted first draft: 2**-24 each time
@@ -204,21 +240,50 @@ def test_transformers_speculative_sampling_in_one_line_and_the_exact_mode():
     sampled = check_sampler(hf, P0, Q0, **fast)
     assert not sampled.reject and sampled.parts["first"].impossible == 0
     assert check_sampler(hf, P, Q, mode="exact").exact.impossible_mass == 0  # no q = 0 draft: nothing impossible
+    named = check_sampler(hf, P0, Q0, rule=ct.SpS(rand_bits=24), mode="exact")
+    assert not named.reject and named.exact.impossible_mass == 0 and named.exact.max_abs_diff < 1e-6, named.exact
+    # the installed function, read from its own source: 5.25's strict r < ratio never accepts a q = 0 draft
+    installed = transformers_sampler(_speculative_sampling)
+    now = check_sampler(installed, P0, Q0, rule=ct.SpS(rand_bits=24) if installed.comparison == "<=" else ct.SpS(),
+                        mode="exact")
+    assert not now.reject and now.exact.max_abs_diff < 1e-6, (installed.comparison, now.exact)
 
 
 def test_transformers_really_accepts_a_q0_draft_when_the_uniform_is_zero(monkeypatch):
     """The exact mode's premise, on transformers' code itself: with ``torch.rand_like`` returning 0, a draft the
-    verifier gives probability 0 is accepted."""
+    verifier gives probability 0 is accepted by 5.24's ``<=`` (and by the installed function iff its source compares
+    with ``<=``; 5.25's ``<`` rejects it)."""
     from transformers.generation import utils
 
     V = 4
     q = torch.tensor([[[0.0, 0.5, 0.25, 0.25]]]).log()  # verifier (transformers' p): token 0 impossible
     p = torch.tensor([[[0.7, 0.1, 0.1, 0.1]]]).log()  # draft
     new = torch.cat([q, torch.full((1, 1, V), 0.25).log()], 1)
+    le = transformers_sampler(utils._speculative_sampling).comparison == "<="
     monkeypatch.setattr(utils.torch, "rand_like", lambda x: torch.zeros_like(x))
-    tokens, n = utils._speculative_sampling(torch.tensor([[0]]), p, 1, new)
+    old = transformers_524().fn  # reads the patched rand_like
+    tokens, n = old(torch.tensor([[0]]), p, 1, new)
     assert int(n) == 1 and tokens[0, 0] == 0
+    tokens, n = utils._speculative_sampling(torch.tensor([[0]]), p, 1, new)
+    assert (int(n) == 1 and tokens[0, 0] == 0) == le
     assert float(torch.rand(10**6).mul(2**24).remainder(1).abs().max()) == 0  # torch.rand lies on the 2**-24 grid
+
+
+def test_sps_rand_bits_is_transformers_524_law_by_sampling():
+    """``SpS(rand_bits=b)`` against transformers 5.24's own code with ``torch.rand`` on a 2-bit grid (a q = 0 draft
+    accepted with probability 1/4): sampled check not rejected against ``SpS(rand_bits=2)``, rejected against
+    ``SpS()``, whose law lies at first-token TV > 0.1 from it (asserted; the design detects TV 0.1 at power 0.9,
+    alpha 1e-3, seed 0); the exact mode agrees."""
+    P0, Q0 = q0_rows()
+    hf = transformers_524(bits=2)
+    named, plain = block_law(ct.SpS(rand_bits=2), P0, Q0), block_law(ct.SpS(), P0, Q0)
+    assert 0.5 * np.abs(named.first() - plain.first()).sum() > 0.1
+    design = dict(tv=0.1, alpha=ALPHA, seed=0, parts=("first", "block"))
+    res = check_sampler(hf, P0, Q0, rule=ct.SpS(rand_bits=2), **design)
+    assert not res.reject, res.table()
+    assert check_sampler(hf, P0, Q0, rule=ct.SpS(), **design).reject
+    # exact mode: transformers_sampler's exposed law is the 2**-24 grid's, so compare at that grid instead
+    assert not check_sampler(transformers_524(), P0, Q0, rule=ct.SpS(rand_bits=24), mode="exact").reject
 
 
 def test_the_exposed_law_of_a_rule_is_its_block_law():
