@@ -161,6 +161,34 @@ def test_assistant_ensemble_weight_is_ensemble(w):
     assert ct.tv(h_tf, q) > 1e-3  # a lossy rule: the pin is not trivially q = q
 
 
+def test_ensemble_fallback_is_transformers_own():
+    """Where the residual ``(q - p)_+`` sums to at most float32's tiny, transformers recovers from the target ``q``
+    (its ensemble-only fallback), and so does ``Ensemble(w)`` on the same float32 rows; ``Interpolation(1 - w)``
+    normalises the residual instead. float32 logits ``z_q = (0, 0, -88, -89)``, ``z_p = (0, 0, -89, -88)``: the rows
+    differ only below float32's tiny (``Z`` about 1.9e-39), draft 3 is rejected with probability about ``0.63 w``."""
+    w = 0.5
+    zq = torch.tensor([0.0, 0.0, -88.0, -89.0])
+    zp = torch.tensor([0.0, 0.0, -89.0, -88.0])
+    q32, p32 = zq.softmax(-1), zp.softmax(-1)
+    z = (q32 - p32).clamp_min(0).sum()
+    assert 0 < float(z) <= torch.finfo(torch.float32).tiny
+    seen = {}
+
+    def multinomial(probs, num_samples):
+        seen["g"] = probs.reshape(-1).clone()
+        return torch.zeros((1, 1), dtype=torch.long)
+
+    with mock.patch.object(torch, "rand_like", lambda r: torch.full_like(r, 2.0)), \
+            mock.patch.object(torch, "multinomial", multinomial):
+        gen_utils._speculative_sampling(torch.tensor([[3]]), zp[None, None], 1, torch.stack([zq, zq])[None],
+                                        assistant_ensemble_weight=w)
+    assert torch.equal(seen["g"], q32)  # transformers: the target itself
+    n = torch.tensor(3)
+    assert torch.equal(ct.Ensemble(w).residual(p32, q32, n), q32)
+    assert torch.equal(ct.Interpolation(1 - w).residual(p32, q32, n), torch.eye(4)[2])
+    assert 0.5 < float(ct.Ensemble(w).accept_prob(p32, q32, n)) < 1  # the draft can be rejected: the fallback is read
+
+
 ENSEMBLE_TV = 0.15  # the sampled checks below detect a pooled TV of 0.15 with power 0.9 at level 1e-3
 
 
