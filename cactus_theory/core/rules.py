@@ -21,6 +21,9 @@ test passes (``q_n / 0 = inf`` in a ratio; TAS and top-k do not read ``p`` at al
 is the same either way: ``n`` is drafted with probability ``p_n = 0``, so its acceptance decision
 carries weight 0 in ``h_alg = sum_n p_n [phi_n e_n + (1 - phi_n) g_n]``. Only a caller that drafts
 a token its own ``p`` gives probability 0 (e.g. ``p`` truncated after sampling) sees a difference.
+``convention="authors"`` (Cactus, TopK, Interpolation, TAS: ``CONVENTIONS``) takes the authors' reference
+code's conventions instead; an option added to a rule leaves its ``repr`` unchanged at the option's default
+(``_quiet_repr``), so every result cached under the rule's ``identity`` stays valid.
 """
 
 from __future__ import annotations
