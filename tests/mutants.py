@@ -462,6 +462,19 @@ PORTS: list[Port] = [
          "            grad = torch.exp(z - lse[:, None])\n            grad.mul_(g_lse[:, None])",
          "            grad = torch.zeros_like(z)",
          ("tests/lm/train/test_draft_build.py::test_step_loss_and_its_gradient_equal_the_plain_autograd_formula",)),
+    # issue 26: the verdict layer's boundaries (fresh ports the suite had never seen)
+    Port("interval-holds-at-threshold", "interval_verdict reads an interval whose low end equals the threshold as "
+         "above it (lo >= above: an all-zero interval 'holds')", "cactus_theory/claims/ledger.py",
+         "    if iv.lo > above:\n",
+         "    if iv.lo >= above:\n",
+         ("tests/claims/test_decision_boundaries.py::test_interval_verdict_at_its_threshold",)),
+    Port("interval-min-points-inclusive", "interval_verdict needs more than min_points units (n <= min: exactly "
+         "min_points is 'out of reach')", "cactus_theory/claims/ledger.py",
+         "    if iv.n < min_points:\n        return \"out of reach\"\n    if math.isnan(iv.lo) or math.isnan(iv.hi):  # one "
+         "undefined end: no side is excluded\n        return \"inconclusive\"\n    if iv.lo > above:",
+         "    if iv.n <= min_points:\n        return \"out of reach\"\n    if math.isnan(iv.lo) or math.isnan(iv.hi):  # one "
+         "undefined end: no side is excluded\n        return \"inconclusive\"\n    if iv.lo > above:",
+         ("tests/claims/test_decision_boundaries.py::test_interval_verdict_at_the_minimum_of_units",)),
     # issue 27: the draft's noise and the target's on Model Runner V2 (vLLM #54282, 0.33's _DRAFT_NOISE_SALT)
     Port("vllm-v2-recovery-shares-draft-noise", "the plugin's V2 path resamples a rejected draft's recovery with V2's "
          "seeded Gumbel noise at its row's (seed, position), the noise vLLM 0.28's drafter drew the draft with", VL,
@@ -527,11 +540,12 @@ PORTS: list[Port] = [
          "    if True:\n        return SpS() if rule is None else rule",
          ("tests/integrations/test_transformers.py::test_use_rule_verifies_a_weighted_step_with_ensemble",
           "tests/integrations/test_transformers.py::test_generate_with_an_ensemble_weight_verifies_with_ensemble")),
-    Port("check-transformers-always-le", "transformers_sampler's exact law takes 5.24's r <= ratio whatever the source "
-         "says (5.25 compares with <)", "cactus_theory/theory/check.py",
-         "        below = np.floor(scaled) + 1 if self.comparison == \"<=\" else np.ceil(scaled)",
-         "        below = np.floor(scaled) + 1",
-         ("tests/theory/test_check.py::test_transformers_speculative_sampling_in_one_line_and_the_exact_mode",)),
+    Port("check-transformers-always-le", "transformers_sampler's exact law takes 5.24's r <= ratio whatever the probe "
+         "finds (5.25 compares with <)", "cactus_theory/theory/check.py",
+         "        hits = np.floor(m) + 1 if self.accepts_at_equality else np.ceil(m)",
+         "        hits = np.floor(m) + 1",
+         ("tests/theory/test_check.py::test_transformers_524_law_is_sps_rand_bits_24",
+          "tests/theory/test_check.py::test_transformers_speculative_sampling_in_one_line_and_the_exact_mode")),
 ]
 
 

@@ -178,34 +178,102 @@ def test_a_wrong_recovery_is_caught():
     assert dist > res.parts["first"].detectable_tv and res.parts["first"].reject and res.reject
 
 
+def test_transformers_speculative_sampling_in_one_line_and_the_exact_mode():
+    from transformers.generation.utils import _speculative_sampling
+
+    P, Q = rows(7, k=2, V=8)
+    fast = dict(tv=0.15, alpha=ALPHA, seed=0, parts=("first", "block"))
+    res = check_sampler(transformers_sampler(_speculative_sampling), P, Q, **fast)
+    assert not res.reject, res.table()
+    # rows where the draft puts mass on a token the verifier never emits: the exact mode sees r <= ratio
+    # accept it (u = 0 has probability 2**-24); sampling at this size cannot
+    Q0 = Q.copy()
+    Q0[:, 0] = 0
+    Q0 /= Q0.sum(1, keepdims=True)
+    P0 = P.copy()
+    P0[:, 0] = 0.3
+    P0 /= P0.sum(1, keepdims=True)
+    hf = transformers_sampler(_speculative_sampling)
+    ex = check_sampler(hf, P0, Q0, mode="exact")
+    if hf.accepts_at_equality:  # transformers 5.24: r <= ratio
+        assert ex.reject and ex.pvalue == 0.0
+        # accepting draft 0 at position 0, or at position 1 after an accepted first draft: 2**-24 each time
+        A0 = block_law(ct.SpS(), P0, Q0).acc[0].sum()
+        want = 2.0**-24 * (P0[0, 0] + A0 * P0[1, 0])
+        assert ex.exact.impossible_mass == pytest.approx(want, rel=1e-3)
+    else:  # 5.25: r < ratio never accepts a q = 0 draft
+        assert ex.exact.impossible_mass == 0
+    assert ex.exact.max_abs_diff < 1e-6  # nothing else beyond float32 rounding and the 2**-24 grid
+    sampled = check_sampler(hf, P0, Q0, **fast)
+    assert not sampled.reject and sampled.parts["first"].impossible == 0
+    assert check_sampler(hf, P, Q, mode="exact").exact.impossible_mass == 0  # no q = 0 draft: nothing impossible
+
+
+@pytest.mark.parametrize("q0", [0.0, 3e-8, 0.2])
+def test_the_probed_comparison_is_what_transformers_does(monkeypatch, q0):
+    """The exact mode's premise, on transformers' code itself (whatever version is installed), beyond the probe's
+    row: with the uniform forced to each grid point around the ratio ``rho`` transformers computes, the draft is
+    accepted iff ``r < rho``, or ``r == rho`` where the probe found ``r <= ratio``; and the law's ``phi`` is the
+    share of the ``2**24`` grid points that accept, counted here with integers."""
+    from fractions import Fraction
+
+    from transformers.generation import utils
+
+    from cactus_theory.theory.check import TransformersSampler
+
+    V, grid = 4, 2**24
+    hf = TransformersSampler(utils._speculative_sampling)
+    p = torch.tensor([[[0.5, 0.25, 0.125, 0.125]]]).log()  # draft
+    new = torch.cat([torch.tensor([[[q0, 0.5, 0.25, 0.25 - q0]]]).log(), torch.full((1, 1, V), 0.25).log()], 1)
+    p32, q32 = float(p[0, 0].softmax(-1)[0]), float(new[0, 0].softmax(-1)[0])
+    rho = Fraction(float(torch.tensor(q32) / torch.tensor(p32)))  # the float32 ratio, exactly
+    m = int(rho * grid)  # floor
+    for point in sorted({max(m - 1, 0), m, m + 1}):
+        r = Fraction(point, grid)
+        monkeypatch.setattr(utils.torch, "rand_like", lambda x, r=r: torch.full_like(x, float(r)))
+        _, n = utils._speculative_sampling(torch.tensor([[0]]), p, 1, new)
+        assert int(n) == int(r < rho or (r == rho and hf.accepts_at_equality)), (point, rho)
+    monkeypatch.undo()
+    on_grid = rho * grid == m
+    count = m + (1 if hf.accepts_at_equality else 0) if on_grid else m + 1
+    assert hf._phi(np.float32([p32]), np.float32([q32]))[0] * grid == min(count, grid)
+    if q0 == 0.0:
+        assert count == (1 if hf.accepts_at_equality else 0)  # the q = 0 draft: 2**-24 under <=, never under <
+    assert float(torch.rand(10**6).mul(2**24).remainder(1).abs().max()) == 0  # torch.rand lies on the 2**-24 grid
+
+
 def transformers_524(bits: int | None = None):
-    """transformers 5.24's ``_speculative_sampling`` (``r_i <= probability_ratio``), from the installed one.
+    """transformers 5.24's ``_speculative_sampling`` (``r_i <= probability_ratio``), from the installed one, as a
+    ``transformers_sampler``.
 
     5.25 changed only that comparison to ``r_i < probability_ratio`` (the two wheels' functions differ in that line
     and a comment, read with ``diff``). For a float32 ratio ``x``, ``r <= x`` iff ``prev(r) < x``, ``prev(r)`` the
     float32 just below ``r`` (no float32 lies strictly between them), so an installed ``<`` fed ``prev(r)`` runs
     5.24's test exactly; an installed ``<=`` is used as it is. ``bits``: ``torch.rand_like`` returns a uniform on the
     coarser grid ``m 2**-bits`` (a ``q_n = 0`` draft is then accepted with probability ``2**-bits``: visible to
-    sampling). Returns the function and ``comparison="<="`` for ``transformers_sampler``."""
+    sampling). The uniform is read from whatever ``torch.rand_like`` is when the function runs (the sampler's probe
+    patches it)."""
     from transformers.generation import utils as gen_utils
 
-    fn, rand_like = gen_utils._speculative_sampling, torch.rand_like
-    installed = transformers_sampler(fn).comparison
-
-    def draws(x):
-        r = rand_like(x)
-        if bits is not None:
-            r = torch.floor(r * 2.0**bits) / 2.0**bits
-        return r if installed == "<=" else torch.nextafter(r, torch.full_like(r, -math.inf))
+    fn = gen_utils._speculative_sampling
+    installed_le = transformers_sampler(fn).accepts_at_equality
 
     def speculative_sampling_524(*args, **kwargs):
+        current = torch.rand_like
+
+        def draws(x, **kw):
+            r = current(x, **kw)
+            if bits is not None:
+                r = torch.floor(r * 2.0**bits) / 2.0**bits
+            return r if installed_le else torch.nextafter(r, torch.full_like(r, -math.inf))
+
         torch.rand_like = draws
         try:
             return fn(*args, **kwargs)
         finally:
-            torch.rand_like = rand_like
+            torch.rand_like = current
 
-    return transformers_sampler(speculative_sampling_524, comparison="<=")
+    return transformers_sampler(speculative_sampling_524)
 
 
 def q0_rows():
@@ -219,54 +287,25 @@ def q0_rows():
     return P0, Q0
 
 
-def test_transformers_speculative_sampling_in_one_line_and_the_exact_mode():
+def test_transformers_524_law_is_sps_rand_bits_24():
+    """transformers 5.24's test run on its code (``transformers_524``): the probe finds ``r <= ratio``, the exact mode
+    sees the q = 0 draft accepted at ``u = 0`` (``2**-24`` per such draft) against SpS, and nothing against
+    ``SpS(rand_bits=24)`` beyond float32 rounding; the installed function against the named law of its own
+    comparison."""
     from transformers.generation.utils import _speculative_sampling
 
-    P, Q = rows(7, k=2, V=8)
-    fast = dict(tv=0.15, alpha=ALPHA, seed=0, parts=("first", "block"))
-    res = check_sampler(transformers_sampler(_speculative_sampling), P, Q, **fast)
-    assert not res.reject, res.table()
     P0, Q0 = q0_rows()
-    # transformers 5.24 (r <= ratio) accepts a q = 0 draft when u = 0 (probability 2**-24): the exact mode sees it,
-    # sampling at this size cannot; SpS(rand_bits=24) is that law
     hf = transformers_524()
+    assert hf.accepts_at_equality
     ex = check_sampler(hf, P0, Q0, mode="exact")
-    assert ex.reject and ex.pvalue == 0.0
-    # accepting draft 0 at position 0, or at position 1 after an accepted first draft: 2**-24 each time
     A0 = block_law(ct.SpS(), P0, Q0).acc[0].sum()
-    want = 2.0**-24 * (P0[0, 0] + A0 * P0[1, 0])
-    assert ex.exact.impossible_mass == pytest.approx(want, rel=1e-3)
-    assert ex.exact.max_abs_diff < 1e-6  # nothing else beyond float32 rounding and the 2**-24 grid
-    sampled = check_sampler(hf, P0, Q0, **fast)
-    assert not sampled.reject and sampled.parts["first"].impossible == 0
-    assert check_sampler(hf, P, Q, mode="exact").exact.impossible_mass == 0  # no q = 0 draft: nothing impossible
+    assert ex.reject and ex.exact.impossible_mass == pytest.approx(2.0**-24 * (P0[0, 0] + A0 * P0[1, 0]), rel=1e-3)
     named = check_sampler(hf, P0, Q0, rule=ct.SpS(rand_bits=24), mode="exact")
     assert not named.reject and named.exact.impossible_mass == 0 and named.exact.max_abs_diff < 1e-6, named.exact
-    # the installed function, read from its own source: 5.25's strict r < ratio never accepts a q = 0 draft
     installed = transformers_sampler(_speculative_sampling)
-    now = check_sampler(installed, P0, Q0, rule=ct.SpS(rand_bits=24) if installed.comparison == "<=" else ct.SpS(),
+    now = check_sampler(installed, P0, Q0, rule=ct.SpS(rand_bits=24) if installed.accepts_at_equality else ct.SpS(),
                         mode="exact")
-    assert not now.reject and now.exact.max_abs_diff < 1e-6, (installed.comparison, now.exact)
-
-
-def test_transformers_really_accepts_a_q0_draft_when_the_uniform_is_zero(monkeypatch):
-    """The exact mode's premise, on transformers' code itself: with ``torch.rand_like`` returning 0, a draft the
-    verifier gives probability 0 is accepted by 5.24's ``<=`` (and by the installed function iff its source compares
-    with ``<=``; 5.25's ``<`` rejects it)."""
-    from transformers.generation import utils
-
-    V = 4
-    q = torch.tensor([[[0.0, 0.5, 0.25, 0.25]]]).log()  # verifier (transformers' p): token 0 impossible
-    p = torch.tensor([[[0.7, 0.1, 0.1, 0.1]]]).log()  # draft
-    new = torch.cat([q, torch.full((1, 1, V), 0.25).log()], 1)
-    le = transformers_sampler(utils._speculative_sampling).comparison == "<="
-    monkeypatch.setattr(utils.torch, "rand_like", lambda x: torch.zeros_like(x))
-    old = transformers_524().fn  # reads the patched rand_like
-    tokens, n = old(torch.tensor([[0]]), p, 1, new)
-    assert int(n) == 1 and tokens[0, 0] == 0
-    tokens, n = utils._speculative_sampling(torch.tensor([[0]]), p, 1, new)
-    assert (int(n) == 1 and tokens[0, 0] == 0) == le
-    assert float(torch.rand(10**6).mul(2**24).remainder(1).abs().max()) == 0  # torch.rand lies on the 2**-24 grid
+    assert not now.reject and now.exact.max_abs_diff < 1e-6, now.exact
 
 
 def test_sps_rand_bits_is_transformers_524_law_by_sampling():
