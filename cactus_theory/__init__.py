@@ -29,6 +29,7 @@ from .core.rules import (
     TAS,
     Cactus,
     DropMatch,
+    Ensemble,
     FLy,
     Interpolation,
     MedusaTypical,
@@ -74,6 +75,6 @@ __all__ = [
     "DIVERGENCES", "F_DIVERGENCES", "chi2", "cross_entropy", "divergence", "entropy", "hellinger",
     "js", "kl", "reverse_kl", "tv", "acceptance_rate", "induced_distribution", "step_divergence",
     "EARS", "RULE_CLASSES", "TAS", "Cactus", "Interpolation", "Rule", "SpS", "TopK", "make_rule",
-    "two_block_root", "SGLangThreshold", "RelaxedAcceptance", "MedusaTypical", "FLy", "DropMatch",
+    "two_block_root", "SGLangThreshold", "RelaxedAcceptance", "MedusaTypical", "FLy", "DropMatch", "Ensemble",
     "check_sampler", "check_generation",
 ]

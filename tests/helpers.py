@@ -29,10 +29,12 @@ deltas = st.sampled_from([1e-4, 1e-3, 0.01, 0.05, 0.2, 0.5, 1.0, 3.0])
 
 def fitted(rule, V: int):
     """``rule`` usable on a vocabulary of ``V`` tokens: a TopK with ``k > V`` (refused) becomes ``k = V``."""
+    import dataclasses
+
     from cactus_theory.rules import TopK
 
     if isinstance(rule, TopK) and rule.k > V:
-        return TopK(V, recovery=rule.recovery)
+        return dataclasses.replace(rule, k=V)  # every other option kept (recovery, convention)
     return rule
 
 

@@ -59,16 +59,17 @@ VL = "cactus_theory/integrations/vllm.py"
 TF = "cactus_theory/integrations/transformers.py"
 PR = "tests/core/test_production_rules.py"
 EV = "cactus_theory/lm/experiments/eval.py"
+UP = "tests/core/test_upstream_rules.py"
 
 PORTS: list[Port] = [
     # -- rules.py: shared machinery, SpS, Cactus -------------------------------------------------------
     Port("target-residual-q", "TargetRule recovers from (q - p)_+ instead of (h - p)_+ (the classic wrong port)", R,
-         "        h = self.target_rows(p, q, n)\n        return _normalise(_pos(h - p), h)",
-         "        h = self.target_rows(p, q, n)\n        return _normalise(_pos(q - p), h)",
+         "        h = self.target_rows(p, q, n)\n        return self._recover(_pos(h - p), h)",
+         "        h = self.target_rows(p, q, n)\n        return self._recover(_pos(q - p), h)",
          ("tests/core/test_rules.py::test_residual_uses_h_not_q", "tests/core/test_exact.py::test_target_rules_output_their_target")),
     Port("target-residual-fallback-p", "TargetRule's zero-mass fallback of (h - p)_+ is p instead of h", R,
-         "        return _normalise(_pos(h - p), h)",
-         "        return _normalise(_pos(h - p), p)",
+         "        return self._recover(_pos(h - p), h)",
+         "        return self._recover(_pos(h - p), p)",
          (G + "::test_zero_residual_fallback_carries_no_weight", "tests/core/test_exact.py::test_generic_equals_per_token_loop"),
          harmless="(h - p)_+ = 0 only if h = p (exact arithmetic), where phi_n = 1 for every draft: the fallback has weight 0"),
     Port("target-phi-pn0-one", "TargetRule.phi returns 1 (not 0) where p_n = 0", R,
@@ -136,12 +137,12 @@ PORTS: list[Port] = [
          "        if self.recovery == \"q\":\n            return _normalise(_pos(q - p), q + 0 * p)",
          ("tests/core/test_rules.py::test_rules_match_the_independent_reference", "tests/core/test_rules.py::test_topk_and_interpolation_and_ears")),
     Port("topk-recovery-without-p", "TopK(recovery='topk') recovers uniformly on the top set, ignoring p", R,
-         "        return _normalise(_pos(top - p), top / xp.sum(top, axis=-1, keepdims=True))",
+         "        return self._recover(_pos(top - p), top / xp.sum(top, axis=-1, keepdims=True))",
          "        return top / xp.sum(top, axis=-1, keepdims=True) + 0 * p",
          ("tests/core/test_rules.py::test_rules_match_the_independent_reference", "tests/theory/test_toy.py::test_step_parts_are_the_one_step_law")),
     Port("topk-recovery-fallback-q", "TopK(recovery='topk')'s zero-mass fallback is q instead of the top set", R,
-         "        return _normalise(_pos(top - p), top / xp.sum(top, axis=-1, keepdims=True))",
-         "        return _normalise(_pos(top - p), q + 0 * p)",
+         "        return self._recover(_pos(top - p), top / xp.sum(top, axis=-1, keepdims=True))",
+         "        return self._recover(_pos(top - p), q + 0 * p)",
          (G + "::test_topk_recovery_fallback_carries_no_weight", "tests/core/test_rules.py::test_rules_match_the_independent_reference"),
          harmless="a rejected n has p_n > 0 and q_n < q_(k), so n is outside the top set and (1[q >= q_(k)] - p)_+ > 0: the fallback has weight 0"),
     Port("ears-slack-min", "EARS slack beta (1 - min q) instead of beta (1 - max q)", R,
@@ -474,6 +475,77 @@ PORTS: list[Port] = [
          "    if iv.n <= min_points:\n        return \"out of reach\"\n    if math.isnan(iv.lo) or math.isnan(iv.hi):  # one "
          "undefined end: no side is excluded\n        return \"inconclusive\"\n    if iv.lo > above:",
          ("tests/claims/test_decision_boundaries.py::test_interval_verdict_at_the_minimum_of_units",)),
+    # issue 27: the draft's noise and the target's on Model Runner V2 (vLLM #54282, 0.33's _DRAFT_NOISE_SALT)
+    Port("vllm-v2-recovery-shares-draft-noise", "the plugin's V2 path resamples a rejected draft's recovery with V2's "
+         "seeded Gumbel noise at its row's (seed, position), the noise vLLM 0.28's drafter drew the draft with", VL,
+         "        sampled[reqs] = out.long()\n",
+         "        sampled[reqs] = out.long()\n"
+         "        if not is_greedy:\n"
+         "            gumbel = importlib.import_module(\"vllm.v1.worker.gpu.sample.gumbel\")\n"
+         "            sub_starts = torch.cumsum(counts[reqs], 0) - counts[reqs]\n"
+         "            for i, b in enumerate(reqs.tolist()):\n"
+         "                a_i = int((sampled[b] >= 0).sum()) - 1\n"
+         "                if a_i < int(counts[b]):\n"
+         "                    j = int(sub_starts[i]) + a_i\n"
+         "                    n_j = ids[tok][j:j + 1]\n"
+         "                    p_j = torch.nn.functional.one_hot(n_j, V).to(q.dtype) if p_sub is None else p_sub[j:j + 1]\n"
+         "                    g = rule.residual(p_j, q_sub[j:j + 1], n_j, check=False)\n"
+         "                    sampled[b, a_i] = gumbel.gumbel_sample(torch.log(g), state[b:b + 1], temperature, seed,\n"
+         "                                                           pos[r[j:j + 1]], apply_temperature=False,\n"
+         "                                                           is_drafting=False)[0]\n",
+         ("tests/integrations/test_vllm_v2.py::test_v2_plugin_draws_are_independent_of_the_draft_noise",)),
+    # issue 27: transformers' ensemble verification, transformers <= 5.24's r <= ratio, the authors' conventions
+    Port("ensemble-weight-swapped", "Ensemble accepts with w + (1 - w) q_n / p_n (the weights of p and q swapped)", R,
+         "        return where0(p_n > 0, (1 - self.weight) + self.weight * ratio)",
+         "        return where0(p_n > 0, self.weight + (1 - self.weight) * ratio)",
+         (UP + "::test_new_rules_match_the_independent_reference",
+          "tests/integrations/test_transformers.py::test_assistant_ensemble_weight_is_ensemble")),
+    Port("ensemble-fallback-target", "Ensemble's numerically-zero residual falls back to its target h, not q", R,
+         "        return xp.where(ok, r / xp.where(ok, z, xp.ones_like(z)), q + 0 * p)",
+         "        return xp.where(ok, r / xp.where(ok, z, xp.ones_like(z)), self.weight * q + (1 - self.weight) * p)",
+         (UP + "::test_ensemble_falls_back_to_q_where_the_residual_is_numerically_zero",
+          "tests/integrations/test_transformers.py::test_ensemble_fallback_is_transformers_own")),
+    Port("ensemble-fallback-exact-zero", "Ensemble falls back to q only where the residual is exactly 0 (not <= tiny)", R,
+         "        ok = z > FLOAT32_TINY",
+         "        ok = z > 0",
+         (UP + "::test_ensemble_falls_back_to_q_where_the_residual_is_numerically_zero",
+          "tests/integrations/test_transformers.py::test_ensemble_fallback_is_transformers_own")),
+    Port("sps-rand-bits-strict", "SpS(rand_bits) takes r < q_n / p_n (transformers 5.25's test), not r <= (5.24's)", R,
+         "(xp.floor(r64 * grid) + 1) / grid",
+         "xp.ceil(r64 * grid) / grid",
+         (UP + "::test_sps_rand_bits_exact_law", UP + "::test_new_rules_match_the_independent_reference",
+          "tests/theory/test_check.py::test_sps_rand_bits_is_transformers_524_law_by_sampling")),
+    Port("authors-zero-draft-never", "convention='authors' still never accepts a p_n = 0 draft (ours)", R,
+         "        if self.accepts_zero_draft():",
+         "        if False:",
+         (UP + "::test_authors_convention_judges_a_zero_draft_by_the_test",)),
+    Port("authors-zero-draft-always", "convention='authors' accepts every p_n = 0 draft of a ratio test, also h_n = 0 "
+         "(0 / 0 read as accepted)", R,
+         "        return xp.astype(self.h_n(p_n, q_n) > 0, q_n.dtype)",
+         "        return xp.astype(self.h_n(p_n, q_n) >= 0, q_n.dtype)",
+         (UP + "::test_authors_convention_judges_a_zero_draft_by_the_test",)),
+    Port("authors-empty-residual-target", "convention='authors' recovers an empty residual from the target, not token 0",
+         R,
+         "            return _normalise(r, _token0_like(r))",
+         "            return _normalise(r, fallback)",
+         (UP + "::test_authors_empty_residual_emits_token_0",)),
+    Port("authors-floor-dropped", "Interpolation(convention='authors') normalises (h - p)_+ without vLLM 0.7.3's floor",
+         R,
+         "            return _normalise(xp.maximum(r, xp.full_like(r, FLOAT32_TINY)), fallback)",
+         "            return _normalise(r, fallback)",
+         (UP + "::test_authors_interpolation_floors_its_recovery",)),
+    Port("hf-ensemble-weight-ignored", "transformers: use_rule() verifies a step with a weight by SpS (the weight dropped)",
+         TF,
+         "    if weight is None:\n        return SpS() if rule is None else rule",
+         "    if True:\n        return SpS() if rule is None else rule",
+         ("tests/integrations/test_transformers.py::test_use_rule_verifies_a_weighted_step_with_ensemble",
+          "tests/integrations/test_transformers.py::test_generate_with_an_ensemble_weight_verifies_with_ensemble")),
+    Port("check-transformers-always-le", "transformers_sampler's exact law takes 5.24's r <= ratio whatever the probe "
+         "finds (5.25 compares with <)", "cactus_theory/theory/check.py",
+         "        hits = np.floor(m) + 1 if self.accepts_at_equality else np.ceil(m)",
+         "        hits = np.floor(m) + 1",
+         ("tests/theory/test_check.py::test_transformers_524_law_is_sps_rand_bits_24",
+          "tests/theory/test_check.py::test_transformers_speculative_sampling_in_one_line_and_the_exact_mode")),
 ]
 
 

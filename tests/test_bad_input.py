@@ -617,6 +617,14 @@ def test_transformers_speculative_sampling_tokens_in_range(k, V, scale, seed, ru
 
 # every numeric parameter at the ends of its valid range, in every dtype, on the adversarial cases
 
+def _valid(key, name, v) -> bool:
+    try:
+        registry.make(key, **{name: v})
+        return True
+    except ValueError:
+        return False
+
+
 def _extremes():
     out = []
     for key, name, kind in _numeric_params():
@@ -624,7 +632,13 @@ def _extremes():
         if (key, name) in (("sglang", "threshold_acc"),):
             lo = 2.0 ** -24  # its smallest valid value (float16's smallest positive number)
         if kind is int:
-            vals = [lo, 10**6]
+            hi = 10**6
+            if not _valid(key, name, hi):  # a bounded integer (SpS's rand_bits): its largest valid value, by bisection
+                a, b = lo, hi
+                while b - a > 1:
+                    a, b = ((a + b) // 2, b) if _valid(key, name, (a + b) // 2) else (a, (a + b) // 2)
+                hi = a
+            vals = [lo, hi]
         else:
             probe = [lo, 1e-300, 1.0, 65504.0, 1e300]
             vals = []
@@ -685,7 +699,7 @@ def test_transformers_helpers_name_the_argument():
     for bad in (0.0, 1.0, math.nan, True, "0.3"):
         with pytest.raises(ERRORS, match="^assistant_ensemble_weight must be in \\(0, 1\\)"):
             ct_tf.ensemble_weight_rule(bad)
-    assert ct_tf.ensemble_weight_rule(np.float64(0.7)) == ct_tf.ensemble_weight_rule(0.7) == ct.Interpolation(0.3)
+    assert ct_tf.ensemble_weight_rule(np.float64(0.7)) == ct_tf.ensemble_weight_rule(0.7) == ct.Ensemble(0.7)
 
 
 @settings(max_examples=4, derandomize=True, deadline=None)

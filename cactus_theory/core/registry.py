@@ -123,11 +123,23 @@ _DIVERGENCE = Param("divergence", "--divergence", str, "Cactus divergence",
 _SOLVER = Param("solver", "--solver", str,
                 "Cactus solver: taylor (Corollary 5, KL only) or exact (Theorem 2's root)", choices=("taylor", "exact"))
 
+
+def _convention(key: str, flag: str) -> Param:
+    """The ``convention`` option of a rule the authors' reference code implements (``rules.CONVENTIONS``)."""
+    return Param("convention", flag, str, f"{key}: ours, or authors (MANGA-UOFA/Cactus's conventions: a p_n = 0 "
+                 "draft judged by the test; the recovery's degenerate cases as that code)", choices=R.CONVENTIONS)
+
+
 RULES: dict[str, RuleSpec] = {s.key: s for s in (
-    RuleSpec("sps", R.SpS, "SpS", "black", "s", (), ("", ()), lossless=True, verification="collaborative",
+    RuleSpec("sps", R.SpS, "SpS", "black", "s",
+             (Param("rand_bits", "--sps-rand-bits", int,
+                    "SpS with the test r <= q_n / p_n, r uniform on a 2^-b grid (transformers <= 5.24 on the CPU: 24; "
+                    "a q_n = 0 draft is then accepted with probability 2^-b); unset: the exact SpS law"),),
+             ("", ()), lossless=True, verification="collaborative",
              why="min(1, q_n / p_n): the draft's probability is half of the test (the lossless member of the class)",
              summary="standard speculative sampling: output law exactly q"),
-    RuleSpec("cactus", R.Cactus, "Cactus", "tab:blue", "o", (_DELTA, _DIVERGENCE, _SOLVER),
+    RuleSpec("cactus", R.Cactus, "Cactus", "tab:blue", "o", (_DELTA, _DIVERGENCE, _SOLVER,
+                                                              _convention("Cactus", "--cactus-convention")),
              ("delta", (0.0, 0.0003, 0.001, 0.002, 0.003, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.0,
                         4.0)),
              verification="collaborative", why="min(1, gamma*(q_n) / p_n): SpS's ratio test towards a target moved within the budget",
@@ -136,7 +148,8 @@ RULES: dict[str, RuleSpec] = {s.key: s for s in (
              (Param("epsilon", "--tas-epsilon", float, "TAS epsilon (vLLM's posterior_threshold)"),
               Param("alpha", "--tas-alpha", float, "TAS alpha (vLLM's posterior_alpha)"),
               Param("entropy_eps", "--tas-entropy-eps", float,
-                    "TAS entropy -sum q log(q + eps): 0 exact, 1e-5 as vLLM computes it")),
+                    "TAS entropy -sum q log(q + eps): 0 exact, 1e-5 as vLLM computes it"),
+              _convention("TAS", "--tas-convention")),
              ("epsilon", (0.01, 0.03, 0.09, 0.2, 0.4)),
              verification="truncation", why="q_n must clear an entropy-dependent threshold of q (the typical set); p is never read",
              summary="typical acceptance (Medusa / vLLM): accept iff q_n > min(epsilon, alpha exp(-H(q)))",
@@ -145,14 +158,23 @@ RULES: dict[str, RuleSpec] = {s.key: s for s in (
              (Param("k", "--topk-rule-k", int, "TopK rule: accept iff q_n is among the k largest"),
               Param("recovery", "--topk-recovery", str,
                     "TopK recovery on rejection: q, or topk (the authors': (1[q >= q_(k)] - p)_+)",
-                    choices=("q", "topk"))),
+                    choices=("q", "topk")),
+              _convention("TopK", "--topk-convention")),
              ("k", (1, 2, 3, 5, 10, 20)), verification="truncation", why="n must be in q's top-k set; p is never read",
              summary="accept iff q_n >= the k-th largest q"),
     RuleSpec("interpolation", R.Interpolation, "interpolation", "tab:green", "^",
-             (Param("alpha", "--interp-alpha", float, "interpolation weight of p: h = alpha p + (1 - alpha) q"),),
+             (Param("alpha", "--interp-alpha", float, "interpolation weight of p: h = alpha p + (1 - alpha) q"),
+              _convention("interpolation", "--interp-convention")),
              ("alpha", (0.0, 0.2, 0.4, 0.6, 0.8, 0.9, 0.95)), verification="collaborative",
              why="SpS's ratio test towards h = alpha p + (1 - alpha) q, a target that mixes in the draft's law",
              summary="target h = alpha p + (1 - alpha) q"),
+    RuleSpec("ensemble", R.Ensemble, "ensemble (transformers)", "goldenrod", "<",
+             (Param("weight", "--ensemble-weight", float,
+                    "transformers' assistant_ensemble_weight w: accept with 1 - w + w q_n / p_n, target w q + (1 - w) p"),),
+             ("weight", (1.0, 0.8, 0.6, 0.4, 0.2, 0.1, 0.05)), verification="collaborative",
+             why="SpS's ratio test towards h = w q + (1 - w) p, transformers' parameterisation of interpolation",
+             summary="transformers' static ensemble verification (DIVERSE): accept with 1 - w + w q_n / p_n, recover "
+                     "(q - p)_+ (q if that sums to <= float32's tiny)"),
     RuleSpec("ears", R.EARS, "EARS", "tab:orange", "v",
              (Param("beta", "--ears-beta", float, "EARS beta: accept iff u < q_n / p_n + beta (1 - max q)"),),
              ("beta", (0.0, 0.25, 0.5, 1.0, 2.0, 4.0)), verification="collaborative",

@@ -21,12 +21,15 @@ test passes (``q_n / 0 = inf`` in a ratio; TAS and top-k do not read ``p`` at al
 is the same either way: ``n`` is drafted with probability ``p_n = 0``, so its acceptance decision
 carries weight 0 in ``h_alg = sum_n p_n [phi_n e_n + (1 - phi_n) g_n]``. Only a caller that drafts
 a token its own ``p`` gives probability 0 (e.g. ``p`` truncated after sampling) sees a difference.
+``convention="authors"`` (Cactus, TopK, Interpolation, TAS: ``CONVENTIONS``) takes the authors' reference
+code's conventions instead; an option added to a rule leaves its ``repr`` unchanged at the option's default
+(``_quiet_repr``), so every result cached under the rule's ``identity`` stays valid.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
 import numpy as np
@@ -46,7 +49,8 @@ from .validate import (
 from .validate import check_pqn as _check_inputs
 
 __all__ = [
-    "Rule", "TargetRule", "ScalingRule", "SpS", "Cactus", "TAS", "TopK", "Interpolation", "EARS",
+    "Rule", "TargetRule", "ScalingRule", "SpS", "Cactus", "TAS", "TopK", "Interpolation", "EARS", "Ensemble",
+    "CONVENTIONS", "FLOAT32_TINY",
     "two_block_divergence", "two_block_root", "taylor_gamma",
     "SGLangThreshold", "RelaxedAcceptance", "MedusaTypical", "FLy", "DropMatch", "DropMatchAt", "descending_rank",
     "check_rule",
@@ -64,6 +68,42 @@ def _check_choice(value, name: str, choices: tuple) -> None:
     """A string parameter that must be one of ``choices`` (a non-string, even unhashable, is named too)."""
     if not isinstance(value, str) or value not in choices:
         raise ValueError(f"{name} must be one of {sorted(choices)}, got {value!r}")
+
+
+CONVENTIONS = ("ours", "authors")
+"""``convention`` of SpS's relatives that the authors' reference code also implements (Cactus, TopK,
+Interpolation, TAS): ``"ours"`` (the conventions of this module's docstring) or ``"authors"`` (the code of
+MANGA-UOFA/Cactus, a patch of vLLM 0.7.3: a drafted token with ``p_n = 0`` is judged by the rule's own test,
+and the recovery's degenerate cases follow that code; each class says what changes, docs/production-rules.md
+cites the lines)."""
+
+FLOAT32_TINY = 2.0 ** -126
+"""float32's smallest normal number, ``torch.finfo(torch.float32).tiny``: vLLM 0.7.3's floor on recovery weights
+(``Interpolation(convention="authors")``) and transformers' "numerically zero" residual (``Ensemble``), both
+computed in float32 upstream; used as the same constant in every dtype (it rounds to 0 in float16)."""
+
+
+def _quiet_repr(self) -> str:
+    """The dataclass repr, leaving out the options listed in ``type(self)._QUIET`` while they hold their
+    defaults: an option added to a rule after results were measured with it does not change the repr of the
+    rule it leaves unchanged (``SpS()``, ``Cactus(delta=1.0, divergence='kl', solver='taylor')``), so every
+    result cache keyed on ``identity`` stays valid."""
+    quiet = type(self)._QUIET
+    parts = [f"{f.name}={getattr(self, f.name)!r}" for f in fields(self)
+             if f.repr and not (f.name in quiet and getattr(self, f.name) == f.default)]
+    return f"{type(self).__qualname__}({', '.join(parts)})"
+
+
+def _token0_like(r: Array) -> Array:
+    """``e_0`` with ``r``'s shape and dtype (..., V)."""
+    xp = xp_of(r)
+    if is_torch_array(r):
+        import torch
+
+        zero = torch.zeros(r.shape[:-1], dtype=torch.long, device=r.device)
+    else:
+        zero = np.zeros(r.shape[:-1], dtype=np.intp)
+    return xp.astype(one_hot_like(r, zero), r.dtype)
 
 
 def _check_hit(hit) -> None:
@@ -168,6 +208,8 @@ class Rule:
     two_block: ClassVar[bool] = False
     bonus_from_q: ClassVar[bool] = True
     reads_head: ClassVar[bool] = False
+    _QUIET: ClassVar[tuple] = ()  # options ``repr`` shows only away from their defaults (``_quiet_repr``)
+    _AUTHORS_RECOVERY: ClassVar[str] = ""  # the recovery of convention "authors": "floor", "token0", "" (ours)
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -218,11 +260,44 @@ class Rule:
         """Recovery distribution ``g_n`` (..., V) used when the drafted token is rejected."""
         raise NotImplementedError
 
+    # -- conventions (``CONVENTIONS``): ours, or the authors' reference code ------------------------
+    def _authors(self) -> bool:
+        """The rule follows the authors' reference code (``convention="authors"``; rules without the option: no)."""
+        return getattr(self, "convention", "ours") == "authors"
+
+    def accepts_zero_draft(self) -> bool:
+        """A drafted token with ``p_n = 0`` is judged by the rule's own test (``zero_draft_phi``), as the
+        reference code does (``convention="authors"``), instead of never accepted (ours)."""
+        return self._authors()
+
+    def zero_draft_phi(self, p_n: Array, q_n: Array, *stats: Array) -> Array:
+        """``phi_n`` where ``p_n = 0`` under ``accepts_zero_draft``: the rule's own test there (a test that does
+        not read ``p``: TAS, TopK). Ratio tests override it (``TargetRule``: ``1[h_n > 0]``)."""
+        return self.phi(p_n, q_n, *stats)
+
+    def _recover(self, r: Array, fallback: Array) -> Array:
+        """The recovery law from weights ``r`` (..., V) >= 0: ``r / sum r``, and ``fallback`` where
+        ``sum r = 0``. Under ``convention="authors"`` the reference code's degenerate cases
+        (``_AUTHORS_RECOVERY``): ``"floor"``, every weight raised to at least ``FLOAT32_TINY`` before
+        normalising (vLLM 0.7.3's rejection sampler, the authors' ``interp.py``), so every token keeps a
+        positive mass; ``"token0"``, token 0 where ``sum r = 0`` (an all-zero row sampled by vLLM 0.7.3's
+        exponential race, the authors' ``cactus.py``, ``topk.py`` and Triton kernel)."""
+        how = self._AUTHORS_RECOVERY if self._authors() else ""
+        if how == "floor":
+            xp = xp_of(r)
+            return _normalise(xp.maximum(r, xp.full_like(r, FLOAT32_TINY)), fallback)
+        if how == "token0":
+            return _normalise(r, _token0_like(r))
+        return _normalise(r, fallback)
+
     # -- shared machinery -------------------------------------------------------------------
     def accept_from(self, p_n: Array, q_n: Array, *stats: Array) -> Array:
-        """``phi_n`` clipped to [0, 1], with ``phi_n = 0`` where ``p_n = 0``."""
+        """``phi_n`` clipped to [0, 1], with ``phi_n = 0`` where ``p_n = 0`` (``accepts_zero_draft``: the
+        rule's ``zero_draft_phi`` there)."""
         xp = xp_of(p_n, q_n)
         phi = xp.clip(self.phi(p_n, q_n, *stats), 0.0, 1.0)
+        if self.accepts_zero_draft():
+            return xp.where(p_n > 0, phi, xp.clip(self.zero_draft_phi(p_n, q_n, *stats), 0.0, 1.0))
         return where0(p_n > 0, phi)
 
     def accept_prob(self, p: Array, q: Array, n: Array, *, check: bool = True) -> Array:
@@ -273,6 +348,12 @@ class TargetRule(Rule):
         with errstate():
             return xp.where(p_n > 0, self.h_n(p_n, q_n) / xp.where(p_n > 0, p_n, xp.ones_like(p_n)), xp.zeros_like(p_n))
 
+    def zero_draft_phi(self, p_n, q_n, *stats):
+        """``h_n / 0`` read as the reference code reads it: ``inf`` (accepted) where ``h_n > 0``, NaN (rejected)
+        where ``h_n = 0``."""
+        xp = xp_of(p_n, q_n)
+        return xp.astype(self.h_n(p_n, q_n) > 0, q_n.dtype)
+
     def target(self, p: Array, q: Array, n: Array, *, check: bool = True) -> Array:
         """The target distribution ``h`` (..., V) for drafted token ``n`` (...)."""
         if check:
@@ -284,7 +365,7 @@ class TargetRule(Rule):
         if check:
             _check_inputs(p, q, n)
         h = self.target_rows(p, q, n)
-        return _normalise(_pos(h - p), h)
+        return self._recover(_pos(h - p), h)
 
 
 @dataclass(frozen=True)
@@ -317,11 +398,48 @@ class ScalingRule(TargetRule):
 
 @dataclass(frozen=True)
 class SpS(ScalingRule):
-    """Standard speculative sampling: ``h = q``, ``phi_n = min(1, q_n / p_n)``, ``g_n = (q - p)_+``."""
+    """Standard speculative sampling: ``h = q``, ``phi_n = min(1, q_n / p_n)``, ``g_n = (q - p)_+``.
 
+    ``rand_bits = b`` (default None: the exact law above): the law of the test ``r <= q_n / p_n`` with ``r``
+    uniform on the grid ``{m 2^-b : m = 0 .. 2^b - 1}``, as transformers up to 5.24 runs it (``r_i <=
+    probability_ratio`` with ``r_i = torch.rand_like``, float32 on the CPU: ``b = 24``):
+
+        ``phi_n = min(1, (floor(2^b q_n / p_n) + 1) / 2^b)``   (``p_n > 0``),
+
+    i.e. ``P(r <= rho) = #{m : m 2^-b <= rho} / 2^b``. The acceptance is rounded up to the grid, and a draft the
+    verifier gives ``q_n = 0`` is accepted with probability ``2^-b`` (``r = 0``): the step then emits a token
+    outside ``q``'s support with probability ``2^-b sum_{n: q_n = 0} p_n``. The recovery is unchanged
+    (``(q - p)_+``): a rejection still needs ``q_n < p_n`` (``phi_n < 1`` only where ``floor(2^b q_n / p_n) <
+    2^b - 1``), so the recovery row is SpS's, and the O(V log V) two-block law of ``exact`` (which reads
+    ``phi`` from ``accept_from``) stays exact: the class vouches for ``two_block``.
+    """
+
+    rand_bits: int | None = None
+    needs_row_stats: ClassVar[bool] = False  # phi reads p_n and q_n only
+    two_block: ClassVar[bool] = True  # vouched (see the docstring), also with rand_bits
+    _QUIET: ClassVar[tuple] = ("rand_bits",)
+    __repr__ = _quiet_repr
+
+    def __post_init__(self):
+        if self.rand_bits is not None:
+            b = check_int(self.rand_bits, "rand_bits", low=1)
+            if b > 53:
+                raise ValueError(f"rand_bits must be an integer in [1, 53] (a uniform on the grid m 2^-rand_bits; "
+                                 f"float64 holds 53 bits) or None, got {self.rand_bits!r}")
+            _set(self, rand_bits=b)
 
     def gamma(self, q_n):
         return q_n
+
+    def phi(self, p_n, q_n, *stats):
+        """``min(1, q_n / p_n)``; with ``rand_bits = b``, ``min(1, (floor(2^b q_n / p_n) + 1) / 2^b)``."""
+        ratio = super().phi(p_n, q_n)
+        if self.rand_bits is None:
+            return ratio
+        xp = xp_of(ratio)
+        grid = 2.0 ** self.rand_bits  # up to 2^53: the grid arithmetic runs in float64 whatever the rows' dtype
+        r64 = xp.astype(xp.clip(ratio, None, 1.0), xp.float64)
+        return xp.astype(xp.clip((xp.floor(r64 * grid) + 1) / grid, None, 1.0), ratio.dtype)
 
 
 def _boost(q: Array, c: float) -> Array:
@@ -439,16 +557,32 @@ class Cactus(ScalingRule):
     (KL only). ``solver="exact"``: the root of Theorem 2's two-block equation for ``divergence`` in
     ``kl``, ``reverse_kl``, ``chi2``, ``tv``, ``hellinger``, ``js``. ``gamma`` is clipped to
     ``[q_n, 1]``; ``delta = 0`` is SpS; ``q_n = 1`` gives ``h = q``.
+
+    ``convention="authors"``: the authors' code (``cactus.py``'s ``CactusRejectionSampler`` and its Triton
+    kernel): a drafted token with ``p_n = 0`` is accepted iff ``gamma > 0`` (``h_n / 0 = inf``; the kernel's
+    ``rand * p_n < h_n``), i.e. iff ``q_n > 0``; and a rejection whose residual ``(h - p)_+`` is all zero emits
+    token 0 (ours: a draw from ``h``). Exact law: ``phi_n`` and ``g_n`` change only at ``p_n = 0`` and at
+    ``sum (h - p)_+ = 0``, and neither carries weight in ``h_alg = sum_n p_n [phi_n e_n + (1 - phi_n) g_n]``: the
+    first has ``p_n = 0``; a rejection needs ``gamma < p_n``, so ``sum (h - p)_+ = sum (p - h)_+ > 0``. ``h_alg``
+    is ours exactly; what differs is the law given a drafted ``n`` outside ``p``'s support, ``phi_n e_n + (1 -
+    phi_n) g_n`` (a ``p`` truncated after sampling, or rounded to 0 in low precision). The Taylor ``h_n``, its
+    clamp to ``[0, 1]`` and the scale ``(1 - h_n) / (1 - q_n)`` (1 at ``q_n = 1`` in the PyTorch path, where
+    ``q_i = 0`` for ``i != n``; ``(1 - q_n)`` floored at 1e-10 in the kernel) are ours for ``q_n`` in [0, 1].
     """
 
     delta: float = 1.0
     divergence: str = "kl"
     solver: str = "taylor"
+    convention: str = "ours"
+    _QUIET: ClassVar[tuple] = ("convention",)
+    _AUTHORS_RECOVERY: ClassVar[str] = "token0"
+    __repr__ = _quiet_repr
 
     def __post_init__(self):
         _set(self, delta=check_nonneg(self.delta, "delta"))
         _check_choice(self.divergence, "divergence", tuple(F_DIVERGENCES))
         _check_choice(self.solver, "solver", ("taylor", "exact"))
+        _check_choice(self.convention, "convention", CONVENTIONS)
         if self.solver == "taylor" and self.divergence != "kl":
             raise ValueError(
                 f"solver='taylor' (Corollary 5) is defined for divergence='kl' only, got "
@@ -464,18 +598,92 @@ class Cactus(ScalingRule):
 @dataclass(frozen=True)
 class Interpolation(TargetRule):
     """Target ``h = alpha p + (1 - alpha) q``: ``phi_n = min(1, alpha + (1 - alpha) q_n / p_n)``,
-    recovery ``(h - p)_+ = (1 - alpha)(q - p)_+``; the output law is exactly ``h``."""
+    recovery ``(h - p)_+ = (1 - alpha)(q - p)_+``; the output law is exactly ``h``.
+
+    ``convention="authors"``: the authors' ``interp.py`` (``InterpRejectionSampler``, vLLM 0.7.3's recovery): a
+    drafted token with ``p_n = 0`` is accepted iff ``h_n > 0`` (``h_n / 0 = inf``), and the recovery weights are
+    floored, ``g = max((h - p), t) / sum max((h - p), t)`` with ``t = FLOAT32_TINY = 2^-126``, so that every
+    token keeps a positive recovery mass. Exact law: ``h_alg = min(p, h) + sum_n p_n (1 - phi_n) g``, with
+    ``R = sum_n p_n (1 - phi_n) = sum (h - p)_+ = (1 - alpha) TV(p, q)`` and ``g`` above (it does not depend on
+    ``n``). It puts at least ``R t / sum max(h - p, t)`` (about ``t``) on every token, also on one that neither
+    ``p`` nor ``q`` can emit (then ``KL(h_alg || q) = inf`` as soon as a rejection is possible), and lies within TV
+    ``sum max(h - p, t) - R <= V t`` of ``h``.
+    """
 
     alpha: float = 0.5
+    convention: str = "ours"
+    _QUIET: ClassVar[tuple] = ("convention",)
+    _AUTHORS_RECOVERY: ClassVar[str] = "floor"
+    __repr__ = _quiet_repr
 
     def __post_init__(self):
         _set(self, alpha=check_number(self.alpha, "alpha", low=0.0, high=1.0, what="in [0, 1]"))
+        _check_choice(self.convention, "convention", CONVENTIONS)
 
     def h_n(self, p_n, q_n):
         return self.alpha * p_n + (1 - self.alpha) * q_n
 
     def target_rows(self, p, q, n):
         return self.alpha * p + (1 - self.alpha) * q
+
+
+@dataclass(frozen=True)
+class Ensemble(TargetRule):
+    """transformers' static ensemble verification (``generate(..., assistant_ensemble_weight=w)``; DIVERSE,
+    arXiv 2604.07622), in transformers' parameterisation: ``w = weight`` is the verifier's weight in the target
+
+        ``h = w q + (1 - w) p``,   ``phi_n = min(1, 1 - w + w q_n / p_n)``,
+        ``g_n = (q - p)_+ / Z`` with ``Z = sum (q - p)_+``, and ``g_n = q`` where ``Z <= t``,
+
+    ``t = FLOAT32_TINY`` (transformers: ``p_prime_sum <= torch.finfo(p_prime.dtype).tiny``, in float32 there;
+    ``Z`` is computed in the rows' dtype). ``w = 1`` is SpS's law, ``w = 0`` accepts every draft (``h = p``);
+    transformers takes ``w`` in (0, 1).
+
+    Exact law. ``1 - w + w q_n / p_n = h_n / p_n`` and ``(h - p)_+ = w (q - p)_+``, so where ``Z > t`` (and where
+    ``Z = 0``, i.e. ``p = q = h``, where every draft is accepted) the step is Theorem 1's towards ``h``:
+    ``h_alg = h``. Where ``0 < Z <= t``, ``h_alg = min(p, h) + w Z q`` (the rejection mass is ``sum (p - h)_+ =
+    w Z``), at TV at most ``w Z <= w t`` from ``h``.
+
+    Relation to ``Interpolation``: ``Ensemble(w)`` and ``Interpolation(1 - w)`` have the same target ``h``, the
+    same acceptance and, for ``w > 0``, the same recovery except where ``0 < Z <= t`` (Interpolation normalises
+    ``(h - p)_+`` whatever its sum): their one-step laws are equal where ``Z > t`` or ``Z = 0``, and within TV
+    ``w t`` (about ``1.2e-38 w``) everywhere.
+
+    Upstream: transformers ``transformers/generation/utils.py`` (``_speculative_sampling``) @ 5.24.0 and 5.25.0
+    (5.25 changed only ``r_i <= probability_ratio`` to ``<``: with a ratio ``>= 1 - w > 0`` the ``<=`` of 5.24
+    only rounds the acceptance up to float32 ``torch.rand``'s grid, by less than ``2^-24``).
+    """
+
+    weight: float = 0.5
+    needs_row_stats: ClassVar[bool] = False  # phi reads p_n and q_n only
+
+    def __post_init__(self):
+        _set(self, weight=check_number(self.weight, "weight", low=0.0, high=1.0, what="in [0, 1]"))
+
+    def h_n(self, p_n, q_n):
+        return self.weight * q_n + (1 - self.weight) * p_n
+
+    def target_rows(self, p, q, n):
+        return self.weight * q + (1 - self.weight) * p
+
+    def phi(self, p_n, q_n, *stats):
+        """``1 - w + w q_n / p_n`` (transformers' ``probability_ratio``; 0 where ``p_n = 0``)."""
+        xp = xp_of(p_n, q_n)
+        if self.weight == 0:  # every draft is accepted (and w * (q_n / p_n) could read 0 * inf)
+            return xp.astype(p_n > 0, p_n.dtype)
+        with errstate():
+            ratio = q_n / xp.where(p_n > 0, p_n, xp.ones_like(p_n))
+        return where0(p_n > 0, (1 - self.weight) + self.weight * ratio)
+
+    def residual(self, p, q, n, *, check=True):
+        """``(q - p)_+ / Z`` where ``Z = sum (q - p)_+ > FLOAT32_TINY``, else ``q``."""
+        if check:
+            _check_inputs(p, q, n)
+        xp = xp_of(p, q)
+        r = _pos(q - p)
+        z = xp.sum(r, axis=-1, keepdims=True)
+        ok = z > FLOAT32_TINY
+        return xp.where(ok, r / xp.where(ok, z, xp.ones_like(z)), q + 0 * p)
 
 
 @dataclass(frozen=True)
@@ -499,14 +707,23 @@ class TAS(Rule):
 
     Proposition 4: equivalently ``H(e_n, q) = -log q_n < max(-log epsilon, H(q) - log alpha)``
     (see ``cross_entropy_threshold``).
+
+    ``convention="authors"``: the authors' ``tas.py`` runs vLLM 0.7.3's ``TypicalAcceptanceSampler``, which
+    never reads ``p``: a drafted token with ``p_n = 0`` is accepted iff it passes the test (ours: never). That
+    decision has weight ``p_n = 0`` in ``h_alg``, which is ours exactly. The authors' setting is
+    ``TAS(entropy_eps=1e-5, convention="authors")``.
     """
 
     epsilon: float = 0.09
     alpha: float = 0.3
     entropy_eps: float = 0.0
+    convention: str = "ours"
+    _QUIET: ClassVar[tuple] = ("convention",)
+    __repr__ = _quiet_repr
 
     def __post_init__(self):
         _check_typical(self)
+        _check_choice(self.convention, "convention", CONVENTIONS)
 
     def entropy(self, q: Array) -> Array:
         """``H(q) = -sum_i q_i log(q_i + entropy_eps)`` per row: (..., V) -> (...)."""
@@ -551,18 +768,28 @@ class TopK(Rule):
                   set ``q >= q_(k)`` is the whole vocabulary, as the formula says.
     ``k`` must not exceed the vocabulary size (checked where ``q`` is first seen).
 
-    Upstream: the paper's definition (accept iff ``q_n >= q_(k)``); the authors' reference code (a
-    monkey-patch of vLLM 0.7.3's rejection sampler) was not found in any public repository this project
-    can read, so ``recovery="topk"`` follows the paper's description of it, not a read of its code.
-    Unlike ``RelaxedAcceptance`` (a server's ``top_k`` call), this test accepts every tie at ``q_(k)``.
+    Upstream: the authors' ``topk.py`` (``TopKRejectionSampler``, MANGA-UOFA/Cactus @ 3b01b81): accept iff
+    ``q_n >= q_(k)`` (``topk(...).values[..., k - 1]``, ties accepted) and recover from
+    ``(1[q >= q_(k)] - p)_+``: ``recovery="topk"``. Unlike ``RelaxedAcceptance`` (a server's ``top_k`` call),
+    this test accepts every tie at ``q_(k)``.
+
+    ``convention="authors"``: that code's conventions: a drafted token with ``p_n = 0`` is judged by the test
+    (which never reads ``p``; ours: never accepted), and an all-zero recovery row emits token 0 (ours: uniform on
+    the top set). Exact law: both have weight 0 in ``h_alg``, which is ours exactly (a rejected ``n`` with
+    ``p_n > 0`` lies outside the top set, so ``(1[q >= q_(k)] - p)_+ > 0`` on it).
     """
 
     k: int = 1
     recovery: str = "q"
+    convention: str = "ours"
+    _QUIET: ClassVar[tuple] = ("convention",)
+    _AUTHORS_RECOVERY: ClassVar[str] = "token0"
+    __repr__ = _quiet_repr
 
     def __post_init__(self):
         _set(self, k=check_positive_int(self.k, "k"))
         _check_choice(self.recovery, "recovery", TOPK_RECOVERIES)
+        _check_choice(self.convention, "convention", CONVENTIONS)
 
     def rank_depth(self) -> int:
         return int(self.k)  # the k-th largest value q_(k)
@@ -589,7 +816,7 @@ class TopK(Rule):
         xp = xp_of(p, q)
         (kth,) = self.row_stats(q)
         top = xp.astype(q >= kth, q.dtype)
-        return _normalise(_pos(top - p), top / xp.sum(top, axis=-1, keepdims=True))
+        return self._recover(_pos(top - p), top / xp.sum(top, axis=-1, keepdims=True))
 
 
 @dataclass(frozen=True)

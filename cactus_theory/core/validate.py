@@ -225,7 +225,7 @@ def check_prob_param(value, name: str, *, low_open: bool = False, high_open: boo
 def _kind(x) -> str | None:
     if is_torch_array(x):
         return "torch"
-    if isinstance(x, np.ndarray):
+    if isinstance(x, (np.ndarray, np.generic)):  # a numpy scalar is a 0-d array (refused for its shape)
         return "numpy"
     return None
 

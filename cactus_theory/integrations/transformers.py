@@ -35,10 +35,13 @@ drafts from ``softmax(logits / t^2)``, and it reports those same logits; ``p`` i
 the law the candidates were drawn from, which is what every rule needs (tests/
 test_integration_transformers.py reads the assistant's temperature before computing the exact law).
 
-transformers' own lossy option, ``assistant_ensemble_weight = w``, verifies against
-``v = w q + (1 - w) p`` (our letters): that is ``ct.Interpolation(alpha=1 - w)`` exactly (same
-acceptance ``min(1, (1 - w) + w q_n / p_n)``, same recovery ``(q - p)_+``; pinned by a test on the
-laws). Inside ``use_rule`` the weight must be unset (pass ``Interpolation(1 - w)`` as the rule).
+transformers' own lossy option, ``generate(..., assistant_ensemble_weight=w)``, verifies against
+``v = w q + (1 - w) p`` (our letters): the rule ``ct.Ensemble(w)`` (transformers' parameterisation: acceptance
+``min(1, 1 - w + w q_n / p_n)``, recovery ``(q - p)_+``, and ``q`` where that residual sums to at most float32's
+tiny; the law of ``ct.Interpolation(1 - w)`` but for that fallback). Inside ``use_rule`` the weight is honoured:
+``use_rule()`` (no rule) verifies each step with the rule transformers' arguments ask for, ``Ensemble(w)`` when
+the weight is set and ``SpS()`` otherwise; ``use_rule(ct.Ensemble(w))`` with the same weight is the same; any
+other rule together with a weight raises ``ValueError`` (two verifications asked for; neither is dropped).
 
 Only sampling (``do_sample=True``) goes through ``_speculative_sampling``; greedy assisted decoding
 compares argmaxes and never calls a rule.
@@ -52,7 +55,7 @@ import threading
 
 import torch
 
-from ..core.rules import Rule, check_rule
+from ..core.rules import Ensemble, Rule, SpS, check_rule
 from ..core.sampler import verify
 from ..core.validate import check_int, check_number
 
@@ -76,26 +79,41 @@ _lock = threading.RLock()
 
 
 def ensemble_weight_rule(w: float) -> Rule:
-    """The project rule equal to transformers' ``assistant_ensemble_weight = w``: ``Interpolation(1 - w)``."""
-    from ..core.rules import Interpolation
-
+    """The project rule of transformers' ``assistant_ensemble_weight = w`` (in (0, 1), as transformers checks):
+    ``Ensemble(w)``."""
     w = check_number(w, "assistant_ensemble_weight", low=0.0, high=1.0, low_open=True, high_open=True,
                      what="in (0, 1)")
-    return Interpolation(round(1.0 - w, 12))  # 1 - 0.7 reads 0.3, not 0.30000000000000004
+    return Ensemble(w)
 
 
-def speculative_sampling(rule: Rule, candidate_input_ids: torch.Tensor, candidate_logits: torch.Tensor,
+def _step_rule(rule: Rule | None, weight) -> Rule:
+    """The rule that verifies a step: ``rule``, or the one transformers' arguments ask for (``Ensemble(w)`` with a
+    weight, ``SpS()`` without); a rule and a weight that disagree raise ``ValueError``."""
+    if weight is None:
+        return SpS() if rule is None else rule
+    asked = ensemble_weight_rule(weight)
+    if rule is None or rule == asked:
+        return asked
+    raise ValueError(
+        f"assistant_ensemble_weight={weight!r} asks transformers to verify with {asked!r}, while the cactus_theory "
+        f"rule {rule!r} was given: pass one of them (use_rule({asked!r}) is the weight's rule)")
+
+
+def speculative_sampling(rule: Rule | None, candidate_input_ids: torch.Tensor, candidate_logits: torch.Tensor,
                          candidate_length: int, new_logits: torch.Tensor,
                          assistant_ensemble_weight: float | None = None,
                          generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """transformers' ``_speculative_sampling`` contract, verified by ``rule``.
 
     Args:
+        rule: a project rule, or None: the rule transformers' arguments ask for (``Ensemble(w)`` with a weight,
+            ``SpS()`` without).
         candidate_input_ids: ``[1, L + k]`` int64, the sequence with the ``k`` candidates last.
         candidate_logits: ``[1, k, V]`` float, the assistant's processed logits at the candidates.
         candidate_length: ``k``.
         new_logits: ``[1, k + 1, V]`` float32, the target's processed logits (row ``k``: bonus).
-        assistant_ensemble_weight: must be None (use ``Interpolation(1 - w)`` as the rule).
+        assistant_ensemble_weight: transformers' ``w`` in (0, 1), or None: with a weight the step is verified by
+            ``Ensemble(w)`` (``rule`` must then be None or equal to it: ``ValueError`` otherwise).
         generator: random source (default: torch's global generator, as transformers).
 
     Returns:
@@ -105,11 +123,9 @@ def speculative_sampling(rule: Rule, candidate_input_ids: torch.Tensor, candidat
     Batch 1 only, as transformers' own ``_speculative_sampling`` (its assisted loop decodes one
     sequence; ``n_matches`` is one number): a batch of several rows raises ``ValueError``.
     """
-    check_rule(rule)
-    if assistant_ensemble_weight is not None:
-        raise ValueError(
-            f"assistant_ensemble_weight={assistant_ensemble_weight!r} is set while a cactus_theory rule "
-            f"({rule!r}) verifies; use the rule ct.Interpolation({1 - assistant_ensemble_weight:g}) instead")
+    if rule is not None:
+        check_rule(rule)
+    rule = _step_rule(rule, assistant_ensemble_weight)
     for name, t in (("candidate_input_ids", candidate_input_ids), ("candidate_logits", candidate_logits),
                     ("new_logits", new_logits)):
         if not isinstance(t, torch.Tensor):
@@ -151,13 +167,16 @@ def speculative_sampling(rule: Rule, candidate_input_ids: torch.Tensor, candidat
 
 
 @contextlib.contextmanager
-def use_rule(rule: Rule, generator: torch.Generator | None = None):
+def use_rule(rule: Rule | None = None, generator: torch.Generator | None = None):
     """Within the block, transformers' speculative sampling verifies with ``rule``.
 
+    ``rule=None``: with the rule transformers' arguments ask for, through ``sampler.verify``: ``Ensemble(w)`` for
+    ``generate(..., assistant_ensemble_weight=w)``, ``SpS()`` without a weight. A rule together with a weight
+    that asks for another rule raises ``ValueError`` at the first step.
     ``generator``: random source of the verification draws (default torch's global generator,
     which ``torch.manual_seed`` seeds, as for transformers' own sampling).
     """
-    if not isinstance(rule, Rule):
+    if rule is not None and not isinstance(rule, Rule):
         raise ValueError(f"rule must be a cactus_theory Rule (ct.SpS(), ct.Cactus(0.5), ...), got {rule!r}")
     if generator is not None and not isinstance(generator, torch.Generator):
         raise ValueError(f"generator must be a torch.Generator or None, got {generator!r}")
@@ -176,8 +195,10 @@ def use_rule(rule: Rule, generator: torch.Generator | None = None):
             _gen_utils._speculative_sampling = before
 
 
-def assisted_generate(model, assistant_model, rule: Rule, generator: torch.Generator | None = None, **kwargs):
-    """``model.generate(assistant_model=assistant_model, do_sample=True, **kwargs)`` verified by ``rule``.
+def assisted_generate(model, assistant_model, rule: Rule | None = None, generator: torch.Generator | None = None,
+                      **kwargs):
+    """``model.generate(assistant_model=assistant_model, do_sample=True, **kwargs)`` verified by ``rule`` (None:
+    ``Ensemble(w)`` with ``assistant_ensemble_weight=w`` among ``kwargs``, ``SpS()`` without; see ``use_rule``).
 
     ``assistant_model`` is required (a draft model): without one transformers samples plainly and
     never calls the rule (nor with prompt lookup, which has no draft law), so ``None`` raises
@@ -189,5 +210,8 @@ def assisted_generate(model, assistant_model, rule: Rule, generator: torch.Gener
         raise ValueError("do_sample=False never calls a verification rule (greedy assisted decoding "
                          "compares argmaxes); leave do_sample=True")
     kwargs["do_sample"] = True
+    weight = kwargs.get("assistant_ensemble_weight", getattr(kwargs.get("generation_config"), "assistant_ensemble_weight",
+                                                             None))
+    _step_rule(rule, weight)  # a rule and a weight that disagree: refused before generate runs
     with use_rule(rule, generator=generator):
         return model.generate(assistant_model=assistant_model, **kwargs)

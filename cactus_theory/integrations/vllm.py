@@ -42,7 +42,10 @@ num_sampled [num_reqs] int32)`` with the bonus drawn inside. ``register`` replac
 (the name ``_verify`` resolves at call time) with ``rejection_sample_v2`` below, wraps ``__call__`` to make
 the rule visible, and wraps the V2 runner's ``load_model`` (where V2 builds its rejection sampler) to give
 each sampler the engine's rule. Same rule semantics as on V1: sampling requests go through the rule,
-greedy ones keep exact argmax matching.
+greedy ones keep exact argmax matching. Each request's acceptance and recovery uniforms come from its own
+``torch.Generator`` seeded by (its seed, its first row's position) through ``_request_seed``, never from V2's Gumbel
+noise, so they are independent of the noise V2's drafter drew the draft with (keyed on the same seed and positions:
+salted by ``_DRAFT_NOISE_SALT`` since vLLM 0.33, shared with V2's own resampling in 0.28, vLLM #54282).
 
 Refusals, never silent no-ops. With a rule chosen, the engine refuses to start (and ``set_rule``
 raises) when vLLM's own lossy or block methods are configured (``rejection_sample_method`` "synthetic",

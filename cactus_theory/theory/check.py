@@ -66,7 +66,8 @@ the measured peak memory and time at V = 150,000.
 sampling (``ExactResult``): per-entry differences, the exact TV of the first token and of ``a``, and
 the mass the sampler puts on blocks the rule never emits. Effects far below sampling reach are seen:
 transformers 5.24's ``r <= ratio`` accepts a draft with ``q_n = 0`` when ``torch.rand`` returns 0
-(probability ``2**-24``); 5.25's ``r < ratio`` does not (``TransformersSampler`` probes which it has).
+(probability ``2**-24``; the law of ``SpS(rand_bits=24)``); 5.25's ``r < ratio`` does not (``TransformersSampler``
+probes which it has).
 """
 
 from __future__ import annotations
@@ -970,7 +971,8 @@ class TransformersSampler:
     (``accepts_at_equality``: ``fn`` called on a ``q_n = 0`` draft with ``torch.rand_like`` returning 0).
     Recovery from ``clamp(q - p, 0)`` normalised, whichever draft was rejected (with a weight and a residual
     that sums to ``<= tiny``: ``q`` itself); bonus from ``q`` of row ``k``. Judged against ``SpS()`` without a
-    weight, against ``Interpolation(1 - w)`` with one (``h = w q + (1 - w) p``)."""
+    weight, against ``Ensemble(w)`` with one (``h = w q + (1 - w) p``); a 5.24 function without a weight against
+    ``SpS(rand_bits=24)``, the law of its ``r <= rho``."""
 
     def __init__(self, fn=None, assistant_ensemble_weight: float | None = None):
         if fn is None:
@@ -1068,6 +1070,7 @@ def transformers_sampler(fn=None, *, assistant_ensemble_weight: float | None = N
         from transformers.generation.utils import _speculative_sampling
         ct.check_sampler(transformers_sampler(_speculative_sampling), P, Q)            # against SpS
         ct.check_sampler(transformers_sampler(_speculative_sampling), P, Q, mode="exact")
+        ct.check_sampler(transformers_sampler(assistant_ensemble_weight=0.7), P, Q, rule=ct.Ensemble(0.7))
 
     ``fn`` defaults to the installed transformers' function (see ``TransformersSampler``)."""
     return TransformersSampler(fn, assistant_ensemble_weight)

@@ -1,6 +1,6 @@
 """Independent re-implementations of each rule's one-step law, for checking ``rules`` and ``sampler``.
 
-Written from the formulas (PAPER.md, the authors' reference code, vLLM's samplers) with plain numpy
+Written from the formulas (PAPER.md, the authors' reference code, vLLM's and transformers' samplers) with plain numpy
 and scipy loops over the drafted token ``n``, sharing no code with ``rules.py``, ``exact.py`` or
 ``divergences.py``: a wrong port in those modules (a recovery from ``q`` instead of ``h``, a ``>=``
 where the reference has ``>``, a missing factor 2) makes the two disagree.
@@ -21,7 +21,8 @@ from scipy.stats import entropy as scipy_entropy
 
 __all__ = ["reference_law", "reference_step", "reference_gamma", "bernoulli_divergence", "COVERED"]
 
-COVERED = ("SpS", "Cactus", "TAS", "TopK", "Interpolation", "EARS", "DropMatch")
+COVERED = ("SpS", "Cactus", "TAS", "TopK", "Interpolation", "EARS", "DropMatch", "Ensemble")
+TINY32 = float(np.finfo(np.float32).tiny)  # float32's smallest normal number (vLLM 0.7.3's floor, transformers' "zero")
 
 
 def bernoulli_divergence(g: float, q: float, divergence: str) -> float:
@@ -59,15 +60,35 @@ def reference_gamma(q_n: float, delta: float, divergence: str = "kl") -> float:
     return brentq(d, q_n, 1.0, xtol=1e-15, rtol=4 * np.finfo(float).eps, maxiter=500)
 
 
-def _normalised_pos(r: np.ndarray, fallback: np.ndarray) -> np.ndarray:
-    r = np.maximum(r, 0.0)
+def _normalised_pos(r: np.ndarray, fallback: np.ndarray, authors: str = "") -> np.ndarray:
+    """``(r)_+`` normalised, ``fallback`` if it is all zero. ``authors``: the reference code's degenerate cases,
+    ``"floor"`` (vLLM 0.7.3: ``clamp(r, min=tiny)`` then normalise) or ``"token0"`` (an all-zero row sampled by
+    vLLM 0.7.3's exponential race, ``argmax(0 / E)``: token 0)."""
+    r = np.maximum(r, TINY32 if authors == "floor" else 0.0)
     z = r.sum()
-    return r / z if z > 0 else fallback
+    if z > 0:
+        return r / z
+    return np.eye(r.size)[0] if authors == "token0" else fallback
 
 
-def _target_step(h: np.ndarray, p: np.ndarray, n: int) -> tuple[float, np.ndarray]:
+def _authors(rule, how: str) -> str:
+    return how if getattr(rule, "convention", "ours") == "authors" else ""
+
+
+def _target_step(h: np.ndarray, p: np.ndarray, n: int, authors: str = "") -> tuple[float, np.ndarray]:
     """Theorem 1 towards target ``h``: accept w.p. ``min(1, h_n / p_n)``, recover from ``(h - p)_+``."""
-    return min(1.0, h[n] / p[n]), _normalised_pos(h - p, h)
+    return min(1.0, h[n] / p[n]), _normalised_pos(h - p, h, authors)
+
+
+def _grid_accept(ratio: float, bits: int) -> float:
+    """``P(r <= ratio)`` for ``r`` uniform on ``{m 2^-bits : m = 0 .. 2^bits - 1}``: counted for small ``bits``, from
+    the exact rational ``floor(ratio 2^bits) + 1`` otherwise."""
+    if bits <= 16:
+        grid = np.arange(2**bits, dtype=np.float64) / 2.0**bits
+        return float(np.count_nonzero(grid <= ratio)) / 2.0**bits
+    from fractions import Fraction
+
+    return float(min(Fraction(1), Fraction(math.floor(Fraction(min(ratio, 1.0)) * 2**bits) + 1, 2**bits)))
 
 
 def _two_block(q: np.ndarray, n: int, gamma: float) -> np.ndarray:
@@ -85,15 +106,22 @@ def reference_step(rule, p: np.ndarray, q: np.ndarray, n: int) -> tuple[float, n
     The rule's parameters are read from its attributes; its methods are never called."""
     kind = next((c.__name__ for c in type(rule).__mro__ if c.__name__ in COVERED), None)
     if kind == "SpS":
-        return _target_step(q, p, n)
+        bits = getattr(rule, "rand_bits", None)
+        if bits is None:
+            return _target_step(q, p, n)
+        return _grid_accept(q[n] / p[n], bits), _normalised_pos(q - p, q)  # transformers <= 5.24: r <= q_n / p_n
+    if kind == "Ensemble":  # transformers: 1 - w + w q_n / p_n; (q - p)_+, or q where it sums to <= float32's tiny
+        w = rule.weight
+        r = np.maximum(q - p, 0.0)
+        return min(1.0, 1 - w + w * q[n] / p[n]), (r / r.sum() if r.sum() > TINY32 else q.copy())
     if kind == "Cactus":
         if rule.solver == "taylor":  # Corollary 5
             gamma = min(q[n] + math.sqrt(2 * q[n] * (1 - q[n]) * rule.delta), 1.0)  # q(1 - q) first: no inf * 0
         else:
             gamma = reference_gamma(q[n], rule.delta, rule.divergence)
-        return _target_step(_two_block(q, n, gamma), p, n)
+        return _target_step(_two_block(q, n, gamma), p, n, _authors(rule, "token0"))
     if kind == "Interpolation":
-        return _target_step(rule.alpha * p + (1 - rule.alpha) * q, p, n)
+        return _target_step(rule.alpha * p + (1 - rule.alpha) * q, p, n, _authors(rule, "floor"))
     if kind == "TAS":  # vLLM: accept iff q_n > min(eps, alpha exp(-H)), H = -sum q log(q + entropy_eps)
         eps = getattr(rule, "entropy_eps", 0.0)
         H = float(scipy_entropy(q)) if eps == 0 else float(-np.sum(np.where(q > 0, q * np.log(q + eps), 0.0)))
@@ -105,7 +133,7 @@ def reference_step(rule, p: np.ndarray, q: np.ndarray, n: int) -> tuple[float, n
         if getattr(rule, "recovery", "q") == "q":
             return accept, q.copy()
         top = (q >= kth).astype(float)  # the authors': (1[q >= q_(k)] - p)_+, normalised
-        return accept, _normalised_pos(top - p, top / top.sum())
+        return accept, _normalised_pos(top - p, top / top.sum(), _authors(rule, "token0"))
     if kind == "EARS":  # accept iff u < min(1, q_n / p_n + beta (1 - max q)); recover from (q - p)_+
         return min(1.0, q[n] / p[n] + rule.beta * (1 - q.max())), _normalised_pos(q - p, q)
     if kind == "DropMatch":  # bound to one row's hit (V,): accept if the base test passes or n is on a dropout path

@@ -5,9 +5,11 @@
   N = samples_needed(0.1, 36 categories, alpha=1e-3, beta=0.01) draws, i.e. power >= 0.99 against
   any law at TV >= 0.1 from the exact one, such as transformers' own (lossless) rule, which is
   asserted to lie at TV > 0.3 here;
-* transformers' ``assistant_ensemble_weight = w`` is ``Interpolation(1 - w)``: its acceptance
-  probabilities and recovery laws, read from its own ``_speculative_sampling``, equal ours to float64
-  precision, hence so do the one-step laws;
+* transformers' ``assistant_ensemble_weight = w`` is ``Ensemble(w)``: its acceptance probabilities and
+  recovery laws, read from its own ``_speculative_sampling``, equal ``Ensemble(w)``'s to float64 precision, and
+  the one-step law is ``Interpolation(1 - w)``'s; ``check_sampler`` judges transformers' function against
+  ``Ensemble(w)`` in exact and sampled mode; inside ``use_rule()`` a ``generate(..., assistant_ensemble_weight=w)``
+  is verified by ``Ensemble(w)``;
 * one run with the real SmolLM2 verifier and a 4-layer truncated copy of it as the assistant.
 """
 
@@ -139,13 +141,13 @@ def _transformers_parts(p, q, w):
 
 
 @pytest.mark.parametrize("w", [0.2, 0.5, 0.9])
-def test_assistant_ensemble_weight_is_interpolation(w):
+def test_assistant_ensemble_weight_is_ensemble(w):
     rng = np.random.default_rng(int(10 * w))
     p, q = rng.dirichlet(np.ones(V)), rng.dirichlet(np.ones(V))
     assert gen_utils._speculative_sampling is ct_tf._original  # not inside use_rule
     acc, res = _transformers_parts(p, q, w)
     rule = ct_tf.ensemble_weight_rule(w)
-    assert isinstance(rule, ct.Interpolation) and rule.alpha == pytest.approx(1 - w, abs=1e-12)
+    assert rule == ct.Ensemble(w)
     n = np.arange(V)
     P, Q = np.broadcast_to(p, (V, V)), np.broadcast_to(q, (V, V))
     np.testing.assert_allclose(acc, rule.accept_prob(P, Q, n), rtol=0, atol=1e-12)
@@ -153,7 +155,119 @@ def test_assistant_ensemble_weight_is_interpolation(w):
     np.testing.assert_allclose(res[rej], rule.residual(P, Q, n)[rej], rtol=0, atol=1e-12)
     h_tf = (p * acc) @ np.eye(V) + (p * (1 - acc)) @ np.where(rej[:, None], res, 0)
     np.testing.assert_allclose(h_tf, ct.induced_distribution(rule, p, q), rtol=0, atol=1e-12)
+    # its law is Interpolation(1 - w)'s, hence h = w q + (1 - w) p exactly (Theorem 1)
+    np.testing.assert_allclose(h_tf, ct.induced_distribution(ct.Interpolation(1 - w), p, q), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(h_tf, w * q + (1 - w) * p, rtol=0, atol=1e-12)
     assert ct.tv(h_tf, q) > 1e-3  # a lossy rule: the pin is not trivially q = q
+
+
+def test_ensemble_fallback_is_transformers_own():
+    """Where the residual ``(q - p)_+`` sums to at most float32's tiny, transformers recovers from the target ``q``
+    (its ensemble-only fallback), and so does ``Ensemble(w)`` on the same float32 rows; ``Interpolation(1 - w)``
+    normalises the residual instead. float32 logits ``z_q = (0, 0, -88, -89)``, ``z_p = (0, 0, -89, -88)``: the rows
+    differ only below float32's tiny (``Z`` about 1.9e-39), draft 3 is rejected with probability about ``0.63 w``."""
+    w = 0.5
+    zq = torch.tensor([0.0, 0.0, -88.0, -89.0])
+    zp = torch.tensor([0.0, 0.0, -89.0, -88.0])
+    q32, p32 = zq.softmax(-1), zp.softmax(-1)
+    z = (q32 - p32).clamp_min(0).sum()
+    assert 0 < float(z) <= torch.finfo(torch.float32).tiny
+    seen = {}
+
+    def multinomial(probs, num_samples):
+        seen["g"] = probs.reshape(-1).clone()
+        return torch.zeros((1, 1), dtype=torch.long)
+
+    with mock.patch.object(torch, "rand_like", lambda r: torch.full_like(r, 2.0)), \
+            mock.patch.object(torch, "multinomial", multinomial):
+        gen_utils._speculative_sampling(torch.tensor([[3]]), zp[None, None], 1, torch.stack([zq, zq])[None],
+                                        assistant_ensemble_weight=w)
+    assert torch.equal(seen["g"], q32)  # transformers: the target itself
+    n = torch.tensor(3)
+    assert torch.equal(ct.Ensemble(w).residual(p32, q32, n), q32)
+    assert torch.equal(ct.Interpolation(1 - w).residual(p32, q32, n), torch.eye(4)[2])
+    assert 0.5 < float(ct.Ensemble(w).accept_prob(p32, q32, n)) < 1  # the draft can be rejected: the fallback is read
+
+
+ENSEMBLE_TV = 0.15  # the sampled checks below detect a pooled TV of 0.15 with power 0.9 at level 1e-3
+
+
+def _rows(seed):
+    rng = np.random.default_rng(seed)
+    return rng.dirichlet(np.full(V, 0.7), size=K), rng.dirichlet(np.full(V, 0.7), size=K + 1)
+
+
+@pytest.mark.parametrize("w", [0.3, 0.7])
+def test_check_sampler_judges_transformers_ensemble_against_its_rule(w):
+    """transformers' own ``_speculative_sampling`` with ``assistant_ensemble_weight = w`` (installed version) against
+    ``Ensemble(w)``'s exact block law: exact mode (its law read from its code: equal to float32 rounding and the
+    ``2**-24`` grid of ``torch.rand``, nothing impossible) and sampled mode (N rows sized for TV 0.15 at power 0.9,
+    alpha 1e-3, seed 0: not rejected). SpS's law, at first-token TV > 0.2 on these rows, is rejected in both modes."""
+    from cactus_theory.theory.check import block_law, transformers_sampler
+
+    P, Q = _rows(9)
+    hf = transformers_sampler(gen_utils._speculative_sampling, assistant_ensemble_weight=w)
+    ex = ct.check_sampler(hf, P, Q, rule=ct.Ensemble(w), mode="exact")
+    assert not ex.reject and ex.exact.impossible_mass == 0 and ex.exact.max_abs_diff < 1e-6, ex.exact
+    assert ct.check_sampler(hf, P, Q, rule=ct.SpS(), mode="exact").reject
+    ens, sps = block_law(ct.Ensemble(w), P, Q), block_law(ct.SpS(), P, Q)
+    assert 0.5 * np.abs(ens.first() - sps.first()).sum() > 0.2
+    res = ct.check_sampler(hf, P, Q, rule=ct.Ensemble(w), tv=ENSEMBLE_TV, seed=0, parts=("first", "block"))
+    assert not res.reject, res.table()
+    other = ct.check_sampler(hf, P, Q, rule=ct.SpS(), tv=ENSEMBLE_TV, seed=0, parts=("first", "block"))
+    assert other.reject, other.table()
+
+
+def test_use_rule_verifies_a_weighted_step_with_ensemble():
+    """Inside ``use_rule()`` (no rule), transformers' step with a weight is verified by ``Ensemble(w)`` through
+    ``sampler.verify``: its first-token and block laws are Ensemble's (sampled, TV 0.15 at power 0.9, alpha 1e-3),
+    and a disagreeing rule is refused naming both."""
+    from cactus_theory.theory.check import transformers_sampler
+
+    w = 0.4
+    P, Q = _rows(3)
+
+    def step(cii, cl, k, nl, assistant_ensemble_weight=None):  # what use_rule() installs, with torch's global RNG
+        return ct_tf.speculative_sampling(None, cii, cl, k, nl, assistant_ensemble_weight)
+
+    ours = transformers_sampler(step, assistant_ensemble_weight=w)  # sampled mode only: its exact law is not ours
+    res = ct.check_sampler(ours, P, Q, rule=ct.Ensemble(w), tv=ENSEMBLE_TV, seed=1, parts=("first", "block"))
+    assert not res.reject, res.table()
+    assert ct.check_sampler(ours, P, Q, rule=ct.SpS(), tv=ENSEMBLE_TV, seed=1, parts=("first", "block")).reject
+    lp, lq = torch.log(torch.tensor(P[None], dtype=torch.float32)), torch.log(torch.tensor(Q[None], dtype=torch.float32))
+    with pytest.raises(ValueError, match=r"Ensemble\(weight=0.4\).*Cactus"):
+        ct_tf.speculative_sampling(ct.Cactus(0.5), torch.tensor([[0, 1]]), lp, K, lq, w)
+    tokens, a = ct_tf.speculative_sampling(ct.Ensemble(w), torch.tensor([[0, 1]]), lp, K, lq, w)  # the same rule
+    assert tokens.shape == (1, int(a) + 1)
+
+
+def test_generate_with_an_ensemble_weight_verifies_with_ensemble(tiny_pair):
+    """``generate(..., assistant_ensemble_weight=w)`` inside ``use_rule()`` and through ``assisted_generate`` reaches
+    ``sampler.verify`` with ``Ensemble(w)`` at every step (never refused, never ignored); without a weight, SpS."""
+    target, draft = tiny_pair
+    ids = torch.tensor([PROMPT])
+    seen = []
+
+    def spy(*args, **kwargs):
+        seen.append(args[3])
+        return ct.sampler.verify(*args, **kwargs)
+
+    kw = dict(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, pad_token_id=0)
+    torch.manual_seed(0)
+    with mock.patch.object(ct_tf, "verify", spy):
+        with ct_tf.use_rule():
+            target.generate(**kw, assistant_model=draft, do_sample=True, assistant_ensemble_weight=0.3)
+        assert seen and all(r == ct.Ensemble(0.3) for r in seen)
+        seen.clear()
+        ct_tf.assisted_generate(target, draft, **kw, assistant_ensemble_weight=0.6)
+        assert seen and all(r == ct.Ensemble(0.6) for r in seen)
+        seen.clear()
+        ct_tf.assisted_generate(target, draft, ct.Ensemble(0.6), **kw, assistant_ensemble_weight=0.6)
+        assert seen and all(r == ct.Ensemble(0.6) for r in seen)
+        seen.clear()
+        with ct_tf.use_rule():
+            target.generate(**kw, assistant_model=draft, do_sample=True)
+        assert seen and all(r == ct.SpS() for r in seen)
 
 
 def test_use_rule_restores_and_refuses_bad_input(tiny_pair):
@@ -168,7 +282,7 @@ def test_use_rule_restores_and_refuses_bad_input(tiny_pair):
         with ct_tf.use_rule("cactus"):
             pass
     ids = torch.tensor([PROMPT])
-    with pytest.raises(ValueError, match=r"Interpolation\(0.7\)"):
+    with pytest.raises(ValueError, match=r"Ensemble\(weight=0.3\).*Cactus"):
         ct_tf.assisted_generate(target, draft, ct.Cactus(0.5), input_ids=ids, attention_mask=torch.ones_like(ids),
                                 max_new_tokens=3, assistant_ensemble_weight=0.3)
     with pytest.raises(ValueError, match="do_sample"):

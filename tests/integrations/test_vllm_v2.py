@@ -599,3 +599,149 @@ def test_a_rule_that_draws_its_own_bonus_is_refused(v2):
     with pytest.raises(ValueError, match="bonus"):
         plugin.set_rule(worker(r), "medusa")
     assert r.rejection_sampler.cactus_theory_rule is None
+
+
+
+# -- the draft's noise and the target's (vLLM 0.33's _DRAFT_NOISE_SALT; vLLM #54282 on 0.28) ----------------------
+#
+# V2 draws a probabilistic draft (draft_sample_method="probabilistic") by Gumbel-max (``gumbel_sample(...,
+# is_drafting=True)``) with noise keyed on the request's seed and the position of the row that verifies it, and its
+# own target side resamples a rejected draft's residual (``_seeded_resample_argmax``) with noise keyed on the same
+# (seed, position). vLLM 0.28 keyed both alike: the residual was resampled with the very noise vector that drew the
+# draft (#54282); 0.33 adds ``_DRAFT_NOISE_SALT = 1 << 30`` to the drafter's position
+# (vllm/v1/worker/gpu/sample/gumbel.py). The stand-in ``gumbel`` module below keys its noise with the reference's
+# own key (seed * 1_000_003 + position, a torch generator, where vLLM hashes with murmur3 token by token), with the
+# salt of 0.33 or none (0.28). The plugin replaces the target side: whichever keying the drafter uses, its draws
+# must be independent of the drafter's noise.
+
+DRAFT_NOISE_SALT = 1 << 30
+NOISE_V = 4
+GUMBEL_MODULE = "vllm.v1.worker.gpu.sample.gumbel"
+
+
+def noise_key(seed: int, pos: int) -> int:
+    """The stand-in's key of V2's noise stream at (request seed, position): the reference sampler's own."""
+    return int(seed) * 1_000_003 + int(pos)
+
+
+_NOISE_GEN = torch.Generator()
+
+
+def gumbel_draw(logits: torch.Tensor, key: int) -> int:
+    """Gumbel-max with noise from the keyed stream: ``argmax(logits - log(-log u))``, ``u`` (V,) float64."""
+    u = torch.rand(logits.shape[-1], generator=_NOISE_GEN.manual_seed(key), dtype=torch.float64)
+    return int(torch.argmax(logits.double() - torch.log(-torch.log(u))))
+
+
+def standin_gumbel(salt: int) -> types.ModuleType:
+    """V2's ``gumbel`` module (0.33's ``gumbel_sample`` signature, without the logits cache) over the stand-in's
+    keyed noise; ``is_drafting`` adds ``salt`` to the position (0.33: ``1 << 30``; 0.28: 0)."""
+    mod = types.ModuleType(GUMBEL_MODULE)
+    mod._DRAFT_NOISE_SALT = salt
+
+    def gumbel_sample(logits, expanded_idx_mapping, temperature, seed, pos, apply_temperature, is_drafting, **kw):
+        state = expanded_idx_mapping.long()
+        t = temperature[state].double()
+        z = logits.double() / torch.where(t > 0, t, 1.0)[:, None] if apply_temperature else logits.double()
+        out = []
+        for i, (s, x) in enumerate(zip(seed[state].tolist(), pos.tolist(), strict=True)):
+            out.append(int(z[i].argmax()) if t[i] == 0 else gumbel_draw(z[i], noise_key(s, x + (salt if is_drafting else 0))))
+        return torch.tensor(out, dtype=torch.int64)
+
+    mod.gumbel_sample = gumbel_sample
+    return mod
+
+
+def keyed_reference_rejection_sample(target_logits, draft_logits, draft_sampled, cu_num_logits, pos, idx_mapping,
+                                     expanded_idx_mapping, expanded_local_pos, temperature, seed,
+                                     num_speculative_steps, synthetic_conditional_rates=None, use_fp64=False,
+                                     use_block_verification=False, fly_window_size=0, **kw):
+    """V2's standard path with its keyed draws, one draft per request: accept with a uniform of the row's own
+    stream, else resample ``(q - p)_+`` with ``gumbel_sample`` at the row's (seed, position), as V2's
+    ``_seeded_resample_argmax``; the bonus from the bonus row's keyed noise."""
+    gumbel = sys.modules[GUMBEL_MODULE]
+    R = cu_num_logits.shape[0] - 1
+    lo = cu_num_logits[:-1].long()
+    state = idx_mapping.long()
+    n = draft_sampled[lo + 1].long()
+    q = torch.softmax(target_logits[lo].double(), -1)
+    p = torch.softmax(draft_logits[state, 0].double() / temperature[state, None].double(), -1)
+    rows = torch.arange(R)
+    ratio = (q[rows, n] / p[rows, n]).clamp(max=1.0).tolist()
+    keys = [noise_key(s, x) ^ 0x5EED for s, x in zip(seed[state].tolist(), pos[lo].tolist(), strict=True)]
+    accepted = torch.tensor([float(torch.rand((), generator=_NOISE_GEN.manual_seed(k), dtype=torch.float64)) < r
+                             for k, r in zip(keys, ratio, strict=True)])
+    at = {"temperature": temperature, "seed": seed, "apply_temperature": False, "is_drafting": False}
+    sampled = torch.full((R, int(num_speculative_steps) + 1), -1, dtype=torch.int64)
+    a, r = accepted, ~accepted
+    bonus = gumbel.gumbel_sample(torch.log_softmax(target_logits[lo[a] + 1].double(), -1), state[a], pos=pos[lo[a] + 1],
+                                 **at)
+    sampled[a, 0], sampled[a, 1] = n[a], bonus
+    sampled[r, 0] = gumbel.gumbel_sample(torch.log((q[r] - p[r]).clamp_min(0)), state[r], pos=pos[lo[r]], **at)
+    return sampled, (sampled >= 0).sum(-1).to(torch.int32)
+
+
+def noise_batch(N, gumbel, seed=11):
+    """N requests, one probabilistic draft each, drawn by V2's drafter (``gumbel.gumbel_sample(...,
+    is_drafting=True)`` on the draft logits, at the verifying row's position) from ``p``; verifier law ``q``;
+    temperature 1. Returns (logits, batch, draft_logits, sampler, drafts, p, q)."""
+    rng = np.random.default_rng(seed)
+    q = np.array([0.05, 0.55, 0.2, 0.2])  # the draft's favourite (token 0) is often rejected, and its runner-up
+    p = np.array([0.6, 0.35, 0.03, 0.02])  # (token 1) is the main recovery: shared noise moves (draft, recovery) most
+    seeds = torch.tensor(rng.choice(2**40, size=N, replace=False), dtype=torch.int64)
+    logits, batch = v2_batch([[0]] * N, [np.log(np.stack([q, q]))] * N)  # drafts filled in below
+    d = torch.tensor(np.log(np.tile(p, (N, 1))), dtype=torch.float32)
+    drafts = gumbel.gumbel_sample(d, torch.arange(N), torch.ones(N), seeds, batch.positions[0::2],
+                                  apply_temperature=True, is_drafting=True)
+    batch.input_ids[1::2] = drafts.to(torch.int32)  # row 2b + 1 holds request b's draft
+    draft_logits = d[:, None, :].repeat(1, 3, 1)
+    return logits, batch, draft_logits, FakeSampler([1.0] * N, seeds.tolist()), drafts.numpy(), p, q
+
+
+def joint_law(rule, p, q):
+    """``P(n, y)`` of one drafted token ``n ~ p`` and the first emitted token ``y`` (V x V, flattened)."""
+    V = p.size
+    n = np.arange(V)
+    P, Q = np.broadcast_to(p, (V, V)), np.broadcast_to(q, (V, V))
+    phi = rule.accept_prob(P, Q, n)
+    return (p[:, None] * (phi[:, None] * np.eye(V) + (1 - phi)[:, None] * rule.residual(P, Q, n))).ravel()
+
+
+NOISE_N = samples_needed(EPS, categories=NOISE_V**2, alpha=ALPHA, beta=1e-3)  # TV 0.05 at power 0.999, level 1e-4
+
+
+def _joint_test(out, drafts, law):
+    cells = drafts * NOISE_V + out.sampled_token_ids[:, 0].numpy()
+    return goodness_of_fit(cells, law, alpha=ALPHA, kind="samples")
+
+
+@pytest.mark.parametrize("salt", [0, DRAFT_NOISE_SALT], ids=["drafter_keyed_as_0.28", "drafter_salted_as_0.33"])
+def test_v2_plugin_draws_are_independent_of_the_draft_noise(v2, monkeypatch, salt):
+    """Drafts drawn by V2's drafter, whose Gumbel noise is keyed on the seed and position the plugin receives: the
+    joint law of (draft, first emitted token) through the plugin is the rule's exact joint law, with the drafter keyed
+    as vLLM 0.28 keyed it (the key of V2's own resampling: shared noise for vLLM's sampler) and as 0.33 (salted).
+    ``NOISE_N`` draws detect a joint law at TV 0.05 with power 0.999 at level 1e-4 (``samples_needed``, 16 cells)."""
+    gumbel = standin_gumbel(salt)
+    monkeypatch.setitem(sys.modules, GUMBEL_MODULE, gumbel)
+    logits, batch, draft_logits, sampler, drafts, p, q = noise_batch(NOISE_N, gumbel)
+    rule = ct.Cactus(0.1)  # rejects a draft with probability 0.45 here: the recovery is tested, not only acceptance
+    out = runner(v2.mr, rule, sampler).rejection_sampler(logits, batch, draft_logits)
+    res = _joint_test(out, drafts, joint_law(rule, p, q))
+    assert not res.reject, res
+
+
+def test_the_joint_test_catches_shared_noise(monkeypatch):
+    """The test above on V2's own target side (the stand-in's keyed reference): with the drafter keyed as 0.28 (the
+    draft's noise vector reused to resample its residual, #54282) the joint law is rejected; with 0.33's salt it
+    holds. So the plugin's test sees a plugin whose draws share the draft's noise (tests/mutants.py plants one)."""
+    plugin._originals.clear()
+    plugin._v2_state.clear()
+    rs2, mr2 = standin(keyed_reference_rejection_sample)
+    install_fake_vllm(monkeypatch, rs2, mr2)
+    for salt, shared in ((0, True), (DRAFT_NOISE_SALT, False)):
+        gumbel = standin_gumbel(salt)
+        monkeypatch.setitem(sys.modules, GUMBEL_MODULE, gumbel)
+        logits, batch, draft_logits, sampler, drafts, p, q = noise_batch(NOISE_N, gumbel)
+        out = runner(mr2, None, sampler).rejection_sampler(logits, batch, draft_logits)
+        res = _joint_test(out, drafts, joint_law(ct.SpS(), p, q))
+        assert res.reject == shared, (salt, res)

@@ -242,6 +242,89 @@ def test_the_probed_comparison_is_what_transformers_does(monkeypatch, q0):
     assert float(torch.rand(10**6).mul(2**24).remainder(1).abs().max()) == 0  # torch.rand lies on the 2**-24 grid
 
 
+def transformers_524(bits: int | None = None):
+    """transformers 5.24's ``_speculative_sampling`` (``r_i <= probability_ratio``), from the installed one, as a
+    ``transformers_sampler``.
+
+    5.25 changed only that comparison to ``r_i < probability_ratio`` (the two wheels' functions differ in that line
+    and a comment, read with ``diff``). For a float32 ratio ``x``, ``r <= x`` iff ``prev(r) < x``, ``prev(r)`` the
+    float32 just below ``r`` (no float32 lies strictly between them), so an installed ``<`` fed ``prev(r)`` runs
+    5.24's test exactly; an installed ``<=`` is used as it is. ``bits``: ``torch.rand_like`` returns a uniform on the
+    coarser grid ``m 2**-bits`` (a ``q_n = 0`` draft is then accepted with probability ``2**-bits``: visible to
+    sampling). The uniform is read from whatever ``torch.rand_like`` is when the function runs (the sampler's probe
+    patches it)."""
+    from transformers.generation import utils as gen_utils
+
+    fn = gen_utils._speculative_sampling
+    installed_le = transformers_sampler(fn).accepts_at_equality
+
+    def speculative_sampling_524(*args, **kwargs):
+        current = torch.rand_like
+
+        def draws(x, **kw):
+            r = current(x, **kw)
+            if bits is not None:
+                r = torch.floor(r * 2.0**bits) / 2.0**bits
+            return r if installed_le else torch.nextafter(r, torch.full_like(r, -math.inf))
+
+        torch.rand_like = draws
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            torch.rand_like = current
+
+    return transformers_sampler(speculative_sampling_524)
+
+
+def q0_rows():
+    """``rows(7)`` with token 0 impossible for the verifier and likely for the draft."""
+    P, Q = rows(7, k=2, V=8)
+    Q0, P0 = Q.copy(), P.copy()
+    Q0[:, 0] = 0
+    Q0 /= Q0.sum(1, keepdims=True)
+    P0[:, 0] = 0.3
+    P0 /= P0.sum(1, keepdims=True)
+    return P0, Q0
+
+
+def test_transformers_524_law_is_sps_rand_bits_24():
+    """transformers 5.24's test run on its code (``transformers_524``): the probe finds ``r <= ratio``, the exact mode
+    sees the q = 0 draft accepted at ``u = 0`` (``2**-24`` per such draft) against SpS, and nothing against
+    ``SpS(rand_bits=24)`` beyond float32 rounding; the installed function against the named law of its own
+    comparison."""
+    from transformers.generation.utils import _speculative_sampling
+
+    P0, Q0 = q0_rows()
+    hf = transformers_524()
+    assert hf.accepts_at_equality
+    ex = check_sampler(hf, P0, Q0, mode="exact")
+    A0 = block_law(ct.SpS(), P0, Q0).acc[0].sum()
+    assert ex.reject and ex.exact.impossible_mass == pytest.approx(2.0**-24 * (P0[0, 0] + A0 * P0[1, 0]), rel=1e-3)
+    named = check_sampler(hf, P0, Q0, rule=ct.SpS(rand_bits=24), mode="exact")
+    assert not named.reject and named.exact.impossible_mass == 0 and named.exact.max_abs_diff < 1e-6, named.exact
+    installed = transformers_sampler(_speculative_sampling)
+    now = check_sampler(installed, P0, Q0, rule=ct.SpS(rand_bits=24) if installed.accepts_at_equality else ct.SpS(),
+                        mode="exact")
+    assert not now.reject and now.exact.max_abs_diff < 1e-6, now.exact
+
+
+def test_sps_rand_bits_is_transformers_524_law_by_sampling():
+    """``SpS(rand_bits=b)`` against transformers 5.24's own code with ``torch.rand`` on a 2-bit grid (a q = 0 draft
+    accepted with probability 1/4): sampled check not rejected against ``SpS(rand_bits=2)``, rejected against
+    ``SpS()``, whose law lies at first-token TV > 0.1 from it (asserted; the design detects TV 0.1 at power 0.9,
+    alpha 1e-3, seed 0); the exact mode agrees."""
+    P0, Q0 = q0_rows()
+    hf = transformers_524(bits=2)
+    named, plain = block_law(ct.SpS(rand_bits=2), P0, Q0), block_law(ct.SpS(), P0, Q0)
+    assert 0.5 * np.abs(named.first() - plain.first()).sum() > 0.1
+    design = dict(tv=0.1, alpha=ALPHA, seed=0, parts=("first", "block"))
+    res = check_sampler(hf, P0, Q0, rule=ct.SpS(rand_bits=2), **design)
+    assert not res.reject, res.table()
+    assert check_sampler(hf, P0, Q0, rule=ct.SpS(), **design).reject
+    # exact mode: transformers_sampler's exposed law is the 2**-24 grid's, so compare at that grid instead
+    assert not check_sampler(transformers_524(), P0, Q0, rule=ct.SpS(rand_bits=24), mode="exact").reject
+
+
 def test_the_exposed_law_of_a_rule_is_its_block_law():
     P, Q = rows(8, k=2, V=6)
     for rule in (ct.SpS(), ct.TAS(), ct.Cactus(0.3)):
