@@ -72,6 +72,74 @@ def by_key(claims, key, role="primary"):
     return next(c for c in claims if c.key == key and c.role == role)
 
 
+def fake_replicated(shift: float = 0.0, n: int = 800, R: int = 4, base=(1, 8), seed: int = 0) -> dict:
+    """A format-2 (replicated) eval made by the real analysis (``replicated.analyse``) from constructed rows: per
+    question an accuracy p_i ~ Beta(base), every run Bernoulli(p_i), Cactus's runs Bernoulli(p_i + shift)."""
+    from cactus_theory.lm.experiments import replicated as rp
+    from cactus_theory.lm.experiments.eval import _method_info, methods
+    from cactus_theory.lm.experiments.protocol import load_protocol
+    from cactus_theory.lm.experiments.tasks import Problem
+
+    proto = load_protocol()
+    info = [_method_info(m) for m in methods(grid=proto.design["grid"], only=["Cactus delta=0.75", "Cactus delta=1",
+                                                                              "tas"])]
+    cfg, _ = rp.RunConfig.from_protocol(proto, "fake", questions=n, replicates=R, trees=[])
+    rng = np.random.default_rng(seed)
+    raw = {"tasks": {}}
+    for t in cfg.tasks:
+        p = rng.beta(*base, n)
+        recs, timing = {}, {}
+        for m in info:
+            out = rng.random((n, R)) < np.clip(p + (shift if m["key"] == "cactus" else 0.0), 0, 1)[:, None]
+            spec = m["key"] is not None
+            recs[m["label"]] = [{"q": q, "r": r, "correct": bool(out[q, r]), "strict": bool(out[q, r]),
+                                 "new_tokens": 20, "steps": 10 if spec else 0, "accepted": (10 if m["key"] == "sps"
+                                 else 12) if spec else 0, "drafted": 40 if spec else 0, "kl_sum": 0.0,
+                                 "kl_count": 1, "nll_sum": 1.0, "nll_count": 20} for r in range(R) for q in range(n)]
+            timing[m["label"]] = [{"batch": b, "rows": cfg.batch_size, "tokens": 600 + 7 * b, "position": 0,
+                                   "seconds": (1.0 + 0.1 * b) * (0.8 if m["key"] == "cactus" else 1.0)
+                                   * math.exp(0.01 * rng.standard_normal())} for b in range(8)]
+        raw["tasks"][t] = {"problems": [Problem(f"{t}/{i}", f"q{i}", 1) for i in range(n)], "records": recs,
+                           "timing": timing}
+    res = {"format": 2, "protocol": {"path": str(proto.path), "sha256": proto.sha256, "content": proto.content},
+           "config": cfg.as_dict(), "methods": info}
+    res["summary"] = rp.analyse(raw, info, {**proto.analysis, "aa_splits": 100}, cfg)
+    return res
+
+
+def test_claim_10_rule_reaches_each_of_its_verdicts(monkeypatch):
+    """Claim 10 (Cactus 0.75 and 1 match the verifier's accuracy) read from a replicated eval by the protocol's
+    rule: consistent when Cactus has the lossless accuracy, inconclusive when its loss sits at the margin,
+    differs when it loses far more, out of reach when the reference is too low for a loss to show; it prints
+    non-inferiority p-values, never a superiority p-value."""
+    from cactus_theory.lm.experiments import replicated as rp
+    from paper_repro import table_h_eval as h
+
+    monkeypatch.setattr(rp, "N_BOOT", 300)  # the acceptance intervals only; the verdicts use t-intervals
+    seen = {}
+    for shift, want in ((0.0, "consistent"), (-0.03, "inconclusive"), (-0.15, "differs")):
+        res = fake_replicated(shift)
+        c = by_key(h.claims_v2(res), "main-scores-cactus")
+        seen[want] = c.verdict
+        assert c.verdict == want, (shift, c.ours)
+        assert "non-inferiority p = " in c.ours and "McNemar" not in c.ours and "Holm" not in c.ours
+        assert c.scope.startswith("SmolLM2-135M") and "3 points" in c.detail
+        parts = [v for t in res["summary"]["tasks"].values() for lab, e in t["metrics"]["lenient"]["methods"].items()
+                 if lab.startswith("Cactus") for v in [e["vs_lossless"]]]
+        assert len(parts) == 4  # 2 rules x 2 tasks
+        if want == "consistent":
+            assert all(v["low"] > -0.03 and v["p_noninferior"] < 0.025 for v in parts)
+        if want == "differs":
+            assert any(v["high"] < -0.03 for v in parts) and "inferiority p" in c.ours
+    assert seen == {"consistent": "consistent", "inconclusive": "inconclusive", "differs": "differs"}
+    low = fake_replicated(0.0, base=(1, 30))  # the lossless runs score about 3%: below 2 x margin
+    assert by_key(h.claims_v2(low), "main-scores-cactus").verdict == "out of reach"
+    cl = h.claims_v2(res)  # the last: Cactus 15 points worse
+    assert by_key(cl, "main-acceptance").verdict == "consistent"  # Cactus and TAS accept 12 of 40 drafts, SpS 10
+    assert by_key(cl, "wall-clock").verdict == "consistent"  # Cactus 0.8x the verifier's time per batch
+    assert by_key(cl, "tas-arith").kind == "derived" and by_key(cl, "main-scores-tas-gpqa").verdict == "out of reach"
+
+
 # -- one claim, one paper statement; "matches" as non-inferiority --------------------------------------
 def test_main_scores_split_and_tested_as_non_inferiority_on_strict_match():
     from paper_repro import table_h_eval as h

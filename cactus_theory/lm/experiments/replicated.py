@@ -53,7 +53,7 @@ from pathlib import Path
 import numpy as np
 
 from ...core import registry
-from ...core.sampling import Sampling
+from ...core.sampling import SAMPLING, Sampling
 from ...util.args import positive_int
 from ...util.atomic import atomic_path, atomic_write_json, atomic_write_text
 from ...util.keyed_cache import config_key, read_json
@@ -94,7 +94,7 @@ class RunConfig:
     k: int = 4
     max_new_tokens: int = 128
     batch_size: int = 32
-    sampling: dict = field(default_factory=lambda: {"temperature": 0.6, "top_k": 20, "top_p": 0.95})
+    sampling: dict = field(default_factory=SAMPLING.as_dict)
     pair: str = "pair"
     trees: list = field(default_factory=list)
 
