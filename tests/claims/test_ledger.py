@@ -19,6 +19,7 @@ from cactus_theory.claims.ledger import (
     combined_verdict,
     holm,
     interval_verdict,
+    jackknife_t_interval,
     mcnemar_mdd,
     noninferiority,
     noninferiority_power,
@@ -322,3 +323,28 @@ def test_noninferiority_sample_size_power_and_mdd():
     m = t_mdd(sd, n)
     assert m == pytest.approx((stats.t.isf(0.025, n - 1) + stats.t.ppf(0.8, n - 1)) * sd / np.sqrt(n))
     assert m == pytest.approx(mcnemar_mdd(sd ** 2, n), rel=0.01)  # McNemar's normal MDD at the same variance per unit
+
+
+def test_jackknife_t_interval_is_the_t_interval_for_a_mean_and_covers_a_ratio_at_nine_units():
+    """For a mean the jackknife standard error is s / sqrt(n) exactly; for a ratio of sums over 9 units (step e's
+    AL) it is close to the delta method's, and the interval's coverage over 2,000 simulated samples (fixed seed) lies
+    within [0.92, 0.97] (nominal 0.95; the binomial error of 2,000 trials is 0.005)."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(1.0, 0.3, 9)
+    a, b = jackknife_t_interval(x, np.mean), t_interval(x)
+    assert (a.estimate, a.lo, a.hi) == pytest.approx((b.estimate, b.lo, b.hi))
+    ratio = lambda u: u[:, 0].sum() / u[:, 1].sum()  # noqa: E731
+    u = np.column_stack([rng.gamma(4, 1, 9) * 2.0, rng.gamma(4, 1, 9)])
+    r = ratio(u)
+    delta = np.sqrt(((u[:, 0] - r * u[:, 1]) ** 2).sum() / (9 * 8)) / u[:, 1].mean()  # linearised standard error
+    iv = jackknife_t_interval(u, ratio)
+    from scipy import stats
+
+    assert (iv.hi - iv.lo) / 2 == pytest.approx(stats.t.ppf(0.975, 8) * delta, rel=0.15)
+    hits = 0
+    for _ in range(2000):
+        den = rng.gamma(4, 1, 9)
+        num = 2.0 * den + rng.normal(0, 1.0, 9)  # E[num] / E[den] = 2
+        iv = jackknife_t_interval(np.column_stack([num, den]), ratio)
+        hits += iv.lo <= 2.0 <= iv.hi
+    assert 0.92 <= hits / 2000 <= 0.97
