@@ -453,9 +453,11 @@ def lawtest_claims(lt: dict) -> list[Claim]:
     h, g = loop["sps_vs_verifier_3_tokens"], loop["cactus_second_token"]
     ctl = [r for r in lt["control"] if testable(r) and r["tv_between_laws"] > _own_tv(r, lt)]
     ok = bool(ok_step) and not rej and not h["reject"] and not g["reject"] and all(r["reject"] for r in ctl)
+    tested = list(dict.fromkeys(r["method"] for r in lt["step"]))  # the rules whose samplers were tested, in order
     return [Claim(
-        key="samplers-real-lm", claim="every rule's sampler emits its exact one-step law on the real LM, and SpS's "
-        "first 3 tokens through the decode loop have the verifier's law", ref="sampler.py / Theorem 1", kind="code",
+        key="samplers-real-lm", claim=f"the samplers of the {len(tested)} rules tested ({', '.join(tested)}) emit "
+        "their exact one-step law on the real LM, and SpS's first 3 tokens through the decode loop have the "
+        "verifier's law", ref="sampler.py / Theorem 1", kind="code",
         how=(f"goodness of fit of {lt['step'][0]['draws']} verified tokens per (rule, prompt), "
              f"{len({r['prompt'] for r in lt['step']})} prompts, vs exact.induced_distribution (verification step); SpS "
              f"vs verifier alone, {loop['draws']} sequences each through the decode loop (homogeneity, 3 tokens); "
@@ -466,6 +468,7 @@ def lawtest_claims(lt: dict) -> list[Claim]:
               f"{h['pvalue']:.3g}, Cactus second token p = {g['pvalue']:.3g}; control (a wrong law) rejected "
               f"{sum(r['reject'] for r in ctl)}/{len(ctl)} where detectable"),
         verdict=exact_verdict(ok) if ok_step else "out of reach", source=NAME, units=f"{len(ok_step)} testable tests",
+        detail=("not tested here: " + ", ".join(lt["untested"])) if lt.get("untested") else "",
         decision="holds if no testable test rejects at alpha = 1e-4 and every detectable control rejects",
         family=f"the {len(ok_step) + 2} testable tests, each at 1e-4 (Bonferroni bound {(len(ok_step) + 2) * lt['alpha']:.3g})")]
 

@@ -21,14 +21,17 @@ statement, the other's interval excludes it) turns the verdict into "inconclusiv
 
 ``verdict`` (``VERDICTS``):
   ``"holds"``         exact checks pass, or an empirical 95% interval excludes the opposite direction,
-                      on the paper's own setting (never with a ``scope``);
+                      on the paper's own setting (a paper claim never with a ``scope``); a result we derived
+                      or a check of our code measured on toy or random models names them in ``scope``
+                      ("holds (on toy pairs)"): there is no paper setting to hold on, but the reader must
+                      see that the evidence is toy-only;
   ``"consistent"``    as "holds", but measured on another model or scale (``scope`` says which,
                       e.g. "SmolLM2-135M, k = 4"): evidence of the direction, not of the paper's numbers;
   ``"inconclusive"``  the 95% interval contains no effect (it straddles the comparison point);
   ``"differs"``       an exact check fails, or the interval excludes the paper's direction;
   ``"out of reach"``  not measurable here, or fewer than ``MIN_POINTS`` comparable points.
 Every verdict measured on another model, task or scale names it in ``scope``, whatever the verdict
-("consistent" must; "inconclusive" and "differs" should); only "holds" never has one.
+("consistent" must; "inconclusive" and "differs" should); a paper claim's "holds" never has one.
 """
 
 from __future__ import annotations
@@ -79,9 +82,11 @@ class Claim:
                              f"with paper={self.paper!r}")
         if self.role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {self.role!r}")
-        if (self.verdict == "consistent" and not self.scope) or (self.verdict == "holds" and self.scope):
-            raise ValueError("a 'consistent' verdict needs a scope (the model / scale measured), and 'holds' none "
-                             f"(it is the paper's own setting): got verdict {self.verdict!r}, scope {self.scope!r}")
+        if (self.verdict == "consistent" and not self.scope) or (self.verdict == "holds" and self.scope
+                                                                  and self.kind == "paper"):
+            raise ValueError("a 'consistent' verdict needs a scope (the model / scale measured), and a paper claim's "
+                             f"'holds' none (it is the paper's own setting): got verdict {self.verdict!r}, scope "
+                             f"{self.scope!r}")
 
     @property
     def passed(self) -> bool:
