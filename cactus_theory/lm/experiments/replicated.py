@@ -74,7 +74,7 @@ from .protocol import Protocol, git_status, guard
 
 __all__ = ["FORMAT", "RunConfig", "row_seed", "batch_rows", "method_order", "lossless_labels", "run_replicated",
            "analyse", "aa_null", "power_table", "wall_clock", "claim_parts", "claim_verdicts", "format_report",
-           "plot_accuracy_vs_al", "evaluate", "N_BOOT", "configure", "check", "run"]
+           "plot_accuracy_vs_al", "evaluate", "rows_arrays", "N_BOOT", "configure", "check", "run"]
 
 FORMAT = 2
 N_BOOT = 4000
@@ -777,17 +777,27 @@ def plot_accuracy_vs_al(result: dict, path_stem: str | Path | None = None):
 
 
 def compact(raw: dict, method_info: list[dict], n: int, R: int) -> dict:
-    """What eval.json keeps of the rows (the cache keeps texts): per task the question ids and, per method, the
-    replicates' outcomes as strings ("0110": replicates 0..R-1) and the counters summed over replicates."""
+    """What eval.json keeps of the rows (the cache keeps texts): per task the question ids and, per method, one
+    string per field, a space between questions (``rows_arrays`` reads it back): the replicates' outcomes
+    ("0110": replicates 0..R-1) and the counters summed over replicates (6 significant digits)."""
     out = {}
     for t, tr in raw["tasks"].items():
         per = {}
         for m in method_info:
             p = per_question(tr["records"][m["label"]], n, R)
-            per[m["label"]] = {"correct": ["".join("1" if x else "0" for x in row) for row in p["correct"]],
-                               "strict": ["".join("1" if x else "0" for x in row) for row in p["strict"]],
-                               **{c: [round(float(x), 6) for x in p[c]] for c in _SUMS}}
-        out[t] = {"question_ids": [p.id for p in tr["problems"]], "per_question": per, "timing": tr["timing"]}
+            per[m["label"]] = {"correct": " ".join("".join("1" if x else "0" for x in row) for row in p["correct"]),
+                               "strict": " ".join("".join("1" if x else "0" for x in row) for row in p["strict"]),
+                               **{c: " ".join(f"{float(x):.6g}" for x in p[c]) for c in _SUMS}}
+        out[t] = {"question_ids": " ".join(p.id for p in tr["problems"]), "per_question": per, "timing": tr["timing"]}
+    return out
+
+
+def rows_arrays(result: dict, task: str, label: str) -> dict:
+    """``compact``'s strings of one (task, method) of a saved result as arrays: ``correct`` / ``strict`` (n, R)
+    booleans and each counter's (n,) sums over replicates."""
+    d = result["rows"][task]["per_question"][label]
+    out = {k: np.array([[c == "1" for c in s] for s in d[k].split()]) for k in ("correct", "strict")}
+    out.update({c: np.array([float(x) for x in d[c].split()]) for c in _SUMS})
     return out
 
 

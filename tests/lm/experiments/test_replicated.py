@@ -153,8 +153,12 @@ def test_pilot_end_to_end(tmp_path, monkeypatch):
         task = S["tasks"][t]
         assert task["distinct_question_texts"] == task["distinct_contents"] == 6 and task["replicates"] == 4
         rows = saved["rows"][t]["per_question"]
-        assert all(len(s) == 4 for lab in rows for s in rows[lab]["correct"])
-        outcome = {lab: np.array([[c == "1" for c in s] for s in rows[lab]["correct"]], float) for lab in rows}
+        arr = {lab: rp.rows_arrays(saved, t, lab) for lab in rows}
+        assert all(a["correct"].shape == (6, 4) for a in arr.values())  # 6 questions x R = 4 replicates
+        outcome = {lab: a["correct"].astype(float) for lab, a in arr.items()}
+        recs = res["raw"]["tasks"][t]["records"]["SpS"]  # the decoded rows, against what eval.json keeps of them
+        assert arr["SpS"]["new_tokens"].sum() == sum(r["new_tokens"] for r in recs)
+        assert sorted({(r["q"], r["r"]) for r in recs}) == [(q, r) for q in range(6) for r in range(4)]
         ref = np.concatenate([outcome[lab] for lab in S["lossless"]], axis=1).mean(1)
         mt = task["metrics"]["lenient"]
         assert mt["reference"][0] == pytest.approx(ref.mean())
