@@ -921,6 +921,9 @@ def _plan(args, pair: str = "pair"):
     from ...core.tree import BudgetTree
 
     eval_methods(grid=protocol.design["grid"], only=only, trees=[BudgetTree(*t) for t in cfg.trees])
+    if dev and Path(args.out).resolve() == DEFAULT_OUT.resolve():
+        raise ValueError(f"--out: a run that deviates from the protocol ({'; '.join(dev)}) does not write the committed "
+                         f"results in {DEFAULT_OUT}: give another --out")
     return protocol, cfg, dev, only
 
 

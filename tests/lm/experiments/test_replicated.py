@@ -319,3 +319,13 @@ def test_eval_command_checks_arguments_before_models(argv, msg, tmp_path, monkey
     rp.configure(p)
     with pytest.raises(ValueError, match=msg):
         rp.run(p.parse_args(argv + ["--out", str(tmp_path)]))
+
+
+def test_a_run_that_deviates_from_the_protocol_never_writes_the_committed_results(monkeypatch):
+    from cactus_theory.lm.experiments import eval as legacy
+
+    monkeypatch.setattr(legacy, "load_eval_pair", lambda *a, **k: pytest.fail("a model was loaded"))
+    p = argparse.ArgumentParser()
+    rp.configure(p)
+    with pytest.raises(ValueError, match="deviates from the protocol .*questions: 1000 in the protocol, 50"):
+        rp.run(p.parse_args(["--questions", "50"]))  # --out defaults to paper_repro/results/eval
