@@ -140,6 +140,35 @@ def test_claim_10_rule_reaches_each_of_its_verdicts(monkeypatch):
     assert by_key(cl, "tas-arith").kind == "derived" and by_key(cl, "main-scores-tas-gpqa").verdict == "out of reach"
 
 
+def test_step_h_reads_a_format_2_run_by_its_protocol(tmp_path, monkeypatch):
+    """Step h with a committed format-2 run: eval.md re-rendered from it, the figure drawn, the claims from the
+    protocol's rules (claims_v2), the first design's reduced run shown beside it."""
+    import json
+
+    from cactus_theory.lm.experiments import replicated as rp
+    from paper_repro import table_h_eval as h
+    from paper_repro.common import Ctx
+
+    monkeypatch.setattr(rp, "N_BOOT", 300)
+    full = fake_replicated(0.0, n=200)
+    full["claims"] = rp.claim_verdicts(full)
+    monkeypatch.setattr(h, "FULL", tmp_path / "eval" / "eval.json")
+    h.FULL.parent.mkdir()
+    h.FULL.write_text(json.dumps(full))
+    ctx = Ctx(results=tmp_path / "results", figures=tmp_path / "figures")
+    drawn = []  # the figure itself is drawn in the pilot (tests/lm/experiments/test_replicated.py): seconds saved here
+    monkeypatch.setattr(rp, "plot_accuracy_vs_al", lambda r: drawn.append(r["format"]) or "fig")
+    monkeypatch.setattr(h, "save_figure", lambda fig, c, stem: [f"{stem}:{fig}"])
+    res = h.run_v2(ctx, fake_eval(), json.loads(h.FULL.read_text()), 0.0)
+    assert (tmp_path / "eval" / "eval.md").read_text() == rp.format_report(full) + "\n"
+    assert res.figures == ["fig_h_eval:fig"] and drawn == [2]
+    assert res.data["full_format"] == 2
+    text = res.data["sections"][0][1]
+    assert "the replicated eval of the pre-registered protocol" in text and "the first eval design" in text
+    assert {c.key for c in res.claims} >= {"main-scores-cactus", "tas-arith", "main-acceptance", "wall-clock"}
+    assert all("McNemar" not in c.ours for c in res.claims if c.key in ("main-scores-cactus", "tas-arith"))
+
+
 # -- one claim, one paper statement; "matches" as non-inferiority --------------------------------------
 def test_main_scores_split_and_tested_as_non_inferiority_on_strict_match():
     from paper_repro import table_h_eval as h
