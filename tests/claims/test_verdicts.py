@@ -76,12 +76,12 @@ def fake_replicated(shift: float = 0.0, n: int = 800, R: int = 4, base=(1, 8), s
     """A format-2 (replicated) eval made by the real analysis (``replicated.analyse``) from constructed rows: per
     question an accuracy p_i ~ Beta(base), every run Bernoulli(p_i), Cactus's runs Bernoulli(p_i + shift)."""
     from cactus_theory.lm.experiments import replicated as rp
-    from cactus_theory.lm.experiments.eval import _method_info, methods
+    from cactus_theory.lm.experiments.eval import method_info, methods
     from cactus_theory.lm.experiments.protocol import load_protocol
     from cactus_theory.lm.experiments.tasks import Problem
 
     proto = load_protocol()
-    info = [_method_info(m) for m in methods(grid=proto.design["grid"], only=["Cactus delta=0.75", "Cactus delta=1",
+    info = [method_info(m) for m in methods(grid=proto.design["grid"], only=["Cactus delta=0.75", "Cactus delta=1",
                                                                               "tas"])]
     cfg, _ = rp.RunConfig.from_protocol(proto, "fake", questions=n, replicates=R, trees=[])
     rng = np.random.default_rng(seed)

@@ -58,7 +58,7 @@ from ...util.keyed_cache import config_key, keyed_subdir, read_json
 from . import tasks
 
 __all__ = ["EVAL_GRID", "SAMPLING", "Method", "EvalConfig", "methods", "run_eval", "summarise", "format_table",
-           "plot_accuracy_vs_al", "evaluate", "pair_id", "load_eval_pair", "eval_trees"]
+           "plot_accuracy_vs_al", "evaluate", "pair_id", "load_eval_pair", "eval_trees", "method_info"]
 
 SAMPLING = _SAMPLING  # the paper's (core.sampling.SAMPLING)
 # the issue's sweep per registry key; rules not named here run once at their registry defaults
@@ -256,7 +256,7 @@ def run_eval(pair, cfg: EvalConfig, method_list: list[Method], cache_dir: Path |
             bar.set_postfix(batch=b, method=m.label[:24], cached=hit)
             bar.update()
     bar.close()
-    out = {"config": cfg.as_dict(), "methods": [_method_info(m) for m in method_list], "records": recs,
+    out = {"config": cfg.as_dict(), "methods": [method_info(m) for m in method_list], "records": recs,
            "seconds": secs}
     out["summary"] = summarise(recs, secs, method_list, seed=cfg.seed)
     if ablation:
@@ -268,7 +268,8 @@ def _timing(batch_value: dict) -> dict:
     return {"seconds": batch_value["seconds"], "tokens": sum(r["new_tokens"] for r in batch_value["records"])}
 
 
-def _method_info(m: Method) -> dict:
+def method_info(m: Method) -> dict:
+    """What a result records of a method: label, registry key, parameters, rule identity, colour (and its tree)."""
     out = {"label": m.label, "key": m.key, "params": m.params, "rule": m.rule_id, "colour": m.colour}
     if m.tree is not None:
         out["tree"] = {"nodes": m.tree.nodes, "depth": m.tree.depth, "topk": m.tree.topk, "scheme": "deterministic"}
@@ -330,7 +331,7 @@ def run_ablation(pair, cfg, method_list, recs, secs, cache, batches, progress=Tr
                              np.array([r["correct"] for r in recs[interp[0].label]]), seed=cfg.seed)
     return {"status": status, "target_al": _al(recs[interp[0].label]), "target_al_first_batch": target,
             "probes_first_batch": {f"{d:.6g}": a for d, a in sorted(probes.items())}, "delta": chosen,
-            "method": _method_info(m), "records": rs, "seconds": ss,
+            "method": method_info(m), "records": rs, "seconds": ss,
             "summary": {m.label: summ[m.label], interp[0].label: summ[interp[0].label]},
             "cactus_minus_interpolation": _paired_dict(diff)}
 

@@ -65,8 +65,8 @@ from .eval import (
     COUNTERS,
     DEFAULT_OUT,
     Method,
-    _method_info,
     eval_trees,
+    method_info,
     pair_id,
 )
 from .eval import methods as eval_methods
@@ -170,9 +170,9 @@ def method_order(labels: list[str], seed: int, task: str, batch: int) -> list[st
     return out
 
 
-def lossless_labels(method_info: list[dict]) -> list[str]:
+def lossless_labels(infos: list[dict]) -> list[str]:
     """The lossless pool: the verifier alone and every method whose registry rule is declared lossless."""
-    return [m["label"] for m in method_info if m["key"] is None or registry.spec(m["key"]).lossless]
+    return [m["label"] for m in infos if m["key"] is None or registry.spec(m["key"]).lossless]
 
 
 # -- decoding -------------------------------------------------------------------------------------
@@ -482,7 +482,7 @@ def wall_clock(timing: dict, base: str, labels: list[str], batch_size: int) -> d
     return out
 
 
-def analyse(raw: dict, method_info: list[dict], protocol_analysis: dict, cfg: RunConfig) -> dict:
+def analyse(raw: dict, infos: list[dict], protocol_analysis: dict, cfg: RunConfig) -> dict:
     """Per task: per method its accuracy, strict accuracy, the comparison with the lossless pool (non-inferiority
     at the margin, or an A/A for a lossless method), AL, acceptance, Rej vs SpS, step KL, NLL, the wall clock;
     the A/A null and the power table; then the family's Holm adjustment over lossy methods x tasks."""
@@ -492,11 +492,11 @@ def analyse(raw: dict, method_info: list[dict], protocol_analysis: dict, cfg: Ru
     alpha = protocol_analysis["alpha_one_sided"]
     power = protocol_analysis["power"]
     splits = protocol_analysis["aa_splits"]
-    labels = [m["label"] for m in method_info]
-    info = {m["label"]: m for m in method_info}
-    pool_labels = lossless_labels(method_info)
-    base = next(m["label"] for m in method_info if m["key"] is None)
-    sps = next(m["label"] for m in method_info if m["key"] == "sps" and not m.get("tree"))
+    labels = [m["label"] for m in infos]
+    info = {m["label"]: m for m in infos}
+    pool_labels = lossless_labels(infos)
+    base = next(m["label"] for m in infos if m["key"] is None)
+    sps = next(m["label"] for m in infos if m["key"] == "sps" and not m.get("tree"))
     n, R = cfg.questions, cfg.replicates
     out: dict = {"tasks": {}, "lossless": pool_labels, "margin": margin, "alpha_one_sided": alpha}
     family = []
@@ -776,14 +776,14 @@ def plot_accuracy_vs_al(result: dict, path_stem: str | Path | None = None):
     return fig
 
 
-def compact(raw: dict, method_info: list[dict], n: int, R: int) -> dict:
+def compact(raw: dict, infos: list[dict], n: int, R: int) -> dict:
     """What eval.json keeps of the rows (the cache keeps texts): per task the question ids and, per method, one
     string per field, a space between questions (``rows_arrays`` reads it back): the replicates' outcomes
     ("0110": replicates 0..R-1) and the counters summed over replicates (6 significant digits)."""
     out = {}
     for t, tr in raw["tasks"].items():
         per = {}
-        for m in method_info:
+        for m in infos:
             p = per_question(tr["records"][m["label"]], n, R)
             per[m["label"]] = {"correct": " ".join("".join("1" if x else "0" for x in row) for row in p["correct"]),
                                "strict": " ".join("".join("1" if x else "0" for x in row) for row in p["strict"]),
@@ -826,7 +826,7 @@ def evaluate(pair, protocol: Protocol, cfg: RunConfig, out_dir: Path, cache_dir:
         raise ProtocolChanged("--amend-protocol: nothing to amend (no result was made under another protocol hash)")
     trees = [BudgetTree(*t) for t in cfg.trees]
     ml = eval_methods(grid=protocol.design["grid"], only=only, trees=trees)
-    info = [_method_info(m) for m in ml]
+    info = [method_info(m) for m in ml]
     t0 = time.perf_counter()
     raw = run_replicated(pair, cfg, ml, cache_dir, protocol_sha=protocol.sha256, progress=progress,
                          calibrate_only=calibrate_only, log=log)
