@@ -293,7 +293,7 @@ def _topk_claim(s: dict) -> Claim:
         "reference code", "derived", f"exact one-step laws, mean over {s['_rows']} random pairs (V = {s['_V']})",
         "KL(h_alg || q) at k = " + ", ".join(f"{k}: {fmt(authors[k], 2)} (authors') vs {fmt(ours[k], 2)} (from q)"
                                               for k in ks),
-        exact_verdict(ok))
+        exact_verdict(ok), scope=f"random pairs, V = {s['_V']}")
 
 
 def claims(d: dict) -> list[Claim]:

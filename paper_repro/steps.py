@@ -91,7 +91,10 @@ STEPS: list[Step] = [
     Step("h", "table_h_eval",
          "`figures/fig_h_eval`: task accuracy vs AL with 95% intervals; a reduced `cactus-theory eval` (48 "
          "problems; verifier alone, SpS, TAS, Cactus 0.75 and 1) and the distribution tests on the real LM; shows "
-         "the committed full run (`make eval`, `results/eval/eval.json`) beside it when made with the same pair",
+         "the committed full run (`make eval`, `results/eval/eval.json`) beside it when made with the same pair: a "
+         "format-2 run (the replicated eval, issue 25) is read by its pre-registered protocol "
+         "(`protocols/eval_v2.json`: non-inferiority against the pooled lossless runs at the protocol's margin), a "
+         "format-1 run by the first design's rules",
          "main table (scores, AL, Rej), interpolation ablation, wall-clock", "~5 min with the batched loop",
          lm=True, figure="fig_h_eval", title="h. Task accuracy vs AL",
          caption="accuracy (95% Wilson interval) against AL (tokens per verifier call, bonus included; 95% "
