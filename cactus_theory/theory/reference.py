@@ -7,7 +7,14 @@ where the reference has ``>``, a missing factor 2) makes the two disagree.
 
 ``reference_law(rule, p, q)`` is ``h_alg(y) = sum_n p_n [phi_n 1(y = n) + (1 - phi_n) g_n(y)]`` for one
 row ``p``, ``q`` (float64, shape (V,)). ``reference_gamma(q_n, delta, divergence)`` is Theorem 2's
-root by Brent's method on the two-point divergence. Slow (O(V^2)); for small vocabularies.
+root by Brent's method on the two-point divergence; ``reference_rule_gamma(rule, q_n)`` a two-block
+rule's ``gamma``; ``reference_bonus(rule, q)`` the law of the bonus token. Slow (O(V^2)); for small
+vocabularies. Every registry rule is covered (``COVERED``; the conformance harness in
+``tests/conformance`` refuses a registry rule without a reference here).
+
+The production rules (SGLang's threshold, relaxed acceptance, Medusa's typical acceptance, vLLM's FLy)
+are written from their upstream kernels' conditions as ``rules.py``'s docstrings quote them: plain
+Python sorts for ranks, ``math.log`` loops for entropies.
 """
 
 from __future__ import annotations
@@ -19,9 +26,11 @@ from scipy.optimize import brentq
 from scipy.special import rel_entr
 from scipy.stats import entropy as scipy_entropy
 
-__all__ = ["reference_law", "reference_step", "reference_gamma", "bernoulli_divergence", "COVERED"]
+__all__ = ["reference_law", "reference_step", "reference_gamma", "reference_rule_gamma", "reference_bonus",
+           "bernoulli_divergence", "COVERED"]
 
-COVERED = ("SpS", "Cactus", "TAS", "TopK", "Interpolation", "EARS", "DropMatch")
+COVERED = ("SpS", "Cactus", "TAS", "TopK", "Interpolation", "EARS", "DropMatch", "SGLangThreshold",
+           "RelaxedAcceptance", "MedusaTypical", "FLy")
 
 
 def bernoulli_divergence(g: float, q: float, divergence: str) -> float:
@@ -47,7 +56,7 @@ def bernoulli_divergence(g: float, q: float, divergence: str) -> float:
 
 def reference_gamma(q_n: float, delta: float, divergence: str = "kl") -> float:
     """Theorem 2: the largest ``gamma`` in ``[q_n, 1]`` with ``D((gamma, 1 - gamma) || (q_n, 1 - q_n)) <= delta``,
-    by ``scipy.optimize.brentq`` (``xtol`` 1e-15); 1 when the budget allows 1, ``q_n`` when ``delta = 0``."""
+    by ``scipy.optimize.brentq`` (relative precision 4 eps); 1 when the budget allows 1, ``q_n`` when ``delta = 0``."""
     q_n = float(q_n)
     if delta == 0 or q_n >= 1:
         return q_n
@@ -56,7 +65,7 @@ def reference_gamma(q_n: float, delta: float, divergence: str = "kl") -> float:
         return 1.0
     if q_n == 0 and not math.isfinite(d(1e-300)):
         return 0.0  # KL / chi-square: any mass where q_n = 0 costs infinity
-    return brentq(d, q_n, 1.0, xtol=1e-15, rtol=4 * np.finfo(float).eps, maxiter=500)
+    return brentq(d, q_n, 1.0, xtol=1e-300, rtol=4 * np.finfo(float).eps, maxiter=500)  # relative precision: tiny q_n too
 
 
 def _normalised_pos(r: np.ndarray, fallback: np.ndarray) -> np.ndarray:
@@ -67,7 +76,50 @@ def _normalised_pos(r: np.ndarray, fallback: np.ndarray) -> np.ndarray:
 
 def _target_step(h: np.ndarray, p: np.ndarray, n: int) -> tuple[float, np.ndarray]:
     """Theorem 1 towards target ``h``: accept w.p. ``min(1, h_n / p_n)``, recover from ``(h - p)_+``."""
-    return min(1.0, h[n] / p[n]), _normalised_pos(h - p, h)
+    return (min(1.0, h[n] / p[n]) if p[n] > 0 else 0.0), _normalised_pos(h - p, h)
+
+
+_STATS: dict = {}  # per-row statistics of q, keyed by (name, parameters, q's bytes): one computation per row
+
+
+def _row_stat(name: str, q: np.ndarray, params: tuple, fn):
+    """``fn(q)`` memoised on the row's bytes (a rule's statistic is the same for every drafted ``n``)."""
+    key = (name, params, q.tobytes())
+    if key not in _STATS:
+        if len(_STATS) > 4096:
+            _STATS.clear()
+        _STATS[key] = fn(q)
+    return _STATS[key]
+
+
+def _one_hot(V: int, i: int) -> np.ndarray:
+    e = np.zeros(V)
+    e[i] = 1.0
+    return e
+
+
+def _first_argmax(q: np.ndarray) -> int:
+    """The lowest id among the largest entries of ``q`` (a plain loop over the row)."""
+    def scan(q):
+        best = 0
+        for i, x in enumerate(q.tolist()):
+            if x > q[best]:
+                best = i
+        return best
+
+    return _row_stat("argmax", q, (), scan)
+
+
+def _without(q: np.ndarray, n: int) -> np.ndarray:
+    """``q`` with token ``n`` removed, renormalised; ``q`` itself when nothing else is left."""
+    rest = q.copy()
+    rest[n] = 0.0
+    return rest / rest.sum() if rest.sum() > 0 else q.copy()
+
+
+def _medusa_entropy(q: np.ndarray, eps: float) -> float:
+    """``-sum_{q_i > 0} q_i log(q_i + eps)``, term by term."""
+    return -math.fsum(float(x) * math.log(float(x) + eps) for x in q if x > 0)
 
 
 def _two_block(q: np.ndarray, n: int, gamma: float) -> np.ndarray:
@@ -79,34 +131,67 @@ def _two_block(q: np.ndarray, n: int, gamma: float) -> np.ndarray:
     return h
 
 
-def reference_step(rule, p: np.ndarray, q: np.ndarray, n: int) -> tuple[float, np.ndarray]:
-    """``(phi_n, g_n)`` of ``rule`` for drafted token ``n`` (needs ``p_n > 0``), from the formulas.
+def _kind(rule) -> str | None:
+    return next((c.__name__ for c in type(rule).__mro__ if c.__name__ in COVERED), None)
 
-    The rule's parameters are read from its attributes; its methods are never called."""
-    kind = next((c.__name__ for c in type(rule).__mro__ if c.__name__ in COVERED), None)
+
+def reference_rule_gamma(rule, q_n: float) -> float:
+    """``gamma(q_n)`` of a two-block rule (SpS: ``q_n``; Cactus: Corollary 5 or Theorem 2's root), ``q_n``
+    first clipped to [0, 1]."""
+    q_n = min(max(float(q_n), 0.0), 1.0)
+    kind = _kind(rule)
     if kind == "SpS":
-        return _target_step(q, p, n)
+        return q_n
     if kind == "Cactus":
         if rule.solver == "taylor":  # Corollary 5
-            gamma = min(q[n] + math.sqrt(2 * q[n] * (1 - q[n]) * rule.delta), 1.0)  # q(1 - q) first: no inf * 0
-        else:
-            gamma = reference_gamma(q[n], rule.delta, rule.divergence)
-        return _target_step(_two_block(q, n, gamma), p, n)
+            return min(q_n + math.sqrt(2 * q_n * (1 - q_n) * rule.delta), 1.0)  # q(1 - q) first: no inf * 0
+        return reference_gamma(q_n, rule.delta, rule.divergence)
+    raise NotImplementedError(f"no reference gamma for {rule!r} (two-block rules: SpS, Cactus)")
+
+
+def reference_bonus(rule, q) -> np.ndarray:
+    """Law of the bonus token after every draft of a block is accepted: ``q``, except Medusa's
+    ``e_{argmax q}`` (its next candidate is the verifier's argmax, first maximum on ties)."""
+    q = np.asarray(q, dtype=np.float64)
+    if _kind(rule) == "MedusaTypical":
+        return _one_hot(q.size, _first_argmax(q))
+    if _kind(rule) is None:
+        raise NotImplementedError(f"no reference implementation for {rule!r} (covered: {', '.join(COVERED)})")
+    return q.copy()
+
+
+def reference_step(rule, p: np.ndarray, q: np.ndarray, n: int) -> tuple[float, np.ndarray]:
+    """``(phi_n, g_n)`` of ``rule`` for drafted token ``n``, from the formulas (``phi_n = 0`` where
+    ``p_n = 0``: the draft could not have drawn ``n``).
+
+    The rule's parameters are read from its attributes; its methods are never called."""
+    p, q = np.asarray(p, dtype=np.float64), np.asarray(q, dtype=np.float64)
+    phi, g = _reference_step(rule, p, q, int(n))
+    return (0.0 if p[n] <= 0 else float(min(max(phi, 0.0), 1.0))), g
+
+
+def _reference_step(rule, p: np.ndarray, q: np.ndarray, n: int) -> tuple[float, np.ndarray]:
+    kind = _kind(rule)
+    if kind in ("SpS", "Cactus"):
+        return _target_step(_two_block(q, n, reference_rule_gamma(rule, q[n])), p, n)
     if kind == "Interpolation":
         return _target_step(rule.alpha * p + (1 - rule.alpha) * q, p, n)
     if kind == "TAS":  # vLLM: accept iff q_n > min(eps, alpha exp(-H)), H = -sum q log(q + entropy_eps)
         eps = getattr(rule, "entropy_eps", 0.0)
-        H = float(scipy_entropy(q)) if eps == 0 else float(-np.sum(np.where(q > 0, q * np.log(q + eps), 0.0)))
+        H = _row_stat("tas-entropy", q, (eps,), lambda q: float(scipy_entropy(q)) if eps == 0 else float(
+            -np.sum(np.where(q > 0, q * np.log(q + eps), 0.0))))
         accept = q[n] > min(rule.epsilon, rule.alpha * math.exp(-H))
-        return float(accept), np.eye(q.size)[int(np.argmax(q))]
+        return float(accept), _one_hot(q.size, int(np.argmax(q)))
     if kind == "TopK":
-        kth = np.sort(q)[::-1][rule.k - 1]
+        kth = _row_stat("kth", q, (rule.k,), lambda q: np.sort(q)[::-1][rule.k - 1])
         accept = float(q[n] >= kth)
         if getattr(rule, "recovery", "q") == "q":
             return accept, q.copy()
         top = (q >= kth).astype(float)  # the authors': (1[q >= q_(k)] - p)_+, normalised
         return accept, _normalised_pos(top - p, top / top.sum())
     if kind == "EARS":  # accept iff u < min(1, q_n / p_n + beta (1 - max q)); recover from (q - p)_+
+        if p[n] <= 0:
+            return 0.0, _normalised_pos(q - p, q)
         return min(1.0, q[n] / p[n] + rule.beta * (1 - q.max())), _normalised_pos(q - p, q)
     if kind == "DropMatch":  # bound to one row's hit (V,): accept if the base test passes or n is on a dropout path
         hit = float(np.asarray(rule.hit)[n])
@@ -116,9 +201,32 @@ def reference_step(rule, p: np.ndarray, q: np.ndarray, n: int) -> tuple[float, n
             rest[n] = 0.0
             g = rest / rest.sum() if rest.sum() > 0 else q.copy()
         else:  # SpS's test, recovery from (q - p)_+
-            base = min(1.0, q[n] / p[n])
+            base = min(1.0, q[n] / p[n]) if p[n] > 0 else 0.0
             g = _normalised_pos(q - p, q)
         return base + (1 - base) * hit, g
+    if kind == "SGLangThreshold":  # the kernel: accept iff q_n > 0 and (q_n >= t_single or u < q_n / t_acc)
+        if q[n] <= 0:
+            phi = 0.0
+        elif q[n] >= rule.threshold_single:
+            phi = 1.0
+        else:
+            phi = min(1.0, q[n] / rule.threshold_acc)
+        return phi, _without(q, n)  # relu(q - p') with p' = q_n e_n
+    if kind == "RelaxedAcceptance":  # top_k ids (value descending, lower id first) and q_n >= max q - delta
+        top = _row_stat("top-ids", q, (int(rule.topk),), lambda q: set(
+            sorted(range(q.size), key=lambda i: (-float(q[i]), i))[:int(rule.topk)]))
+        accept = n in top and q[n] >= float(np.max(q)) - rule.delta
+        return float(accept), _one_hot(q.size, _first_argmax(q))
+    if kind == "MedusaTypical":  # accept iff q_n > min(epsilon, alpha exp(-H_eps(q))); emit argmax q
+        H = _row_stat("medusa-entropy", q, (rule.entropy_eps,), lambda q: _medusa_entropy(q, rule.entropy_eps))
+        tau = min(rule.epsilon, rule.alpha * math.exp(-H))
+        return float(q[n] > tau), _one_hot(q.size, _first_argmax(q))
+    if kind == "FLy":  # native ratio test; a rejection deferred w.p. f where the top-k entropy is high and q_n > 0
+        h_k = _row_stat("fly-entropy", q, (int(rule.entropy_top_k),), lambda q: -math.fsum(
+            x * math.log(x) for x in sorted(q.tolist(), reverse=True)[:int(rule.entropy_top_k)] if x > 0))
+        a = min(1.0, q[n] / p[n]) if p[n] > 0 else 0.0
+        defer = rule.window_accept if (h_k >= rule.entropy_threshold and q[n] > 0) else 0.0
+        return a + (1 - a) * defer, _normalised_pos(q - p, q)
     raise NotImplementedError(f"no reference implementation for {rule!r} (covered: {', '.join(COVERED)})")
 
 
