@@ -84,6 +84,15 @@ def ensemble_weight_rule(w: float) -> Rule:
     return Interpolation(round(1.0 - w, 12))  # 1 - 0.7 reads 0.3, not 0.30000000000000004
 
 
+def _check_no_head(rule: Rule) -> None:
+    """A rule that declares ``reads_head`` (DropMatch) needs the verifier's LM-head input at each step, which
+    transformers' hook never sees (it gets the logits only): refused by that declared capability."""
+    if rule.reads_head:
+        raise ValueError(f"{rule!r} reads the verifier's LM head (its dropout paths), but transformers' "
+                         "_speculative_sampling receives only the logits: decode it with "
+                         "cactus_theory.lm.speculative_generate, which taps the LM head")
+
+
 def speculative_sampling(rule: Rule, candidate_input_ids: torch.Tensor, candidate_logits: torch.Tensor,
                          candidate_length: int, new_logits: torch.Tensor,
                          assistant_ensemble_weight: float | None = None,
@@ -106,6 +115,7 @@ def speculative_sampling(rule: Rule, candidate_input_ids: torch.Tensor, candidat
     sequence; ``n_matches`` is one number): a batch of several rows raises ``ValueError``.
     """
     check_rule(rule)
+    _check_no_head(rule)
     if assistant_ensemble_weight is not None:
         raise ValueError(
             f"assistant_ensemble_weight={assistant_ensemble_weight!r} is set while a cactus_theory rule "
@@ -136,11 +146,12 @@ def speculative_sampling(rule: Rule, candidate_input_ids: torch.Tensor, candidat
     q = new_logits.detach().float().softmax(-1)  # [1, k + 1, V]
     if not bool(torch.isfinite(q).all()):
         raise ValueError("new_logits has NaN, +inf, or a row with no finite logit: no verifier law to sample from")
-    if k == 0:
+    if k == 0:  # no candidates: the token after them is the bonus token, from the rule's bonus law (default q)
         u = torch.rand(1, generator=generator, dtype=torch.float64, device=q.device)
         from ..core.sampler import sample_rows
 
-        return sample_rows(q[:, 0], u).view(1, 1), torch.zeros((), dtype=torch.long)
+        law = q[:, 0] if rule.bonus_from_q else rule.bonus(q[:, 0])
+        return sample_rows(law, u).view(1, 1), torch.zeros((), dtype=torch.long)
     p = candidate_logits.detach().to(q.device).float().softmax(-1)  # [1, k, V]
     if not bool(torch.isfinite(p).all()):
         raise ValueError("candidate_logits has NaN, +inf, or a row with no finite logit: no draft law")
@@ -159,6 +170,7 @@ def use_rule(rule: Rule, generator: torch.Generator | None = None):
     """
     if not isinstance(rule, Rule):
         raise ValueError(f"rule must be a cactus_theory Rule (ct.SpS(), ct.Cactus(0.5), ...), got {rule!r}")
+    _check_no_head(rule)
     if generator is not None and not isinstance(generator, torch.Generator):
         raise ValueError(f"generator must be a torch.Generator or None, got {generator!r}")
 

@@ -19,7 +19,7 @@ import itertools
 import math
 import os
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 import torch
@@ -27,7 +27,12 @@ from hypothesis import HealthCheck, settings
 
 from cactus_theory import registry
 from cactus_theory.rules import Rule
-from cactus_theory.theory.reference import COVERED, reference_bonus, reference_rule_gamma, reference_step
+from cactus_theory.theory.reference import (
+    COVERED,
+    reference_bonus,
+    reference_rule_gamma,
+    reference_step,
+)
 
 # -- profile -------------------------------------------------------------------------------------------------
 
@@ -50,7 +55,7 @@ FLOAT_VALUES = (0.0, 1e-5, 0.125, 0.25, 0.5, 1.0, 2.0)
 INT_VALUES = (0, 1, 2, 3, 5)
 
 
-@lru_cache(maxsize=None)
+@cache
 def configurations(key: str) -> tuple[Rule, ...]:
     """Every valid configuration of registry rule ``key`` over a grid of its declared parameters: each
     parameter's default, its choices, the family's sweep values and, by type, ``FLOAT_VALUES`` /
@@ -85,7 +90,7 @@ def float_params(rule: Rule) -> list[float]:
                    and 0 < float(getattr(rule, p.name)) < 1})
 
 
-@lru_cache(maxsize=None)
+@cache
 def min_vocab(rule: Rule) -> int:
     """The smallest vocabulary the rule accepts (TopK refuses ``k > V``): tried on uniform rows."""
     for V in range(2, 65):
@@ -116,7 +121,7 @@ def rule_for_rows(rule: Rule, P: np.ndarray, Q: np.ndarray, rng: np.random.Gener
 
 def row_rule(rule: Rule, hit_row=None) -> Rule:
     """The rule of one row for the reference: a bound rule is re-bound to that row's ``hit`` (V,)."""
-    if hit_row is None:
+    if hit_row is None or not reads_head(rule):
         return rule
     return rule.at(np.asarray(hit_row, dtype=np.float64))
 
@@ -380,7 +385,7 @@ def drop(r: np.ndarray, x: int) -> np.ndarray:
     return z / z.sum() if z.sum() > 0 else r.copy()
 
 
-def tree_walk(rules, scheme: str, mode: str, tok, par, P, Q, u, judge: Judge, hit=None):
+def tree_walk(rules, scheme: str, mode: str, tok, par, P, Q, u, judge: Judge):
     """One row of ``verify_tree`` by its documented walk (``cactus_theory.theory.tree``): at a node with
     children ``x_1..x_K`` (node order), round ``i`` tests ``x_i`` against the current target ``r`` with
     the round's draft law ``p_i`` (iid / eagle: ``p``; without replacement: ``p`` without the earlier
@@ -388,7 +393,8 @@ def tree_walk(rules, scheme: str, mode: str, tok, par, P, Q, u, judge: Judge, hi
     rejection sets ``r`` to the recovery (eagle: ``r`` without ``x``); acceptance enters the child,
     whose target is its verifier row (joint: the set target of its children); a node whose children are
     all rejected emits from ``r``, a node without children the bonus law of the first round's rule.
-    ``u[j]`` decides node ``j``, ``u[N]`` draws the emitted token. Returns tokens, or None (ambiguous)."""
+    ``u[j]`` decides node ``j``, ``u[N]`` draws the emitted token. Returns (tokens, accepted nodes), or None
+    (ambiguous)."""
     N, V = len(tok), Q.shape[-1]
     kids = [[j for j in range(N) if tok[j] >= 0 and par[j] + 1 == s] for s in range(N + 1)]
     joint = mode == "joint"
@@ -402,7 +408,7 @@ def tree_walk(rules, scheme: str, mode: str, tok, par, P, Q, u, judge: Judge, hi
         S[[tok[j] for j in kids[slot]]] = True
         return set_target(first, Q[slot], S)
 
-    slot, out = 0, []
+    slot, out, nodes = 0, [], []
     r = target(0)
     while True:
         removed = np.zeros(V, dtype=bool)
@@ -410,8 +416,6 @@ def tree_walk(rules, scheme: str, mode: str, tok, par, P, Q, u, judge: Judge, hi
         for i, j in enumerate(kids[slot]):
             x = int(tok[j])
             rl = sps if joint else rules[min(i, len(rules) - 1)]
-            if hit is not None:
-                rl = row_rule(rl, hit)
             p = P[j]
             if scheme in ("iid", "eagle"):
                 p_i = p
@@ -429,6 +433,7 @@ def tree_walk(rules, scheme: str, mode: str, tok, par, P, Q, u, judge: Judge, hi
                 return None
             if a:
                 out.append(x)
+                nodes.append(j)
                 slot = j + 1
                 r = target(slot)
                 entered = True
@@ -436,9 +441,9 @@ def tree_walk(rules, scheme: str, mode: str, tok, par, P, Q, u, judge: Judge, hi
             r = drop(r, x) if scheme == "eagle" else g
         if entered:
             continue
-        law = r if kids[slot] else reference_bonus(first if hit is None else row_rule(first, hit), r)
+        law = r if kids[slot] else reference_bonus(first, r)
         y = judge.draw(law, float(u[N]))
-        return None if y is None else out + [y]
+        return None if y is None else (out + [y], nodes)
 
 
 def block_walk(P, Q, xs, us, judge: Judge):
@@ -495,3 +500,76 @@ def describe(x) -> str:
 
 def math_close(a: float, b: float, tol: float) -> bool:
     return math.isclose(a, b, rel_tol=0, abs_tol=tol)
+
+
+# -- chain cases ----------------------------------------------------------------------------------------------
+
+def chain_rows(rng, B: int, k: int, V: int, params=()):
+    """``B`` chains of ``k`` drafts: draft rows ``P`` (B, k, V), verifier rows ``Q`` (B, k + 1, V), drafts
+    ``n`` (B, k), every row pair of a family drawn per position."""
+    P, Q = np.zeros((B, k, V)), np.zeros((B, k + 1, V))
+    n = np.zeros((B, k), dtype=np.int64)
+    for b in range(B):
+        for j in range(k + 1):
+            p, q = pair(rng, V, family(rng, V), params)
+            Q[b, j] = q
+            if j < k:
+                P[b, j] = p
+                n[b, j] = draft_token(rng, p)
+    return P, Q, n
+
+
+def pad_block(tokens: list[int], width: int) -> list[int]:
+    return tokens + [-1] * (width - len(tokens))
+
+
+# -- tree cases -----------------------------------------------------------------------------------------------
+
+def tree_case(rng, B: int, N: int, V: int, scheme: str, params=()):
+    """``verify_tree``'s inputs for ``B`` random trees of at most ``N`` nodes (ragged: absent nodes, -1,
+    with their subtrees), candidates drawn per ``scheme`` from the node's draft law (iid draws, sometimes
+    one of zero mass; without replacement, a placeholder once the support is exhausted; the draft's
+    stable top-k for the deterministic schemes, which reaches tokens of zero mass when a node has more
+    children than the draft has support). Returns tokens, parents (B, N), draft rows (B, N, V) (each
+    node's parent's law), verifier rows (B, N + 1, V), float64."""
+    tok = np.full((B, N), -1, dtype=np.int64)
+    par = np.full((B, N), -1, dtype=np.int64)
+    DP = np.full((B, N, V), 1.0 / V)
+    VP = np.full((B, N + 1, V), 1.0 / V)
+    for b in range(B):
+        parents = [-1 if j == 0 or rng.random() < 0.3 else int(rng.integers(-1, j)) for j in range(N)]
+        absent = np.zeros(N, dtype=bool)
+        for j in range(N):
+            absent[j] = rng.random() < 0.15 or (parents[j] >= 0 and absent[parents[j]])
+        slots = {0: pair(rng, V, family(rng, V), params)}
+        for j in range(N):
+            if not absent[j]:
+                slots[j + 1] = pair(rng, V, family(rng, V), params)
+        for s, (_, q) in slots.items():
+            VP[b, s] = q
+        for s in slots:
+            kids = [j for j in range(N) if not absent[j] and parents[j] + 1 == s]
+            if scheme in ("deterministic", "eagle") and len(kids) > V:
+                for j in kids[V:]:
+                    absent[j] = True
+                    for i in range(j + 1, N):
+                        absent[i] = absent[i] or (parents[i] >= 0 and absent[parents[i]])
+                kids = kids[:V]
+            p = slots[s][0]
+            top = stable_top(p, len(kids))
+            removed = np.zeros(V, dtype=bool)
+            for rank, j in enumerate(kids):
+                if scheme in ("deterministic", "eagle"):
+                    x = top[rank]
+                elif scheme == "iid":
+                    x = draft_token(rng, p)
+                else:
+                    z = np.where(removed, 0.0, p)
+                    x = int(rng.choice(V, p=z / z.sum())) if z.sum() > 0 else int(rng.integers(V))
+                removed[x] = True
+                tok[b, j], DP[b, j] = x, p
+        for j in range(N):
+            if absent[j]:
+                tok[b, j] = -1
+            par[b, j] = parents[j]
+    return tok, par, DP, VP
