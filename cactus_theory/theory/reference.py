@@ -20,6 +20,7 @@ Python sorts for ranks, ``math.log`` loops for entropies.
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 import numpy as np
 from scipy.optimize import brentq
@@ -54,6 +55,7 @@ def bernoulli_divergence(g: float, q: float, divergence: str) -> float:
     raise ValueError(f"divergence must be one of kl, reverse_kl, chi2, tv, hellinger, js, got {divergence!r}")
 
 
+@lru_cache(maxsize=1 << 16)
 def reference_gamma(q_n: float, delta: float, divergence: str = "kl") -> float:
     """Theorem 2: the largest ``gamma`` in ``[q_n, 1]`` with ``D((gamma, 1 - gamma) || (q_n, 1 - q_n)) <= delta``,
     by ``scipy.optimize.brentq`` (relative precision 4 eps); 1 when the budget allows 1, ``q_n`` when ``delta = 0``."""

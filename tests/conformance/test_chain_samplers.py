@@ -39,6 +39,7 @@ from tests.conformance.harness import (
     family,
     float_params,
     log_row,
+    one_hot,
     pad_block,
     pair,
     profile,
@@ -122,7 +123,7 @@ def test_verify_flat(key):
         V, dtype, rng = _case(data, rule)
         B = data.draw(st.integers(1, 3 if V > 64 else 16), label="B")
         mode = data.draw(st.sampled_from(["one", "all", "some", "none"]), label="generators")
-        one_hot = data.draw(st.booleans(), label="one_hot drafts")
+        onehot_drafts = data.draw(st.booleans(), label="one-hot drafts")
         wide = data.draw(st.integers(0, 2), label="extra width")
         counts = [int(c) for c in rng.choice([0, 1, 2, 3, 4], size=B, p=[0.2, 0.2, 0.2, 0.2, 0.2])]
         T, K = sum(counts), max(counts)
@@ -130,9 +131,9 @@ def test_verify_flat(key):
         for t in range(T):
             p, q = pair(rng, V, family(rng, V), float_params(rule))
             Qf[t] = q
-            if one_hot:
+            if onehot_drafts:
                 ids[t] = draft_token(rng, q) if rng.random() < 0.8 else int(rng.integers(V))
-                Pf[t] = np.eye(V)[ids[t]]
+                Pf[t] = one_hot(V, ids[t])
             else:
                 Pf[t], ids[t] = p, draft_token(rng, p)
             if rng.random() < 0.08:
@@ -140,9 +141,9 @@ def test_verify_flat(key):
         bonus = rng.integers(0, V, size=B)
         own_bonus = not rule.bonus_from_q
         BQ = np.stack([pair(rng, V, family(rng, V))[1] for _ in range(B)]) if own_bonus else None
-        Pt, Qt = (None if one_hot else as_tensor(Pf, dtype)), as_tensor(Qf, dtype)
+        Pt, Qt = (None if onehot_drafts else as_tensor(Pf, dtype)), as_tensor(Qf, dtype)
         Qf = read64(Qt)
-        if not one_hot:
+        if not onehot_drafts:
             Pf = read64(Pt)
         bound = rule_for_rows(rule, Pf, Qf, rng)
         hit = getattr(bound, "hit", None)

@@ -9,7 +9,13 @@ default; asserted, exactly). DropMatch's tap is random twice (dropout masks, the
 exact block law of ``rule.at(1 - (1 - r)^M)``, ``r`` the exact path law over all ``2^d`` masks of a
 ``d = 6`` head (``core.dropmatch.exact_path_law``): first token, bonus and whole blocks, Holm over the
 three parts at family level ALPHA = 1e-3, each part sized for power 0.9 against a pooled TV of EPS = 0.05
-(``res.detectable_tv`` asserted <= EPS). Fixed seeds."""
+(``res.detectable_tv`` asserted <= EPS). The hits themselves (the tap's exposed decisions) are judged too:
+each (position, token) cell's hit frequency over the N independent steps is Binomial(N, 1 - (1 - r)^M),
+an exact binomial test per cell, Holm over the K V cells at family level ALPHA; N (asserted) gives power
+>= 0.9 against a shift of DELTA = 0.04 in any one cell (``stats.samples_needed`` at two categories and
+level ALPHA / (K V)). Configurations: rate >= 0.1 and at least one path (where dropout moves the path law;
+the mutants' table records a port these see, a missing 1 / (1 - rate), moving cells by 0.05 to 0.2). Fixed
+seeds."""
 
 from __future__ import annotations
 
@@ -18,6 +24,7 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from scipy.stats import binomtest
 
 from cactus_theory.core.dropmatch import exact_path_law
 from cactus_theory.core.transforms import sampling_probs
@@ -25,9 +32,10 @@ from cactus_theory.lm.head_tap import HeadTap
 from cactus_theory.lm.loop import VerifierStep
 from cactus_theory.sampler import verify
 from cactus_theory.theory.check import check_sampler
+from cactus_theory.theory.stats import holm, samples_needed
 from tests.conformance.harness import RULE_KEYS, configurations, pair, profile, refusal
 
-ALPHA, EPS, POWER = 1e-3, 0.05, 0.9
+ALPHA, EPS, POWER, DELTA = 1e-3, 0.05, 0.9, 0.04
 V, D, K = 5, 6, 2
 
 
@@ -64,7 +72,7 @@ def test_dropmatch_tap(key):
         for rule in configs[:8]:
             assert rule.bind(step) is rule
         return
-    live = [r for r in configs if r.num_paths > 0 and r.rate > 0]  # the configurations whose tap does something
+    live = [r for r in configs if r.num_paths > 0 and r.rate >= 0.1]  # the configurations whose tap does something
 
     @profile(3)
     @given(i=st.integers(0, len(live) - 1), seed=st.integers(0, 2**32 - 1),
@@ -80,6 +88,8 @@ def test_dropmatch_tap(key):
         r = exact_path_law(x[:K], model.head.weight, rule.rate, sampling=sampling, bias=model.head.bias)
         exact = rule.at(rule.hit_from_law(r))  # the law the tap must produce
 
+        hits = {"sum": torch.zeros(K, V, dtype=torch.float64), "n": 0}
+
         def sampler(draft_tokens, draft_probs, verifier_probs, _rule, generator=None):
             B = draft_tokens.shape[0]
             step = tap_step(model, x.expand(B, K + 1, D), sampling, generator)
@@ -87,10 +97,18 @@ def test_dropmatch_tap(key):
             hit = bound.hit
             assert tuple(hit.shape) == (B, K, V) and set(torch.unique(hit).tolist()) <= {0.0, 1.0}
             assert bool((hit.sum(-1) >= 1).all() & (hit.sum(-1) <= rule.num_paths).all())
+            hits["sum"] += hit.double().sum(0)
+            hits["n"] += B
             return verify(draft_tokens, draft_probs, verifier_probs, bound, generator=generator)
 
         res = check_sampler(sampler, P, Q, rule=exact, tv=EPS, alpha=ALPHA, power=POWER, seed=int(rng.integers(2**31)))
         assert res.detectable_tv is None or res.detectable_tv <= EPS + 1e-12, res
         assert not res.reject, (rule, sampling, str(res))
+        # the hits, cell by cell: Binomial(N, hit law)
+        N, want = hits["n"], exact.hit
+        assert N >= samples_needed(DELTA, categories=2, alpha=ALPHA / (K * V), beta=1 - POWER), N
+        pv = [binomtest(int(c), N, float(h)).pvalue for c, h in zip(hits["sum"].flatten().tolist(),
+                                                                    np.asarray(want).flatten().tolist(), strict=True)]
+        assert min(holm(pv)) > ALPHA, (rule, sampling, hits["sum"] / N, want)
 
     run()

@@ -21,7 +21,7 @@ import torch
 from cactus_theory import registry
 from cactus_theory.integrations import vllm as plugin
 from cactus_theory.sampler import PLACEHOLDER_TOKEN_ID, verify_flat
-from tests.conformance.harness import Judge, chain, log_row, softmax64
+from tests.conformance.harness import Judge, chain, log_row, one_hot, softmax64
 from tests.integrations.test_vllm_v2 import FakeSampler, install_fake_vllm, spec_config, standin
 
 STEPS = 6
@@ -35,7 +35,7 @@ def rows(seed: int, T: int):
     rng = np.random.default_rng(seed)
     Q = rng.dirichlet(np.full(V, 5.0), size=T)
     ids = rng.integers(0, V, size=T)
-    P = 0.3 * Q + 0.7 * np.eye(V)[ids]
+    P = 0.3 * Q + 0.7 * one_hot(V, ids)
     return P, Q, ids
 
 
@@ -101,7 +101,7 @@ def test_vllm_v1_request_generators_over_steps(vllm):
     P, Q, ids = rows(1, sum(counts))
     logits = torch.from_numpy(log_row(Q)).float()
     Q64 = softmax64(logits.double().numpy())
-    P64 = np.eye(V)[ids]
+    P64 = one_hot(V, ids)
     seeds = {0: 21, 1: 22, 2: 23}
 
     def decode(gens):

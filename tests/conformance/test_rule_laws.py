@@ -1,4 +1,5 @@
-"""Conformance, rule layer: every registry rule's own code (``accept_prob_all``, ``residual``, the exact
+"""Conformance, rule layer: every registry rule's own code (``accept_prob_all`` on numpy and on torch,
+``residual``, the exact
 one-step law ``core.exact.induced_distribution``, the bonus law and ``theory.check.block_law``) against
 the independent re-implementation ``theory.reference``, exactly, on generated rows (every family of
 ``harness.FAMILIES``: zeros on either side, exact ties, ties to the rule's own parameters, one-hot,
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -46,12 +48,20 @@ def _check_rows(rule, P, Q, rng, law=True):
     bound = rule_for_rows(rule, P, Q, rng)
     hits = getattr(bound, "hit", None)
     phi = bound.accept_prob_all(P, Q)
+    phi_t = rule_for_rows(rule, P, Q, rng, hit=hits).accept_prob_all(torch.from_numpy(P), torch.from_numpy(Q)).numpy()
     for r in range(R):
         one = row_rule(rule, None if hits is None else hits[r])
-        ref = [reference_step(one, P[r], Q[r], n) for n in range(V)]
-        np.testing.assert_allclose(phi[r], [x[0] for x in ref], rtol=0, atol=ATOL, err_msg=f"phi, row {r}")
+        # every token; at large V a two-block rule (phi_n a function of (p_n, q_n) alone, as it declares) is
+        # checked at 256 tokens, the drafted-likely ones and the rest at random
+        ns = np.arange(V)
+        if V > 64 and rule.two_block:
+            ns = np.unique(np.concatenate([np.argsort(-P[r])[:64], rng.choice(V, 192, replace=False)]))
+        ref = {int(n): reference_step(one, P[r], Q[r], int(n)) for n in ns}
+        want = [ref[int(n)][0] for n in ns]
+        np.testing.assert_allclose(phi[r, ns], want, rtol=0, atol=ATOL, err_msg=f"phi, row {r}")
+        np.testing.assert_allclose(phi_t[r, ns], want, rtol=0, atol=ATOL, err_msg=f"phi (torch), row {r}")
         # the recovery law of every token it carries weight for (p_n (1 - phi_n) > 0; elsewhere it is never read)
-        live = [n for n in range(V) if P[r, n] * (1 - ref[n][0]) > 1e-9][:8 if V > 64 else V]
+        live = [int(n) for n in ns if P[r, n] * (1 - ref[int(n)][0]) > 1e-9][:8 if V > 64 else V]
         for n in live:
             g = one.residual(P[r], Q[r], np.asarray(n))
             np.testing.assert_allclose(g, ref[n][1], rtol=0, atol=ATOL, err_msg=f"residual, row {r}, n = {n}")
@@ -70,17 +80,17 @@ def _check_rows(rule, P, Q, rng, law=True):
 
 @pytest.mark.parametrize("key", RULE_KEYS)
 def test_rule_law_against_the_reference(key):
-    """Small vocabularies (2..16), six rows of mixed families, four configurations of the rule per example."""
+    """Small vocabularies (2..16), five rows of mixed families, three configurations of the rule per example."""
     configs = configurations(key)
 
-    @profile(12)
-    @given(seed=st.integers(0, 2**32 - 1), picks=st.lists(st.integers(0, len(configs) - 1), min_size=4, max_size=4))
+    @profile(8)
+    @given(seed=st.integers(0, 2**32 - 1), picks=st.lists(st.integers(0, len(configs) - 1), min_size=3, max_size=3))
     def run(seed, picks):
         rng = np.random.default_rng(seed)
         for i in picks:
             rule = configs[i]
             V = int(rng.choice([v for v in (2, 3, 4, 5, 8, 16) if v >= min_vocab(rule)] or [min_vocab(rule)]))
-            rows = [pair(rng, V, str(rng.choice(FAMILIES)), float_params(rule)) for _ in range(6)]
+            rows = [pair(rng, V, str(rng.choice(FAMILIES)), float_params(rule)) for _ in range(5)]
             P, Q = np.stack([r[0] for r in rows]), np.stack([r[1] for r in rows])
             _check_rows(rule, P, Q, rng)
 

@@ -35,6 +35,7 @@ from tests.conformance.harness import (
     family,
     float_params,
     log_row,
+    one_hot,
     pad_block,
     pair,
     profile,
@@ -102,7 +103,7 @@ def test_vllm_v1_hook(vllm, key):
         rule = configs[data.draw(st.integers(0, len(configs) - 1), label="config")]
         V = data.draw(st.sampled_from(vocab_sizes(rule)), label="V")
         rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="seed"))
-        one_hot = data.draw(st.booleans(), label="one-hot drafts")
+        onehot_drafts = data.draw(st.booleans(), label="one-hot drafts")
         B = 3 if V > 64 else int(rng.integers(1, 14))
         counts = [int(c) for c in rng.integers(0, 5, size=B)]
         greedy = rng.random(B) < 0.35
@@ -113,12 +114,12 @@ def test_vllm_v1_hook(vllm, key):
         ids = np.zeros(T, dtype=np.int64)
         for t in range(T):
             P[t], Q[t] = pair(rng, V, family(rng, V), float_params(rule))
-            ids[t] = draft_token(rng, Q[t] if one_hot else P[t])
+            ids[t] = draft_token(rng, Q[t] if onehot_drafts else P[t])
             if rng.random() < 0.08:
                 ids[t] = -1
         logits = torch.from_numpy(log_row(Q)).float()
-        draft_probs = None if one_hot else torch.from_numpy(P).float()
-        P64 = np.eye(V)[np.maximum(ids, 0)] if one_hot else draft_probs.double().numpy()
+        draft_probs = None if onehot_drafts else torch.from_numpy(P).float()
+        P64 = one_hot(V, np.maximum(ids, 0)) if onehot_drafts else draft_probs.double().numpy()
         Q64 = softmax64(logits.double().numpy())
         bonus = rng.integers(0, V, size=B)
         seeded = [b for b in range(B) if not greedy[b] and rng.random() < 0.7]
@@ -165,16 +166,16 @@ def v2_inputs(rng, rule, V: int, K: int):
         idx = idx[::-1].copy()
     temps = [0.0 if rng.random() < 0.3 else float(rng.choice([0.5, 0.8, 1.0, 1.4])) for _ in range(S)]
     seeds = [int(x) for x in rng.integers(0, 2**40, size=S)]
-    one_hot = rng.random() < 0.4
+    onehot_drafts = rng.random() < 0.4
     Vd = V + int(rng.integers(0, 3))
-    draft_logits = None if one_hot else torch.from_numpy(rng.normal(size=(S, K, Vd)) * 1.5).float()
+    draft_logits = None if onehot_drafts else torch.from_numpy(rng.normal(size=(S, K, Vd)) * 1.5).float()
     counts = [int(c) for c in rng.integers(0, K + 1, size=R)]
     rows, ids, positions, local, states, cu = [], [], [], [], [], [0]
     for b, c in enumerate(counts):
         start = 10 + 100 * b + int(rng.integers(0, 50))
         q_rows = [pair(rng, V, family(rng, V), float_params(rule))[1] for _ in range(c + 1)]
         rows += q_rows
-        drafts = [draft_token(rng, q_rows[j]) if one_hot else int(rng.integers(V)) for j in range(c)]
+        drafts = [draft_token(rng, q_rows[j]) if onehot_drafts else int(rng.integers(V)) for j in range(c)]
         ids += [1] + drafts
         positions += [start + j for j in range(c + 1)]
         local += list(range(c + 1))
@@ -224,7 +225,7 @@ def v2_expected(x, rule, V: int, K: int, judge: Judge):
             out.append(None)
             continue
         if x.draft_logits is None:
-            P = np.eye(V)[np.maximum(ids, 0)] if c else np.zeros((0, V))
+            P = one_hot(V, np.maximum(ids, 0)) if c else np.zeros((0, V))
         else:
             P = softmax64(x.draft_logits[s, :c, :V].double().numpy() / t)
         us = torch.rand(c + 1, generator=g, dtype=torch.float64).numpy() if c else np.zeros(1)
