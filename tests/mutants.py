@@ -562,6 +562,19 @@ PORTS: list[Port] = [
          "    x = hidden.unsqueeze(0) * keep.to(hidden.dtype) / (1 - rate)",
          "    x = hidden.unsqueeze(0) * keep.to(hidden.dtype)",
          (CF + "test_dropmatch_tap.py",)),
+    # issue 26: the verdict layer's boundaries (fresh ports the suite had never seen)
+    Port("interval-holds-at-threshold", "interval_verdict reads an interval whose low end equals the threshold as "
+         "above it (lo >= above: an all-zero interval 'holds')", "cactus_theory/claims/ledger.py",
+         "    if iv.lo > above:\n",
+         "    if iv.lo >= above:\n",
+         ("tests/claims/test_decision_boundaries.py::test_interval_verdict_at_its_threshold",)),
+    Port("interval-min-points-inclusive", "interval_verdict needs more than min_points units (n <= min: exactly "
+         "min_points is 'out of reach')", "cactus_theory/claims/ledger.py",
+         "    if iv.n < min_points:\n        return \"out of reach\"\n    if math.isnan(iv.lo) or math.isnan(iv.hi):  # one "
+         "undefined end: no side is excluded\n        return \"inconclusive\"\n    if iv.lo > above:",
+         "    if iv.n <= min_points:\n        return \"out of reach\"\n    if math.isnan(iv.lo) or math.isnan(iv.hi):  # one "
+         "undefined end: no side is excluded\n        return \"inconclusive\"\n    if iv.lo > above:",
+         ("tests/claims/test_decision_boundaries.py::test_interval_verdict_at_the_minimum_of_units",)),
 ]
 
 
