@@ -244,10 +244,11 @@ def rejection_sample(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_dra
             continue
         tok, sub_cu = _select(reqs, starts, counts)
         q = target_probs[tok]
-        if is_greedy:  # vLLM's greedy semantics: accept while the draft is the argmax
+        if is_greedy:  # vLLM's greedy semantics: accept while the draft is the argmax (whatever the draft's law)
             q = torch.nn.functional.one_hot(target_logits[tok].argmax(-1), q.shape[-1]).to(q.dtype)
         sub_gens = {i: gens[int(b)] for i, b in enumerate(reqs.tolist()) if int(b) in gens}
-        out[reqs] = verify_flat(draft_token_ids[tok], sub_cu, None if draft_probs is None else draft_probs[tok],
+        p = None if draft_probs is None or is_greedy else draft_probs[tok]  # greedy: one-hot drafts, SpS = argmax match
+        out[reqs] = verify_flat(draft_token_ids[tok], sub_cu, p,
                                 q, bonus_token_ids[reqs], SpS() if is_greedy else rule, sub_gens or None,
                                 max_spec_len=max_spec_len, check=False)
     return out

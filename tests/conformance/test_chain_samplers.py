@@ -29,6 +29,7 @@ from cactus_theory.theory.tree import verify_block
 from tests.conformance.harness import (
     RULE_KEYS,
     Judge,
+    Tally,
     as_tensor,
     block_walk,
     chain,
@@ -69,6 +70,8 @@ def test_verify(key):
     accepts position ``j``, column ``k`` draws the recovered or bonus token (the rule's bonus law)."""
     configs = configurations(key)
 
+    tally = Tally()
+
     @profile(6)
     @given(data=st.data())
     def run(data):
@@ -77,7 +80,7 @@ def test_verify(key):
         k = data.draw(st.integers(1, 4), label="k")
         B = data.draw(st.integers(1, 3 if V > 64 else 24), label="B")
         rows = data.draw(st.booleans(), label="RowGenerators")
-        P, Q, n = chain_rows(rng, B, k, V, float_params(rule))
+        P, Q, n = chain_rows(rng, B, k, V, float_params(rule, dtype))
         Pt, Qt = as_tensor(P, dtype), as_tensor(Q, dtype)
         P, Q = read64(Pt), read64(Qt)
         bound = rule_for_rows(rule, P, Q[:, :k], rng)
@@ -90,7 +93,7 @@ def test_verify(key):
                           for s in seeds])
         else:
             u = torch.rand((B, k + 1), generator=torch.Generator().manual_seed(seeds[0]), dtype=torch.float64).numpy()
-        judge = Judge(tolerance(dtype))
+        judge = tally.judge(tolerance(dtype))
         for b in range(B):
             def rule_of(j, b=b):
                 return row_rule(rule, None if hit is None else hit[b, j])
@@ -103,6 +106,7 @@ def test_verify(key):
         judge.check_coverage()
 
     run()
+    tally.check()
 
 
 # -- sampler.verify_flat -------------------------------------------------------------------------------------
@@ -115,6 +119,8 @@ def test_verify_flat(key):
     recovery or own bonus at column ``n_b``), none for a zero-draft request; requests without one are
     judged on the support of their law."""
     configs = configurations(key)
+
+    tally = Tally()
 
     @profile(6)
     @given(data=st.data())
@@ -129,7 +135,7 @@ def test_verify_flat(key):
         T, K = sum(counts), max(counts)
         Pf, Qf, ids = np.zeros((T, V)), np.zeros((T, V)), np.zeros(T, dtype=np.int64)
         for t in range(T):
-            p, q = pair(rng, V, family(rng, V), float_params(rule))
+            p, q = pair(rng, V, family(rng, V), float_params(rule, dtype))
             Qf[t] = q
             if onehot_drafts:
                 ids[t] = draft_token(rng, q) if rng.random() < 0.8 else int(rng.integers(V))
@@ -168,7 +174,7 @@ def test_verify_flat(key):
         if mode == "one":
             u_all = torch.rand((B, width + 1), generator=torch.Generator().manual_seed(seeds[0]),
                                dtype=torch.float64).numpy()
-        judge = Judge(tolerance(dtype))
+        judge = tally.judge(tolerance(dtype))
         s = 0
         for b, c in enumerate(counts):
             sl = slice(s, s + c)
@@ -176,12 +182,15 @@ def test_verify_flat(key):
 
             def rule_of(j, sl=sl):
                 return row_rule(rule, None if hit is None else hit[sl][j])
-            law = None if BQ is None else reference_bonus(rule_of(0) if c else row_rule(rule, None if hit is None else
-                                                                                       np.zeros(V)), BQ[b])
+            law = None if BQ is None else reference_bonus(rule, BQ[b])  # a rule's own bonus law (Medusa: argmax)
             got = [int(x) for x in out[b].tolist() if x != PLACEHOLDER_TOKEN_ID]
             assert out[b, len(got):].eq(PLACEHOLDER_TOKEN_ID).all() and 1 <= len(got) <= c + 1
             if mode == "one":
                 us, last = u_all[b], u_all[b, width]
+            elif c == 0 and law is None:  # no drafts, no draws: the caller's bonus token
+                judge.done(True)
+                assert got == [int(bonus[b])], (b, got)
+                continue
             elif isinstance(gen, dict) and b in gen and c > 0:
                 us = torch.rand(c + 1, generator=torch.Generator().manual_seed(seeds[b]), dtype=torch.float64).numpy()
                 last = us[c]
@@ -197,6 +206,7 @@ def test_verify_flat(key):
             judge.check_coverage()
 
     run()
+    tally.check()
 
 
 # -- the transformers hook ---------------------------------------------------------------------------------
@@ -218,15 +228,17 @@ def test_transformers_hook(key):
             pass
         return
 
+    tally = Tally()
+
     @profile(6)
     @given(data=st.data())
     def run(data):
         rule = configs[data.draw(st.integers(0, len(configs) - 1), label="config")]
         V, _, rng = _case(data, rule)
-        judge = Judge(tolerance(torch.float32))
+        judge = tally.judge(tolerance(torch.float32))
         for call in range(3 if V > 64 else 8):
             k = int(rng.integers(0, 5))
-            P, Q, n = chain_rows(rng, 1, k, V, float_params(rule))
+            P, Q, n = chain_rows(rng, 1, k, V, float_params(rule, torch.float32))
             cand = torch.from_numpy(log_row(P)).float()
             new = torch.from_numpy(log_row(Q)).float()
             P64 = cand.softmax(-1).double().numpy()[0]  # what the hook reads: softmax of the logits in float32
@@ -235,9 +247,9 @@ def test_transformers_hook(key):
             seed = int(rng.integers(2**62))
             with use_rule(rule, generator=torch.Generator().manual_seed(seed)):
                 toks, a = gen_utils._speculative_sampling(ids, cand, k, new, None)
-            u = torch.rand((1, k + 1) if k else (1,), generator=torch.Generator().manual_seed(seed),
-                           dtype=torch.float64).numpy()[0] if k else \
-                torch.rand(1, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).numpy()
+            g = torch.Generator().manual_seed(seed)  # k > 0: verify's [1, k + 1] draw; k = 0: one uniform
+            u = (torch.rand((1, k + 1), generator=g, dtype=torch.float64)[0] if k else
+                 torch.rand(1, generator=g, dtype=torch.float64)).numpy()
             want = chain(lambda j: rule, n[0], P64, Q64, u, u[k], judge, bonus_law=reference_bonus(rule, Q64[k]))
             judge.done(want)
             if want is not None:
@@ -245,6 +257,7 @@ def test_transformers_hook(key):
         judge.check_coverage(0.4)
 
     run()
+    tally.check()
 
 
 # -- block verification ------------------------------------------------------------------------------------
@@ -262,6 +275,8 @@ def test_block_verification(key):
             verify_block(torch.from_numpy(n), torch.from_numpy(P), torch.from_numpy(Q), configs[0])
         return
 
+    tally = Tally()
+
     @profile(10)
     @given(data=st.data())
     def run(data):
@@ -275,7 +290,7 @@ def test_block_verification(key):
         seed = int(rng.integers(2**62))
         tokens, tau = verify_block(torch.from_numpy(n), Pt, Qt, rule, generator=torch.Generator().manual_seed(seed))
         u = torch.rand((B, k + 1), generator=torch.Generator().manual_seed(seed), dtype=torch.float64).numpy()
-        judge = Judge(tolerance(dtype))
+        judge = tally.judge(tolerance(dtype))
         for b in range(B):
             want = block_walk(P[b], Q[b], n[b], u[b], judge)
             judge.done(want)
@@ -284,6 +299,7 @@ def test_block_verification(key):
         judge.check_coverage()
 
     run()
+    tally.check()
 
 
 # -- emission ------------------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from cactus_theory.sampler import PLACEHOLDER_TOKEN_ID
 from tests.conformance.harness import (
     RULE_KEYS,
     Judge,
+    Tally,
     chain,
     chain_support,
     configurations,
@@ -97,6 +98,8 @@ def test_vllm_v1_hook(vllm, key):
             plugin.rejection_sample(*args, rule=configs[0])
         return
 
+    tally = Tally()
+
     @profile(6)
     @given(data=st.data())
     def run(data):
@@ -113,7 +116,7 @@ def test_vllm_v1_hook(vllm, key):
         P, Q = np.zeros((T, V)), np.zeros((T, V))
         ids = np.zeros(T, dtype=np.int64)
         for t in range(T):
-            P[t], Q[t] = pair(rng, V, family(rng, V), float_params(rule))
+            P[t], Q[t] = pair(rng, V, family(rng, V), float_params(rule, torch.float32))
             ids[t] = draft_token(rng, Q[t] if onehot_drafts else P[t])
             if rng.random() < 0.08:
                 ids[t] = -1
@@ -132,7 +135,7 @@ def test_vllm_v1_hook(vllm, key):
         out = sampler.forward(torch.from_numpy(ids).int(), counts, K, torch.tensor(np.cumsum(counts)).int(),
                               draft_probs, logits, torch.from_numpy(bonus).reshape(-1, 1), md).numpy()
         assert out.shape == (B, K + 1)
-        judge = Judge(tolerance(torch.float32))
+        judge = tally.judge(tolerance(torch.float32))
         s = 0
         for b, c in enumerate(counts):
             sl = slice(s, s + c)
@@ -151,6 +154,7 @@ def test_vllm_v1_hook(vllm, key):
                 assert bad is None, (b, rule, bad)
 
     run()
+    tally.check()
 
 
 # -- Model Runner V2 ---------------------------------------------------------------------------------------
@@ -173,7 +177,7 @@ def v2_inputs(rng, rule, V: int, K: int):
     rows, ids, positions, local, states, cu = [], [], [], [], [], [0]
     for b, c in enumerate(counts):
         start = 10 + 100 * b + int(rng.integers(0, 50))
-        q_rows = [pair(rng, V, family(rng, V), float_params(rule))[1] for _ in range(c + 1)]
+        q_rows = [pair(rng, V, family(rng, V), float_params(rule, torch.float32))[1] for _ in range(c + 1)]
         rows += q_rows
         drafts = [draft_token(rng, q_rows[j]) if onehot_drafts else int(rng.integers(V)) for j in range(c)]
         ids += [1] + drafts
@@ -252,6 +256,8 @@ def test_vllm_v2_hook(vllm, key):
                                        rule=configs[0])
         return
 
+    tally = Tally()
+
     @profile(6)
     @given(data=st.data())
     def run(data):
@@ -266,7 +272,7 @@ def test_vllm_v2_hook(vllm, key):
         runner.load_model()
         assert runner.rejection_sampler.cactus_theory_rule == rule  # the spec string resolves to the rule itself
         res = runner.rejection_sampler(x.logits, x.batch, x.draft_logits, x.invalid)
-        judge = Judge(tolerance(torch.float32))
+        judge = tally.judge(tolerance(torch.float32))
         want = v2_expected(x, rule, V, K, judge)
         for b in range(x.R):
             judge.done(want[b])
@@ -278,3 +284,19 @@ def test_vllm_v2_hook(vllm, key):
         judge.check_coverage(0.4)
 
     run()
+    tally.check()
+
+
+def test_vllm_v1_greedy_request_ignores_the_draft_law(vllm):
+    """A greedy request accepts a draft equal to the target's argmax whatever probability the draft's law gave
+    it (vLLM's argmax matching), here 0: the case the deep profile (CONFORMANCE_EXAMPLES=15) drew, where the
+    hook verified greedy requests as SpS against the draft's own law and rejected it."""
+    V = 3
+    logits = torch.tensor([[0.0, 2.0, -1.0], [1.0, 0.0, 3.0]])
+    draft_probs = torch.tensor([[0.5, 0.0, 0.5], [0.2, 0.3, 0.5]])  # the first draft (1, the argmax) has p = 0
+    md = SimpleNamespace(all_greedy=False, all_random=False, temperature=torch.tensor([0.0, 1.0]), generators={})
+    sampler = vllm.v1.RejectionSampler()
+    sampler.cactus_theory_rule = registry.make("cactus", delta=0.5)
+    out = sampler.forward(torch.tensor([1, 2], dtype=torch.int32), [1, 1], 1, torch.tensor([1, 2], dtype=torch.int32),
+                          draft_probs, logits, torch.tensor([[0], [0]]), md)
+    assert out[0].tolist() == [1, 0] and V == logits.shape[1]  # accepted, then the caller's bonus
