@@ -377,7 +377,9 @@ def verify_tree(
 
     At each node, round ``i`` accepts child ``x_i`` w.p. ``phi_i = rule.accept_prob(p_i, r_{i-1}, x_i)``
     (``r_0 = q`` of the node), else ``r_i = rule.residual(p_i, r_{i-1}, x_i)``; an accepted child
-    becomes the node; all children rejected: emit from ``r_K``; no children: emit from ``q``.
+    becomes the node; all children rejected: emit from ``r_K``; no children: emit the bonus token from the
+    node's ``q``, by the first round's rule's bonus law (``q`` itself unless the rule declares
+    ``bonus_from_q = False``: Medusa's ``argmax q``), as ``sampler.verify`` draws a chain's bonus token.
     float16 / bfloat16 are computed in float32.
     """
     rules = check_rules(rule)
@@ -399,6 +401,15 @@ def verify_tree(
     cur = torch.zeros(B, dtype=torch.long, device=dev)  # slot: 0 root, j + 1 node j
     rnd = torch.zeros(B, dtype=torch.long, device=dev)  # round at the current node
     r = verifier_probs[:, 0].to(dt).clone()  # [B, V] current target
+    bonus_rule = rules[0]  # a node without children emits its bonus token by this rule's bonus law
+
+    def emit(e: torch.Tensor) -> torch.Tensor:
+        """The emitted token of rows ``e``: from ``r`` after rejected children, the bonus law at a childless node."""
+        law = r[e]
+        if not bonus_rule.bonus_from_q:
+            law = torch.where((rnd[e] == 0).unsqueeze(-1), bonus_rule.bonus(law).to(law.dtype), law)
+        return sample_rows(law, u[e, N])
+
     joint = mode == "joint"
     if joint:  # the rule sets each node's target from its candidate set; rounds are SpS
         set_rule, rules = rules[0], (SpS(),)
@@ -413,7 +424,7 @@ def verify_tree(
         ending = ~done & (child < 0)
         if ending.any():
             e = torch.nonzero(ending).squeeze(-1)
-            last[e] = sample_rows(r[e], u[e, N])
+            last[e] = emit(e)
             done |= ending
         trying = torch.nonzero(~done & (child >= 0)).squeeze(-1)
         if trying.numel() == 0:
@@ -455,7 +466,7 @@ def verify_tree(
     ending = ~done  # a row may end exactly on the last pass
     if ending.any():
         e = torch.nonzero(ending).squeeze(-1)
-        last[e] = sample_rows(r[e], u[e, N])
+        last[e] = emit(e)
     path = path[:, :N]
     out = torch.full((B, N + 1), -1, dtype=torch.long, device=dev)
     if N:

@@ -14,7 +14,8 @@ rule's own code and the round's draft law ``p_i``:
     on rejection r_i = rule.residual(p_i, r_{i-1}, x_i);   all K rejected: emit y ~ r_K.
 
 An accepted child is entered (its verifier row becomes the new ``q``); a node without children emits
-the bonus token from its ``q``. How the candidates were drawn fixes ``p_i`` (``scheme``):
+the bonus token from its ``q`` (by the first round's rule's bonus law: ``q`` itself unless the rule
+declares ``bonus_from_q = False``, as Medusa's ``argmax q``). How the candidates were drawn fixes ``p_i`` (``scheme``):
 
   ``"iid"``                  siblings i.i.d. from ``p`` (SpecTr / recursive rejection sampling):
                              ``p_i = p``.
@@ -105,6 +106,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
+from ..core.exact import bonus_distribution
 from ..core.rules import Rule, ScalingRule, SpS
 from ..core.sampler import check_common, sample_rows
 from ..core.tree import (  # the shapes, schemes and the batched sampler live in core (the runtime uses them)
@@ -310,7 +312,8 @@ def tree_block_law(draft: Cond, verifier: Cond, rule: RuleSpec, parents: Sequenc
     The static tree ``parents`` (N,) is drafted from ``draft`` (candidates per ``scheme``) and walked
     as ``verify_tree`` does. Recursion over nodes: at node ``c`` with context ``s`` and ``K`` children,
     ``node_parts(rule, p(.|s), q(.|s), K, scheme)`` gives ``acc[i, x]`` (enter child ``i`` with token
-    ``x``, context ``s + (x,)``) and ``rej[y]`` (emit ``y``, stop); a leaf emits ``y ~ q(.|s)``. Exact
+    ``x``, context ``s + (x,)``) and ``rej[y]`` (emit ``y``, stop); a leaf emits its bonus token ``y`` from
+    the rule's bonus law of ``q(.|s)`` (``q`` itself but for a rule that draws its own). Exact
     because a child's subtree is drawn given its token only, independent of the rounds at ``c``.
     """
     rules = check_rules(rule)
@@ -330,9 +333,10 @@ def tree_block_law(draft: Cond, verifier: Cond, rule: RuleSpec, parents: Sequenc
         ctx = prompt + em
         q = Q(ctx)
         ks = kids[slot]
-        if not ks:
-            for y in np.flatnonzero(q > 0):
-                add(em + (int(y),), w * q[y])
+        if not ks:  # a leaf: the bonus token, by the first round's rule's bonus law
+            b = bonus_distribution(rules[0], q, check=False)
+            for y in np.flatnonzero(b > 0):
+                add(em + (int(y),), w * b[y])
             continue
         p = P(ctx)
         if p.size != q.size:
