@@ -159,6 +159,7 @@ def use_rule(rule: Rule, generator: torch.Generator | None = None):
     """
     if not isinstance(rule, Rule):
         raise ValueError(f"rule must be a cactus_theory Rule (ct.SpS(), ct.Cactus(0.5), ...), got {rule!r}")
+    check_rule(rule)  # a stateful rule (SequenceBudget) is refused: transformers' assisted loop carries no state
     if generator is not None and not isinstance(generator, torch.Generator):
         raise ValueError(f"generator must be a torch.Generator or None, got {generator!r}")
 

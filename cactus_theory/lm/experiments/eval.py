@@ -65,6 +65,7 @@ EVAL_GRID: dict[str, list[dict]] = {
     "tas": [{"epsilon": 0.09, "alpha": 0.3}],
     "topk": [{"k": 3, "recovery": "topk"}],
     "interpolation": [{"alpha": 0.5}, {"alpha": 0.9}],
+    "sequence_budget": [{"budget": b} for b in (0.5, 1.0, 2.0, 4.0)],  # nats per answer (issue 28)
 }
 BUDGET_DEPTH, BUDGET_TOPK = 5, 4  # core.tree's (torch-free here: the CLI checks run before torch loads; tests pin it)
 ABLATION_ALPHA = 0.9
