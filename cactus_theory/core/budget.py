@@ -194,7 +194,7 @@ class BudgetState:
 
     def subset(self, idx) -> BudgetState:
         """A new state of rows ``idx`` (copied); ``update(idx, sub)`` writes it back."""
-        sub = BudgetState.__new__(BudgetState)
+        sub = type(self).__new__(type(self))
         sub.rule = self.rule
         sub.spent, sub.left, sub.spread = self.spent[idx].copy(), self.left[idx].copy(), self.spread[idx].copy()
         sub.last = sub.judged = None
@@ -294,10 +294,13 @@ class SequenceBudget(Rule):
         ``p``, ``q`` (R, S) their rows cut to their support (``support_rows``), ``candidates`` (R, K) the columns
         of their deterministic candidates (None for random schemes); acceptance ``P(some child accepted)`` and
         cost ``KL(node law || q)``, the node law from ``core.tree.node_law_rows`` (deterministic candidates, all
-        rows at once) or ``core.tree.node_parts`` (random candidates, row by row, results shared by equal rows)."""
+        rows at once), ``step_costs`` (one random candidate: ``node_parts`` is then the step's ``h_alg`` in either
+        mode) or ``core.tree.node_parts`` (random candidates, row by row, results shared by equal rows)."""
         from .tree import node_law_rows, node_parts
 
         K = int(num_children)
+        if candidates is None and K == 1:  # one random candidate, either mode: the node's law is the step's h_alg
+            return lambda rows, d: self.step_costs(p[rows], q[rows], d)
         if candidates is not None:
             def f(rows, d):
                 law, acc = node_law_rows(CactusRows(d), p[rows], q[rows], candidates[rows], mode)
@@ -344,6 +347,21 @@ class SequenceBudget(Rule):
             d, c = self._lagrangian(costs, live, cap[live], remaining[live] / L[live], d, c, a)
         delta[live], cost[live] = d, c
         return delta, cost
+
+    def choose_unique(self, rows_of: tuple, build: Callable[..., Costs], remaining: np.ndarray, left: np.ndarray,
+                      spread: np.ndarray):
+        """``choose`` once per distinct position: ``rows_of`` (arrays with one leading entry per position: the
+        rows a position's costs read) and its budget, tokens left and spread; ``build(*rows)`` the costs of the
+        distinct positions. A batch decoding one prompt many times decides each distinct position once; the
+        decisions are those of ``choose`` on every position."""
+        R = remaining.shape[0]
+        X = np.concatenate([np.asarray(a, dtype=np.float64).reshape(R, -1) for a in rows_of]
+                           + [remaining[:, None], left[:, None], spread[:, None]], 1)
+        _, first, inv = np.unique(X, axis=0, return_index=True, return_inverse=True)
+        inv = inv.reshape(-1)
+        d, c = self.choose(build(*(np.asarray(a)[first] for a in rows_of)), remaining[first], left[first],
+                           spread[first])
+        return d[inv], c[inv]
 
     def _bisect(self, costs: Costs, rows: np.ndarray, cap: np.ndarray):
         """The largest float32 ``delta <= delta_max`` found with ``cost <= cap``: ``delta_max`` if it fits,
@@ -404,10 +422,11 @@ class SequenceBudget(Rule):
         P, Q = support_rows(p, q[:, :k])
         remaining = state.remaining.copy()
         delta, cost = np.zeros((B, k)), np.zeros((B, k))
+        def build(Pj, Qj):
+            return lambda rows, d: self.step_costs(Pj[rows], Qj[rows], d)
         for j in range(k):
-            def f(rows, d, j=j):
-                return self.step_costs(P[rows, j], Q[rows, j], d)
-            delta[:, j], cost[:, j] = self.choose(f, remaining, state.left - j, state.spread - j)
+            delta[:, j], cost[:, j] = self.choose_unique((P[:, j], Q[:, j]), build, remaining, state.left - j,
+                                                         state.spread - j)
             remaining = remaining - cost[:, j]
         return BudgetPlan(delta, cost)
 
@@ -459,9 +478,12 @@ class SequenceBudget(Rule):
                     inv = np.full(tuple(qr.shape), -1, dtype=np.int64)
                     inv[np.arange(len(bb))[:, None], idx] = np.arange(idx.shape[-1])
                     local = inv[np.arange(len(bb))[:, None], cands]
-                f = self.node_cost_fn(P, Q, int(K), scheme, local, mode)
-                delta[bb, ss], cost[bb, ss] = self.choose(f, rem[bb, ss], state.left[bb] - level,
-                                                          state.spread[bb] - level)
+                rows_of = (P, Q) if local is None else (P, Q, local)
+
+                def build(P_, Q_, C_=None, K=int(K)):
+                    return self.node_cost_fn(P_, Q_, K, scheme, None if C_ is None else C_.astype(np.int64), mode)
+                delta[bb, ss], cost[bb, ss] = self.choose_unique(rows_of, build, rem[bb, ss], state.left[bb] - level,
+                                                                 state.spread[bb] - level)
             for j in range(N):  # the next level's budget: its parent's, less the parent's cost
                 b = np.flatnonzero((tok[:, j] >= 0) & (depth[:, j + 1] == level + 1))
                 s_ = par[b, j] + 1
