@@ -23,7 +23,12 @@ from cactus_theory import toy
 from cactus_theory.core.budget import ALLOCATIONS, BudgetPlan, BudgetState, support_rows
 from cactus_theory.divergences import kl
 from cactus_theory.stats import goodness_of_fit, power
-from cactus_theory.tree import branching_parents, chain_parents, tree_budget_law, tree_speculative_decode
+from cactus_theory.tree import (
+    branching_parents,
+    chain_parents,
+    tree_budget_law,
+    tree_speculative_decode,
+)
 
 ALPHA, POWER = 1e-3, 0.99
 PAIRS = [(0, 0.9), (1, 0.5), (2, 0.9)]  # (seed, draft noise weight) of toy.random_pair(3, order 2)
