@@ -52,7 +52,8 @@ __all__ = ["SequenceBudget", "BudgetState", "BudgetPlan", "CactusRows", "ALLOCAT
 ALLOCATIONS = ("spend_down", "even", "lagrangian")
 BUDGET_BASES = ("cactus",)  # the per-position rule whose delta the controller sets (Corollary 5's Cactus)
 SLACK = 1e-9  # every position's cost stays below (budget left) - SLACK * budget
-BISECT_ITERS = 24  # geometric bisection on delta: relative precision ~1e-3 of the feasible delta
+BISECT_ITERS = 24  # at most; geometric bisection on delta stops at relative precision BISECT_RTOL
+BISECT_RTOL = 1e-2  # what a position leaves unspent by it stays in the budget for the next ones
 GRID = 16  # the Lagrangian's candidates: delta_max 2^-i, i < GRID, and 0
 DELTA_MAX_MAX = 1e30  # delta is applied in the probabilities' dtype (float32 at least)
 NODE_STATES_MAX = 20_000  # a tree node with random candidates: its exact law sums |supp p|^K candidate tuples
@@ -103,30 +104,39 @@ def support_rows(p, q, keep=None, return_index: bool = False):
     ``{p > 0} | {q > 0}`` (tokens outside it carry no mass in ``h_alg``), plus the tokens ``keep`` marks
     ((..., V) bool, e.g. a tree node's candidates), in token order, padded with zeros to the largest such set
     of the batch and renormalised in float64, as ``lm.metrics.step_kl`` reads a row: (..., S). With
-    ``return_index`` also the token id of each kept column (..., S) (int64 numpy)."""
+    ``return_index`` also the token id of each column (..., S) (int64 numpy; -1 in the padding). Both backends
+    give the same arrays (one ``nonzero`` pass, no sort over the vocabulary)."""
+    shape, V = tuple(p.shape[:-1]), p.shape[-1]
     if is_torch_array(p):
         import torch
 
         mask = (p > 0) | (q > 0)
         if keep is not None:
             mask = mask | torch.as_tensor(keep, device=mask.device)
-        S = max(1, int(mask.sum(-1).max())) if mask.numel() else 1
-        idx = torch.argsort((~mask).to(torch.uint8), dim=-1, stable=True)[..., :S]  # the kept tokens first, in order
-        P = p.gather(-1, idx).detach().double().cpu().numpy()
-        Q = q.gather(-1, idx).detach().double().cpu().numpy()
-        idx = idx.cpu().numpy()
+        r, c = torch.nonzero(mask.reshape(-1, V), as_tuple=True)  # row-major: each row's tokens in order
+        r, c = r.cpu().numpy(), c.cpu().numpy()
+        rows_p, rows_q = p.reshape(-1, V), q.reshape(-1, V)
+        vals_p = rows_p[torch.as_tensor(r, device=p.device), torch.as_tensor(c, device=p.device)]
+        vals_q = rows_q[torch.as_tensor(r, device=q.device), torch.as_tensor(c, device=q.device)]
+        vals_p, vals_q = vals_p.detach().double().cpu().numpy(), vals_q.detach().double().cpu().numpy()
     else:
-        P, Q = np.asarray(p, dtype=np.float64), np.asarray(q, dtype=np.float64)
-        mask = (P > 0) | (Q > 0)
+        P0, Q0 = np.asarray(p, dtype=np.float64), np.asarray(q, dtype=np.float64)
+        mask = (P0 > 0) | (Q0 > 0)
         if keep is not None:
             mask = mask | np.asarray(keep, dtype=bool)
-        S = max(1, int(mask.sum(-1).max())) if mask.size else 1
-        idx = np.argsort(~mask, axis=-1, kind="stable")[..., :S]
-        P, Q = np.take_along_axis(P, idx, -1), np.take_along_axis(Q, idx, -1)
+        r, c = np.nonzero(mask.reshape(-1, V))
+        vals_p, vals_q = P0.reshape(-1, V)[r, c], Q0.reshape(-1, V)[r, c]
+    R = int(np.prod(shape, dtype=np.int64))
+    counts = np.bincount(r, minlength=R)
+    S = max(1, int(counts.max())) if R else 1
+    pos = np.arange(r.size) - (np.cumsum(counts) - counts)[r]
+    P, Q = np.zeros((R, S)), np.zeros((R, S))
+    idx = np.full((R, S), -1, dtype=np.int64)
+    P[r, pos], Q[r, pos], idx[r, pos] = vals_p, vals_q, c
     zp, zq = P.sum(-1, keepdims=True), Q.sum(-1, keepdims=True)
-    P = np.where(zp > 0, P / np.where(zp > 0, zp, 1.0), P)
-    Q = np.where(zq > 0, Q / np.where(zq > 0, zq, 1.0), Q)
-    return (P, Q, idx) if return_index else (P, Q)
+    P = np.where(zp > 0, P / np.where(zp > 0, zp, 1.0), P).reshape(shape + (S,))
+    Q = np.where(zq > 0, Q / np.where(zq > 0, zq, 1.0), Q).reshape(shape + (S,))
+    return (P, Q, idx.reshape(shape + (S,))) if return_index else (P, Q)
 
 
 @dataclass
@@ -394,7 +404,7 @@ class SequenceBudget(Rule):
             a_lo[i] = np.where(fit, a, a_lo[i])
             c_lo[i] = np.where(fit, c, c_lo[i])
             hi[i] = np.where(fit, hi[i], mid)
-            todo[i] &= ~((lo[i] > 0) & (hi[i] <= lo[i] * (1 + 1e-3)))
+            todo[i] &= ~((lo[i] > 0) & (hi[i] <= lo[i] * (1 + BISECT_RTOL)))
         return lo, c_lo, a_lo
 
     def _lagrangian(self, costs: Costs, rows: np.ndarray, cap: np.ndarray, share: np.ndarray, d_sd, c_sd, a_sd):
@@ -476,7 +486,8 @@ class SequenceBudget(Rule):
                 local = None
                 if det:
                     inv = np.full(tuple(qr.shape), -1, dtype=np.int64)
-                    inv[np.arange(len(bb))[:, None], idx] = np.arange(idx.shape[-1])
+                    rr, cc = np.nonzero(idx >= 0)  # the padding (-1) maps nothing
+                    inv[rr, idx[rr, cc]] = cc
                     local = inv[np.arange(len(bb))[:, None], cands]
                 rows_of = (P, Q) if local is None else (P, Q, local)
 

@@ -230,7 +230,7 @@ def _speculative_rows(draft, verifier, prompts, rule, k, max_new, sampling, gen,
         q = sampling_probs(logits, *sampling)
         t2 = time.perf_counter()
         step = VerifierStep(k, sampling, gen, logits, tap)
-        tokens, a = verify(drafts, p, q, rule.bind(step), generator=gen, check=False, state=state)
+        tokens, a = verify(drafts, p, q, rule.bind(step), generator=gen, check=False, **_carry(state))
         t3 = time.perf_counter()
         if obs is not None:
             obs.chain(rows, drafts, p, q, tokens, a)
@@ -256,6 +256,11 @@ def _budget_state(rule, rows: list[int], out: list[list[int]], max_new: int):
     if not rule.stateful:
         return None
     return rule.start(len(rows), [max_new - len(out[b]) for b in rows])
+
+
+def _carry(state) -> dict:
+    """``state=`` for the samplers only under a stateful rule (a sampler written for stateless rules needs none)."""
+    return {} if state is None else {"state": state}
 
 
 def _carried(state) -> list:
@@ -507,7 +512,7 @@ def _tree_rows(draft, verifier, prompts, rules, tree, scheme, mode, max_new, sam
         logits, feats = target.score_tree(tokens, par)  # (n, N + 1, V)
         q = sampling_probs(logits, *sampling)
         t2 = time.perf_counter()
-        res = verify_tree(tokens, par, p, q, rules, scheme, generator=gen, check=False, mode=mode, state=state)
+        res = verify_tree(tokens, par, p, q, rules, scheme, generator=gen, check=False, mode=mode, **_carry(state))
         t3 = time.perf_counter()
         if obs is not None:
             obs.tree(rows, tokens, par, p, q, res)

@@ -99,14 +99,14 @@ def test_a_plan_never_spends_more_than_is_left_on_any_path(seed, B, allocation, 
 def test_spend_down_takes_delta_max_while_it_fits_then_the_largest_fit():
     """With a budget that covers ``delta_max`` at every position the plan is ``delta_max`` throughout; with a
     budget below the first position's cost at ``delta_max``, that position spends it to within the bisection's
-    precision (1e-3 in delta: the cost is within 1% of the budget here) and the later positions get the crumbs."""
+    precision (1e-2 in delta: the cost is within 2% of the budget here) and the later positions get the crumbs."""
     n, p, q = _block(11, zeros=False)
     rule = ct.SequenceBudget(1e6, delta_max=0.7)
     plan = rule.plan(rule.start(6), p, q)
     assert np.all(plan.delta == np.float32(0.7))
     small = ct.SequenceBudget(0.05, delta_max=50.0)
     plan = small.plan(small.start(6), p, q)
-    assert np.all(plan.cost[:, 0] <= 0.05) and np.all(plan.cost[:, 0] >= 0.99 * 0.05 * (1 - 1e-3))
+    assert np.all(plan.cost[:, 0] <= 0.05) and np.all(plan.cost[:, 0] >= 0.98 * 0.05)
     assert np.all(plan.cost.sum(1) <= 0.05)
 
 

@@ -209,7 +209,7 @@ def test_make_rule():
     assert ct.make_rule("cactus", delta=0.5, divergence="chi2", solver="exact") == Cactus(0.5, "chi2", "exact")
     assert ct.make_rule("sps") == SpS()
     assert set(ct.RULE_CLASSES) == {"sps", "cactus", "tas", "topk", "interpolation", "ears", "sglang", "relaxed", "medusa",
-                             "fly", "dropmatch"}
+                             "fly", "dropmatch", "sequence_budget"}
     assert set(ROOT_DIVS) == set(F_DIVERGENCES)
 
 

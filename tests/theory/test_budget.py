@@ -65,14 +65,14 @@ def test_the_certificate_holds_for_every_budget_and_pair(allocation):
 def test_spend_down_attains_the_bound():
     """The bound cannot be improved in general: spending the budget on the first token (a budget below that
     position's cost at delta_max) makes ``KL(P_T || Q_T) >= KL(P_1 || Q_1) = c_1``, within the bisection's
-    precision of ``B``; so ``KL`` equals ``B`` to 1%."""
+    precision of ``B``; so ``KL`` equals ``B`` to 2%."""
     for seed, w in PAIRS[:2]:
         d, v = pair(seed, w)
         res = toy.budget_law(d, v, ct.SequenceBudget(0.02, delta_max=100.0), 1, 2)
         v = toy.Cached(v, "verifier")
-        assert 0.99 * 0.02 <= float(kl(res.law.ravel(), toy.autoregressive_law(v, 2).ravel())) <= 0.02
+        assert 0.98 * 0.02 <= float(kl(res.law.ravel(), toy.autoregressive_law(v, 2).ravel())) <= 0.02
         res = toy.budget_law(d, v, ct.SequenceBudget(0.02, delta_max=100.0), 2, T)
-        assert 0.99 * 0.02 <= kl_to_verifier(res.law, v) <= 0.02
+        assert 0.98 * 0.02 <= kl_to_verifier(res.law, v) <= 0.02
 
 
 def test_the_verifier_first_token_and_k_1():
