@@ -43,7 +43,7 @@ from array_api_compat import is_torch_array
 
 from .divergences import divergence
 from .exact import ROWS_MAX_V, acceptance_rate, induced_rows, step_divergence
-from .rules import Cactus, Rule, ScalingRule, _check_choice, _set, taylor_gamma
+from .rules import Cactus, Rule, ScalingRule, taylor_gamma
 from .validate import check_int, check_nonneg, check_number
 
 __all__ = ["SequenceBudget", "BudgetState", "BudgetPlan", "CactusRows", "ALLOCATIONS", "BUDGET_BASES", "SLACK",
@@ -246,12 +246,16 @@ class SequenceBudget(Rule):
     two_block_steps: ClassVar[bool] = True  # each position (node) is judged by a two-block rule (tree mode "joint")
 
     def __post_init__(self):
-        _set(self, budget=check_nonneg(self.budget, "budget"),
-             delta_max=check_number(self.delta_max, "delta_max", low=0.0, high=DELTA_MAX_MAX,
-                                    what="a number in [0, 1e30]"),
-             horizon=check_int(self.horizon, "horizon", low=0))
-        _check_choice(self.base, "base", BUDGET_BASES)
-        _check_choice(self.allocation, "allocation", ALLOCATIONS)
+        checked = {"budget": check_nonneg(self.budget, "budget"),
+                   "delta_max": check_number(self.delta_max, "delta_max", low=0.0, high=DELTA_MAX_MAX,
+                                             what="a number in [0, 1e30]"),
+                   "horizon": check_int(self.horizon, "horizon", low=0)}
+        for name, value in checked.items():  # Python numbers, as every rule stores them
+            object.__setattr__(self, name, value)
+        for name, choices in (("base", BUDGET_BASES), ("allocation", ALLOCATIONS)):
+            value = getattr(self, name)
+            if not isinstance(value, str) or value not in choices:
+                raise ValueError(f"{name} must be one of {sorted(choices)}, got {value!r}")
 
     # -- the per-sequence state ------------------------------------------------------------------
     def start(self, batch: int, max_tokens=None) -> BudgetState:
