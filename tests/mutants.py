@@ -461,6 +461,19 @@ PORTS: list[Port] = [
          "            grad = torch.exp(z - lse[:, None])\n            grad.mul_(g_lse[:, None])",
          "            grad = torch.zeros_like(z)",
          ("tests/lm/train/test_draft_build.py::test_step_loss_and_its_gradient_equal_the_plain_autograd_formula",)),
+    # issue 26: the verdict layer's boundaries (fresh ports the suite had never seen)
+    Port("interval-holds-at-threshold", "interval_verdict reads an interval whose low end equals the threshold as "
+         "above it (lo >= above: an all-zero interval 'holds')", "cactus_theory/claims/ledger.py",
+         "    if iv.lo > above:\n",
+         "    if iv.lo >= above:\n",
+         ("tests/claims/test_decision_boundaries.py::test_interval_verdict_at_its_threshold",)),
+    Port("interval-min-points-inclusive", "interval_verdict needs more than min_points units (n <= min: exactly "
+         "min_points is 'out of reach')", "cactus_theory/claims/ledger.py",
+         "    if iv.n < min_points:\n        return \"out of reach\"\n    if math.isnan(iv.lo) or math.isnan(iv.hi):  # one "
+         "undefined end: no side is excluded\n        return \"inconclusive\"\n    if iv.lo > above:",
+         "    if iv.n <= min_points:\n        return \"out of reach\"\n    if math.isnan(iv.lo) or math.isnan(iv.hi):  # one "
+         "undefined end: no side is excluded\n        return \"inconclusive\"\n    if iv.lo > above:",
+         ("tests/claims/test_decision_boundaries.py::test_interval_verdict_at_the_minimum_of_units",)),
     # issue 28: the sequence budget's certificate needs every judged position charged, at decision time
     Port("budget-charge-accepted-only", "verify charges a budgeted row only for its accepted drafts (the rejected "
          "position's cost is ignored)", S,

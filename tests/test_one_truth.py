@@ -215,7 +215,7 @@ def test_the_build_time_is_the_measured_one_and_stated_once():
     err = MissingDraftError.not_built("/nowhere/draft.pt")
     assert isinstance(err, ValueError) and BUILD_TIME in str(err) and "build-draft" in str(err)
     stated = [p for p in (ROOT / "cactus_theory").rglob("*.py") if re.search(r"\d+(-\d+)? minutes on \d", p.read_text())]
-    assert [p.name for p in stated] == ["draft.py"]
+    assert [p.name for p in stated] == ["draft_config.py"]  # BUILD_TIME, re-exported by draft.py
 
 
 def test_the_cli_s_torch_free_copies_of_the_tree_constants_are_core_s():

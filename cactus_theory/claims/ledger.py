@@ -33,13 +33,16 @@ Every verdict measured on another model, task or scale names it in ``scope``, wh
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
 
+from ..core.validate import check_int, check_number, check_positive_int
+
 __all__ = ["Claim", "Interval", "Resolution", "KINDS", "VERDICTS", "ROLES", "MIN_POINTS", "exact_verdict",
-           "interval_verdict", "bootstrap_interval", "t_interval", "holm", "mcnemar_mdd", "combined_verdict",
+           "interval_verdict", "band_verdict", "bootstrap_interval", "t_interval", "holm", "mcnemar_mdd", "combined_verdict",
            "resolve", "all_of", "group", "plural"]
 
 KINDS = ("paper", "derived", "code")
@@ -123,13 +126,41 @@ class Interval:
         return f"{self.estimate:.3g} [{self.lo:.3g}, {self.hi:.3g}]"
 
 
+def _check_level(level) -> float:
+    return check_number(level, "level", low=0.0, high=1.0, low_open=True, high_open=True, what="in (0, 1)")
+
+
+def _finite_units(units, name: str = "units") -> np.ndarray:
+    """``units`` as a float64 array with a unit axis, every value finite (``ValueError`` naming the first
+    bad units): a NaN or infinite unit has no place in an interval, and dropping it would decide a
+    verdict on the others without saying so."""
+    try:
+        x = np.asarray(units, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be numbers, got {type(units).__name__}") from None
+    if x.ndim == 0:
+        raise ValueError(f"{name} must have a unit axis (shape (n,) or (n, m)), got a scalar {x!r}")
+    bad = ~np.isfinite(x).reshape(x.shape[0], -1).all(axis=1) if x.size else np.zeros(0, bool)
+    if bad.any():
+        raise ValueError(f"{name} must be finite: unit(s) {np.flatnonzero(bad)[:5].tolist()} of {x.shape[0]} hold NaN "
+                         f"or inf")
+    return x
+
+
 def bootstrap_interval(units, statistic: Callable[[np.ndarray], float] = np.mean, *, level: float = 0.95,
                        n_boot: int = 10_000, seed: int = 0) -> Interval:
     """Percentile bootstrap over units: ``units`` (n,) or (n, m) (one row per unit, e.g. per prompt),
     ``statistic(rows) -> float`` (default: the mean of a 1-D sample). Resamples rows with
     replacement ``n_boot`` times (seeded) and returns the statistic on all rows with the
-    ``(1 - level) / 2`` and ``(1 + level) / 2`` quantiles of its resampled values."""
-    x = np.asarray(units, dtype=np.float64)
+    ``(1 - level) / 2`` and ``(1 + level) / 2`` quantiles of its resampled values.
+
+    Every unit must be finite (``ValueError`` otherwise: a NaN unit is never dropped silently). A
+    resample on which ``statistic`` itself is not finite (a ratio whose denominator resampled to 0) is
+    left out of the quantiles; fewer than 2 units, or no finite resample, give the interval
+    ``(-inf, inf)`` (which decides nothing)."""
+    x = _finite_units(units)
+    level = _check_level(level)
+    n_boot = check_positive_int(n_boot, "n_boot")
     n = x.shape[0]
     est = float(statistic(x))
     if n < 2:
@@ -146,13 +177,38 @@ def bootstrap_interval(units, statistic: Callable[[np.ndarray], float] = np.mean
 
 def interval_verdict(iv: Interval, *, above: float = 0.0, scope: str = "", min_points: int = MIN_POINTS) -> str:
     """Verdict of the claim "the quantity exceeds ``above``" from its interval ``iv``: "out of reach"
-    with fewer than ``min_points`` units; "holds" (or "consistent" when ``scope`` names another model
-    or scale) if the whole interval lies above; "differs" if it lies below; else "inconclusive"."""
+    with fewer than ``min_points`` units (``iv.n < min_points``; exactly ``min_points`` is enough);
+    "holds" (or "consistent" when ``scope`` names another model or scale) if the whole interval lies
+    strictly above (``iv.lo > above``: an interval touching ``above`` does not exclude it); "differs" if
+    it lies strictly below (``iv.hi < above``); else "inconclusive", and so with a NaN end (which
+    excludes nothing, whatever the other end says)."""
+    min_points = check_int(min_points, "min_points", low=1)
     if iv.n < min_points:
         return "out of reach"
+    if math.isnan(iv.lo) or math.isnan(iv.hi):  # one undefined end: no side is excluded
+        return "inconclusive"
     if iv.lo > above:
         return "consistent" if scope else "holds"
     if iv.hi < above:
+        return "differs"
+    return "inconclusive"
+
+
+def band_verdict(iv: Interval, low: float, high: float, *, min_points: int = MIN_POINTS) -> str:
+    """Verdict of the claim "the quantity lies in ``[low, high]``" from its interval ``iv``: "out of
+    reach" with fewer than ``min_points`` units; "holds" if the whole interval lies inside the band
+    (``low <= iv.lo`` and ``iv.hi <= high``, ends included); "differs" if it lies wholly outside
+    (``iv.hi < low`` or ``iv.lo > high``); else "inconclusive", and so with a NaN end."""
+    min_points = check_int(min_points, "min_points", low=1)
+    if not low <= high:
+        raise ValueError(f"band_verdict: low <= high needed, got [{low}, {high}]")
+    if iv.n < min_points:
+        return "out of reach"
+    if math.isnan(iv.lo) or math.isnan(iv.hi):  # one undefined end: no side is excluded
+        return "inconclusive"
+    if low <= iv.lo and iv.hi <= high:
+        return "holds"
+    if iv.hi < low or iv.lo > high:
         return "differs"
     return "inconclusive"
 
@@ -163,7 +219,8 @@ def t_interval(x, *, level: float = 0.95) -> Interval:
     n observed values, and its coverage at n = 10 falls well short of the nominal level)."""
     from scipy import stats
 
-    x = np.asarray(x, dtype=np.float64)
+    x = _finite_units(x, "x").ravel()
+    level = _check_level(level)
     n = x.size
     est = float(x.mean()) if n else float("nan")
     if n < 2:
@@ -174,7 +231,7 @@ def t_interval(x, *, level: float = 0.95) -> Interval:
 
 def holm(pvalues) -> list[float]:
     """Holm's step-down adjusted p-values (same order as ``pvalues``): ``theory.stats.holm`` (imported
-    on call, so the ledger loads without scipy)."""
+    on call, so the ledger loads without scipy); a p-value outside [0, 1] or NaN is a ``ValueError``."""
     from ..theory.stats import holm as _holm
 
     return _holm(pvalues)
@@ -184,8 +241,14 @@ def mcnemar_mdd(discordance: float, n: int, *, alpha: float = 0.05, power: float
     """Smallest paired difference of two proportions that McNemar's test (two-sided, level ``alpha``)
     detects with probability ``power`` on ``n`` items with discordance rate ``discordance`` (share of items
     where the two outcomes differ): ``(z_{1 - alpha/2} + z_power) sqrt(discordance / n)``, the normal
-    approximation when the difference is small beside the discordance."""
+    approximation when the difference is small beside the discordance. ``ValueError`` unless
+    ``discordance`` is in [0, 1], ``n`` an integer >= 1 and ``alpha``, ``power`` in (0, 1)."""
     from scipy import stats
+
+    discordance = check_number(discordance, "discordance", low=0.0, high=1.0)
+    n = check_int(n, "n", low=1)
+    alpha = check_number(alpha, "alpha", low=0.0, high=1.0, low_open=True, high_open=True, what="in (0, 1)")
+    power = check_number(power, "power", low=0.0, high=1.0, low_open=True, high_open=True, what="in (0, 1)")
 
     return float((stats.norm.isf(alpha / 2) + stats.norm.ppf(power)) * np.sqrt(discordance / n))
 
@@ -227,8 +290,14 @@ def combined_verdict(checks: Iterable[Claim]) -> str:
 
 def all_of(verdicts: Iterable[str]) -> str:
     """Verdict of a conjunction ("each of these exceeds SpS"): the weakest part decides, in the order
-    differs, inconclusive, out of reach, consistent, holds."""
-    vs = set(verdicts)
+    differs, inconclusive, out of reach, consistent, holds. A conjunction of no parts has no evidence:
+    "out of reach" (never "holds"). A string that is not one of ``VERDICTS`` is a ``ValueError``."""
+    vs = list(verdicts)
+    bad = [v for v in vs if v not in VERDICTS]
+    if bad:
+        raise ValueError(f"all_of: verdicts must be among {VERDICTS}, got {bad[:4]!r}")
+    if not vs:
+        return "out of reach"
     for v in ("differs", "inconclusive", "out of reach", "consistent"):
         if v in vs:
             return v

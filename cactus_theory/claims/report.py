@@ -7,7 +7,9 @@ Cases come from ``make_pair``: Dirichlet draws and the adversarial kinds of ``CA
 ``--seed`` every run draws a fresh seed and prints it, so a failure can be replayed.
 
 Reference values come from independent code where one exists: cvxpy for the optimisation problems,
-``reference`` (scipy / plain numpy re-implementations of each rule) for roots and output laws.
+``reference`` (scipy / plain numpy re-implementations of each rule) for roots and output laws. scipy,
+cvxpy and torch are imported inside the checks that use them, so that ``cactus-theory verify --cases 0``
+refuses at once.
 """
 
 from __future__ import annotations
@@ -18,8 +20,6 @@ import time
 from collections.abc import Callable
 
 import numpy as np
-from scipy.special import rel_entr
-from scipy.stats import entropy as scipy_entropy
 from tqdm import tqdm
 
 from ..core.divergences import F_DIVERGENCES, kl, tv
@@ -27,9 +27,8 @@ from ..core.exact import acceptance_rate, induced_distribution, induced_generic,
 from ..core.rules import EARS, TAS, Cactus, Interpolation, SpS, TopK, two_block_root
 from ..core.validate import check_positive_int
 from ..theory.cases import CASE_KINDS, TAS_DEFAULT, make_pair
-from ..theory.reference import reference_gamma, reference_law
 from ..util.atomic import atomic_write_text
-from .ledger import KINDS, Claim, bootstrap_interval, exact_verdict
+from .ledger import KINDS, Claim, band_verdict, bootstrap_interval, exact_verdict
 
 __all__ = ["Claim", "CASE_KINDS", "WORKED_EXAMPLE", "make_pair", "verify_claims", "format_table", "configure",
            "run", "taylor_convergence", "worked_example", "worked_example_claim", "fresh_seed", "recovery_sensitivity"]
@@ -208,6 +207,8 @@ def tas_lp_accepts(q: np.ndarray, n: int, threshold: float) -> float:
 
 
 def _proposition4(rng, cases):
+    from scipy.stats import entropy as scipy_entropy
+
     agree = ties = total = 0
     bad = ""
     count = max(10, cases // 4)
@@ -248,6 +249,8 @@ def taylor_convergence(q_n, deltas=None) -> dict:
     expansion has error O(delta) (slope 1; 1.5 at q_n = 1/2, where the cubic term vanishes) while
     its boost is O(sqrt delta); a wrong constant in the boost (e.g. no factor 2) leaves an error of
     order sqrt(delta) (slope 0.5)."""
+    from ..theory.reference import reference_gamma
+
     deltas = np.logspace(-7, -4, 7) if deltas is None else np.asarray(deltas, dtype=np.float64)
     slopes, ratios = [], []
     for qn in np.atleast_1d(np.asarray(q_n, dtype=np.float64)):
@@ -294,6 +297,8 @@ def _corollary6_draws(rng, count):
 
 
 def _corollary6(rng, cases):
+    from scipy.special import rel_entr
+
     q_n, delta = _corollary6_draws(rng, 20 * cases)
     g = np.array([float(Cactus(float(d)).gamma(np.asarray(q))) for q, d in zip(q_n, delta, strict=True)])
     klv = np.array([float(np.sum(rel_entr([a, 1 - a], [b, 1 - b]))) for a, b in zip(g, q_n, strict=True)])
@@ -364,6 +369,8 @@ def _taylor_coefficient(rng, cases):
 
 
 def _taylor_log_bound(rng, cases):
+    from scipy.special import rel_entr
+
     q_n = np.concatenate([rng.uniform(0, 1, 20 * cases), 10.0 ** rng.uniform(-9, 0, 20 * cases), [0.0, 1.0, 0.5]])
     delta = np.concatenate([10.0 ** rng.uniform(-4, 1, 40 * cases), [0.3, 0.3, 0.3]])
     g = np.array([float(Cactus(float(d)).gamma(np.asarray(q))) for q, d in zip(q_n, delta, strict=True)])
@@ -391,8 +398,7 @@ def far_above_delta_claim(values, *, V: int, delta: float, source: str = "verify
     per-draw values: holds if the 95% bootstrap interval of their mean lies inside ``ABOUT_ONE_NAT``."""
     iv = bootstrap_interval(np.asarray(values))
     lo, hi = ABOUT_ONE_NAT
-    verdict = ("out of reach" if iv.n < 5 else "holds" if lo <= iv.lo and iv.hi <= hi
-               else "differs" if iv.hi < lo or iv.lo > hi else "inconclusive")
+    verdict = band_verdict(iv, lo, hi)
     return Claim(
         "kl-far-above-delta", f"per-token budgets do not bound the step: at V = 1000, Dirichlet(0.3), delta = 0.05, "
         f"KL(h_alg || q) is about 1.0 nats (read: the mean's 95% interval inside [{lo}, {hi}])",
@@ -480,6 +486,8 @@ def _rules_for_laws(rng) -> list:
 
 
 def _reference_laws(rng, cases):
+    from ..theory.reference import reference_law
+
     worst, bad, count = 0.0, "", 0
     for p, q, _ in _cases(rng, cases, 20):
         for rule in _rules_for_laws(rng):
@@ -521,6 +529,7 @@ def _sampler_law(rng, cases):
     import torch  # here, not at the top: `cactus-theory verify --cases 0` must fail before torch loads
 
     from ..core import sampler
+    from ..theory.reference import reference_law
     from ..theory.stats import goodness_of_fit, samples_needed
 
     rules = [SpS(), Cactus(0.5), Cactus(0.3, "chi2", "exact"), TAS(), TopK(2), TopK(2, recovery="topk"),

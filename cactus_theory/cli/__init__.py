@@ -3,7 +3,9 @@
 Each subcommand lives in its own module, which defines ``configure(parser)`` (its arguments),
 optionally ``check(args)`` (every check that needs no model: raise ``ValueError``) and
 ``run(args) -> int``. Modules load only when used, so ``--help`` answers at once, and an argument
-error is reported as one line with exit status 2 before any model loads. A ``ValueError`` raised
+error is reported as one line with exit status 2 before any model loads, and before torch, scipy,
+cvxpy or transformers load (a command module imports them inside the functions that use them; one
+whose code needs torch at import has its ``configure`` / ``check`` in a lighter module, ``ARGS``). A ``ValueError`` raised
 later (a bad model path, tokenizers that differ) is a user error too: one line, exit 2, no
 traceback. The reproduction of the paper is not a library command: ``make repro`` or
 ``python -m paper_repro`` in a clone of the repository.
@@ -15,7 +17,7 @@ import argparse
 import importlib
 import sys
 
-__all__ = ["main", "Parser", "run_command"]
+__all__ = ["main", "Parser", "run_command", "COMMANDS", "ARGS"]
 
 DESCRIPTION = ("Check the theory of lossy speculative sampling (Cactus, Hao & Mou, ICLR 2026) on random and "
                "adversarial cases, and run speculative decoding with real language models under any "
@@ -30,6 +32,9 @@ COMMANDS = {
     "check-engine": ("cactus_theory.cli.check_engine", "is an engine's speculative decoding lossless over whole decodes? "
                                                        "(our loop, transformers)"),
 }
+# commands whose module imports torch at import: their arguments and checks come from this lighter module,
+# and the module itself is imported only to run
+ARGS = {"build-draft": "cactus_theory.lm.train.build_args"}
 MOVED = {"repro": "the paper's reproduction has its own entry point: run `make repro` or "
                   "`python -m paper_repro` in a clone of the repository"}
 
@@ -72,15 +77,20 @@ class Parser(argparse.ArgumentParser):
 
 # -- running a command ------------------------------------------------------------------------------
 
-def run_command(parser: argparse.ArgumentParser, module, argv: list[str]) -> int:
-    """Parse ``argv`` with ``module.configure``'s arguments, run ``module.check`` (if any) and
-    ``module.run``; a ``ValueError`` from either is printed as one line with exit status 2, an
-    interrupt as one line with status 130."""
-    module.configure(parser)
+def run_command(parser: argparse.ArgumentParser, module, argv: list[str], args_module=None) -> int:
+    """Parse ``argv`` with ``configure``'s arguments, run ``check`` (if any) and ``module.run``;
+    ``configure`` and ``check`` come from ``args_module`` (default: ``module``; a module name is
+    imported), ``module`` may be a module name, imported only after the checks pass. A ``ValueError``
+    from either is printed as one line with exit status 2, an interrupt as one line with status 130."""
+    front = importlib.import_module(args_module) if isinstance(args_module, str) else args_module
+    front = front if front is not None else module
+    front.configure(parser)
     args = parser.parse_args(argv)
     try:
-        if hasattr(module, "check"):
-            module.check(args)
+        if hasattr(front, "check"):
+            front.check(args)
+        if isinstance(module, str):
+            module = importlib.import_module(module)
         return int(module.run(args) or 0)
     except ValueError as e:
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
@@ -106,8 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     if name not in COMMANDS:
         hint = MOVED.get(name, f"choose from {', '.join(COMMANDS)}")
         parser.error(f"unknown command {name!r}: {hint}")
-    module = importlib.import_module(COMMANDS[name][0])
-    help_ = COMMANDS[name][1]
-    p = Parser(prog=f"cactus-theory {name}", description=getattr(module, "DESCRIPTION", help_[0].upper() + help_[1:] + "."))
-    return run_command(p, module, argv[1:])
+    path, help_ = COMMANDS[name]
+    front = importlib.import_module(ARGS.get(name, path))  # light: the command's own module only if so
+    module = front if name not in ARGS else path
+    p = Parser(prog=f"cactus-theory {name}", description=getattr(front, "DESCRIPTION", help_[0].upper() + help_[1:] + "."))
+    return run_command(p, module, argv[1:], front)
 

@@ -16,6 +16,7 @@ import argparse
 import sys
 import time
 
+from ..core.tree_shapes import BUDGET_DEPTH, BUDGET_TOPK, MAX_GROWN, MAX_KEPT, dynamic_tree_nodes
 from ..lm.loading import check_model, quiet_transformers
 from ..util.args import check_writable_file, positive_int
 
@@ -25,7 +26,7 @@ DESCRIPTION = ("Judge an engine's speculative decoding against the same engine w
                "per-position next-token tests along the observed prefix tree (Holm), with the detectable TV of "
                "each position. Exit status 1 when equality in law is rejected.")
 ENGINE_NAMES = ("loop", "transformers")  # integrations.engines.ENGINES (torch-free here; a test pins the copy)
-TREE_DEPTH, TREE_TOPK = 5, 4  # core.tree.BUDGET_DEPTH / BUDGET_TOPK (torch-free here)
+TREE_DEPTH, TREE_TOPK = BUDGET_DEPTH, BUDGET_TOPK  # core.tree_shapes's (torch-free)
 
 
 def _unit_float(text: str) -> float:
@@ -127,10 +128,10 @@ def check(args: argparse.Namespace) -> None:
         if args.tree is not None:
             depth = args.tree_depth or TREE_DEPTH
             topk = args.tree_topk or TREE_TOPK
-            grown = topk + (depth - 1) * topk * topk  # the root's topk candidates, then topk nodes grow topk each
-            if args.tree > 256 or grown > 4096:
-                raise ValueError(f"--tree {args.tree} --tree-depth {depth} --tree-topk {topk}: at most 256 nodes kept "
-                                 f"and 4096 grown, got {args.tree} kept of {grown} grown")
+            grown = dynamic_tree_nodes(depth, topk, topk)  # topk + (depth - 1) topk^2, arithmetic
+            if args.tree > MAX_KEPT or grown > MAX_GROWN:
+                raise ValueError(f"--tree {args.tree} --tree-depth {depth} --tree-topk {topk}: at most {MAX_KEPT} nodes "
+                                 f"kept and {MAX_GROWN} grown, got {args.tree} kept of {grown} grown")
             if args.tree > grown:
                 raise ValueError(f"--tree {args.tree}: a tree of --tree-depth {depth} and --tree-topk {topk} grows only "
                                  f"{grown} nodes; lower --tree or raise --tree-depth / --tree-topk")

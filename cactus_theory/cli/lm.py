@@ -16,6 +16,17 @@ import os
 import sys
 import time
 
+from ..core.tree_shapes import (
+    BUDGET_DEPTH,
+    BUDGET_TOPK,
+    MAX_GROWN,
+    MAX_KEPT,
+    MODES,
+    RERANK_SCHEMES,
+    SCHEMES,
+    dynamic_tree_nodes,
+)
+from ..lm.draft_config import check_draft_built
 from ..lm.loading import check_model, quiet_transformers
 from ..util.args import check_writable_file, positive_int
 
@@ -26,7 +37,7 @@ DESCRIPTION = ("Speculative decoding with a (draft, verifier) pair under any acc
                "--baseline also the verifier alone (its texts and the speedup, both runs warmed up first).")
 MIN_TIMED_TOKENS = 100  # fewer generated tokens than this and a CPU speedup is mostly noise
 WARMUP_TOKENS = 8
-TREE_DEPTH, TREE_TOPK = 5, 4  # core.tree.BUDGET_DEPTH / BUDGET_TOPK (torch-free here; tests pin the copies)
+TREE_DEPTH, TREE_TOPK = BUDGET_DEPTH, BUDGET_TOPK  # core.tree_shapes's (torch-free)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -97,7 +108,9 @@ def _prompts(args) -> list[str]:
 
 
 def check(args: argparse.Namespace) -> None:
-    """Every check that needs no model (``ValueError`` naming the flag); stores the rule and prompts."""
+    """Every check that needs no model (``ValueError`` naming the flag), the model arguments' files (a
+    GGUF file's magic, a folder's config.json) and, for ``--draft embedded``, that the draft is built;
+    stores the rule and prompts."""
     from ..core.registry import rule_from_args
 
     args.rule_obj = rule_from_args(args)
@@ -107,11 +120,11 @@ def check(args: argparse.Namespace) -> None:
     args.tree = _check_tree_args(args)
     if args.json:
         check_writable_file(args.json, "--json")
+    if args.draft == "embedded":  # not built yet: say so now, not after the verifier loads
+        check_draft_built(args.verifier)
 
 
-TREE_SCHEMES = ("iid", "without_replacement", "deterministic", "eagle")  # core.tree.SCHEMES (torch-free here)
-RERANK_SCHEMES = ("deterministic", "eagle")  # core.tree.RERANK_SCHEMES (torch-free here)
-TREE_MODES = ("rounds", "joint")  # core.tree.MODES
+TREE_SCHEMES, TREE_MODES = SCHEMES, MODES  # core.tree_shapes's (torch-free)
 
 
 def _check_tree_args(args: argparse.Namespace) -> tuple[int, ...] | None:
@@ -141,13 +154,10 @@ def _check_tree_args(args: argparse.Namespace) -> tuple[int, ...] | None:
     if budget is not None:
         depth = args.tree_depth if args.tree_depth is not None else TREE_DEPTH
         topk = args.tree_topk if args.tree_topk is not None else TREE_TOPK
-        grown, size = topk, topk
-        for _ in range(depth - 1):
-            size = topk * topk
-            grown += size
-        if budget > 256 or grown > 4096:
-            raise ValueError(f"--tree {budget} --tree-depth {depth} --tree-topk {topk}: at most 256 nodes kept and "
-                             f"4096 grown, got {budget} kept of {grown} grown")
+        grown = dynamic_tree_nodes(depth, topk, topk)  # arithmetic: a depth of 10^9 is counted at once
+        if budget > MAX_KEPT or grown > MAX_GROWN:
+            raise ValueError(f"--tree {budget} --tree-depth {depth} --tree-topk {topk}: at most {MAX_KEPT} nodes kept "
+                             f"and {MAX_GROWN} grown, got {budget} kept of {grown} grown")
         if budget > grown:
             raise ValueError(f"--tree {budget}: a tree of --tree-depth {depth} and --tree-topk {topk} grows only {grown} "
                              "nodes; lower --tree or raise --tree-depth / --tree-topk")
@@ -167,16 +177,13 @@ def _check_tree_args(args: argparse.Namespace) -> tuple[int, ...] | None:
                          f">= 1 (e.g. {'2,2' if flag == '--tree-branching' else '4,4,2'}), got {text!r}")
     if flag == "--tree-branching":
         nodes, width = 0, 1
-        for b in nums:
+        for b in nums:  # one level per number given: bounded by the argument's length
             width *= b
             nodes += width
     else:
-        nodes, size = nums[2], nums[2]
-        for _ in range(nums[0] - 1):
-            size = min(nums[1], size) * nums[2]
-            nodes += size
-    if nodes > 256:
-        raise ValueError(f"{flag} {text} makes {nodes} nodes; at most 256")
+        nodes = dynamic_tree_nodes(*nums)  # arithmetic: DEPTH 10^9 is counted at once, never walked
+    if nodes > MAX_KEPT:
+        raise ValueError(f"{flag} {text} makes {nodes} nodes; at most {MAX_KEPT}")
     _check_tree_rule(args)
     return ("branching" if flag == "--tree-branching" else "dynamic"), nums
 

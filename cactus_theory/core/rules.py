@@ -385,6 +385,18 @@ def _closed_form_root(q_n: Array, delta: float, divergence: str) -> Array | None
     return None
 
 
+def _below_float64(x) -> bool:
+    """``x`` is a floating array (numpy or torch) of less precision than float64."""
+    return str(getattr(x, "dtype", "")).replace("torch.", "") in ("float32", "float16", "bfloat16")
+
+
+def _round_down(x: Array, dtype) -> Array:
+    """``x`` (float64, >= 0) in ``dtype``, rounded down: the largest value of ``dtype`` that is ``<= x``."""
+    xp = xp_of(x)
+    y = xp.astype(x, dtype)
+    return xp.where(xp.astype(y, xp.float64) > x, xp.nextafter(y, xp.zeros_like(y)), y)
+
+
 def two_block_root(q_n: Array, delta: float, divergence: str = "kl", iters: int = 100,
                    method: str = "auto") -> Array:
     """Theorem 2's ``gamma*``: the largest ``gamma`` in ``[q_n, 1]`` with
@@ -395,8 +407,16 @@ def two_block_root(q_n: Array, delta: float, divergence: str = "kl", iters: int 
     and shrinks by Illinois regula falsi steps (bisection where the secant is unusable, e.g. an
     infinite ``D(hi)``) until it is below float64 resolution (``hi - lo <= 2^-52 hi + 1e-18``) or
     ``iters`` steps; the feasible end ``lo`` is returned, so the constraint always holds.
+
+    ``q_n`` of a lower precision (float32, float16, bfloat16) is solved in float64 and the root returned
+    in ``q_n``'s dtype rounded down (towards ``q_n``, which that dtype holds exactly): the returned
+    ``gamma`` keeps ``D <= delta``, where rounding to nearest would overshoot the budget by up to half a
+    unit in the last place of ``gamma`` (a D / delta of thousands in bfloat16 at small ``delta``).
     """
     xp = xp_of(q_n)
+    if _below_float64(q_n):
+        g = two_block_root(xp.astype(q_n, xp.float64), delta, divergence, iters, method)
+        return _round_down(g, q_n.dtype)
     q = xp.clip(q_n, 0.0, 1.0)
     one = xp.ones_like(q)
     if delta == 0:  # only h = q is feasible; a bracket would stop ~1e-8 above q_n (D ~ (gamma - q_n)^2)

@@ -3,6 +3,8 @@ helpers and the batched sampler ``verify_tree`` (any rule; schemes ``SCHEMES``, 
 
 The schemes, modes and their losslessness are described in ``cactus_theory.theory.tree`` (which
 holds the exact laws and re-exports everything here, as does the public path ``cactus_theory.tree``).
+The shapes (``DynamicTree``, ``BudgetTree``), schemes and modes live in the torch-free ``core.tree_shapes``
+and are re-exported here.
 Tensor layout (``verify_tree``): ``tokens`` / ``parents`` (B, N) int64, ``draft_probs`` (B, N, V),
 ``verifier_probs`` (B, N + 1, V) float; row 0 of ``verifier_probs`` is the root's law.
 """
@@ -10,7 +12,6 @@ Tensor layout (``verify_tree``): ``tokens`` / ``parents`` (B, N) int64, ``draft_
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -19,7 +20,16 @@ import torch
 from .draws import check_generator, uniforms
 from .rules import Rule, ScalingRule, SpS
 from .sampler import check_common, sample_rows
-from .validate import check_positive_int, check_probs, check_same_shape, check_token
+from .tree_shapes import (
+    BUDGET_DEPTH,
+    BUDGET_TOPK,
+    MODES,
+    RERANK_SCHEMES,
+    SCHEMES,
+    BudgetTree,
+    DynamicTree,
+)
+from .validate import check_int, check_positive_int, check_probs, check_same_shape, check_token
 
 __all__ = ["SCHEMES", "MODES", "RuleSpec", "set_target", "chain_parents", "branching_parents", "children_lists",
            "top_candidates", "TreeVerifyResult", "verify_tree", "check_scheme", "check_rules", "check_mode",
@@ -27,9 +37,6 @@ __all__ = ["SCHEMES", "MODES", "RuleSpec", "set_target", "chain_parents", "branc
            "BUDGET_TOPK",
            "check_tree_scheme", "rerank", "node_parts", "tree_step_law",
            "node_law_rows"]
-
-SCHEMES = ("iid", "without_replacement", "deterministic", "eagle")
-MODES = ("rounds", "joint")
 
 RuleSpec = Rule | Sequence[Rule]
 
@@ -118,92 +125,6 @@ def branching_parents(branching: Sequence[int]) -> tuple[int, ...]:
     return tuple(parents)
 
 
-@dataclass(frozen=True)
-class DynamicTree:
-    """A draft tree grown from the draft's own probabilities: the root gets ``children`` candidates;
-    at each of the next ``depth - 1`` levels the ``width`` nodes of the previous level with the highest
-    path probability (product of the draft probabilities of the path's tokens, ties to the lower node
-    index) get ``children`` candidates each (drawn per the scheme). Level sizes are fixed
-    (``level_sizes``), so every row has the same number of nodes and the shape differs by row only in
-    its parents. Nothing drawn is pruned afterwards: which nodes grow children depends only on the
-    tokens drawn before them, never on the children themselves, so a lossless scheme stays lossless
-    (each node's children are the scheme's draws from ``p`` at that node, whatever their number)."""
-
-    depth: int
-    width: int
-    children: int
-
-    def __post_init__(self):
-        for name in ("depth", "width", "children"):
-            check_positive_int(getattr(self, name), name)
-
-    def level_sizes(self) -> tuple[int, ...]:
-        """Nodes per level: ``children``, then ``min(width, previous level) * children``."""
-        sizes = [self.children]
-        for _ in range(self.depth - 1):
-            sizes.append(min(self.width, sizes[-1]) * self.children)
-        return tuple(sizes)
-
-    @property
-    def nodes(self) -> int:
-        return sum(self.level_sizes())
-
-
-BUDGET_DEPTH, BUDGET_TOPK = 5, 4  # the default shape of a BudgetTree (--tree NODES): sized for a CPU, docs/decoding.md
-
-
-@dataclass(frozen=True)
-class BudgetTree:
-    """EAGLE-2's dynamic tree with a node budget: grown as ``DynamicTree(depth, topk, topk)`` (the root
-    gets ``topk`` candidates; at each next level the ``topk`` nodes of highest path probability grow
-    ``topk`` each), then re-ranked: the ``nodes`` grown nodes of highest path probability (ties to the
-    lower node index) are verified, the rest dropped. A node's path probability is at most its
-    parent's, so the kept set holds every kept node's ancestors, and a kept node's kept children are
-    its most likely ones (a prefix of its candidates).
-
-    Re-ranking reads the drawn children's own probabilities, so it keeps a scheme lossless only when
-    the candidates are not random: ``deterministic`` (top-k, each verified as a point mass; ``eagle``
-    reads the same top-k with ``p`` and is not lossless with or without re-ranking). With
-    ``iid`` or ``without_replacement`` draws, keeping the likelier draws changes the law the
-    candidates come from, and ``verify_tree`` (which reads them as draws from ``p``) is no longer
-    lossless: ``check_tree_scheme`` refuses them."""
-
-    nodes: int
-    depth: int = BUDGET_DEPTH
-    topk: int = BUDGET_TOPK
-
-    def __post_init__(self):
-        for name in ("nodes", "depth", "topk"):
-            check_positive_int(getattr(self, name), name)
-        if self.nodes > self.grown:  # never verify fewer nodes than asked without saying so
-            raise ValueError(f"nodes = {self.nodes} exceeds the {self.grown} nodes a tree of depth {self.depth} and "
-                             f"top-{self.topk} grows: lower nodes or raise depth / topk")
-
-    @property
-    def width(self) -> int:
-        return self.topk
-
-    @property
-    def children(self) -> int:
-        return self.topk
-
-    def level_sizes(self) -> tuple[int, ...]:
-        """Nodes per level as grown (before re-ranking)."""
-        return DynamicTree(self.depth, self.topk, self.topk).level_sizes()
-
-    @property
-    def grown(self) -> int:
-        return sum(self.level_sizes())
-
-    @property
-    def kept(self) -> int:
-        """Nodes verified (``nodes``, at most ``grown``: checked)."""
-        return self.nodes
-
-
-RERANK_SCHEMES = ("deterministic", "eagle")  # candidates that are not random: the top-k of p
-
-
 def check_tree_scheme(tree, scheme: str) -> None:
     """A ``BudgetTree`` re-ranks its drawn nodes: only non-random candidates keep a lossless verifier
     lossless (see ``BudgetTree``)."""
@@ -215,12 +136,45 @@ def check_tree_scheme(tree, scheme: str) -> None:
                          f"{scheme!r} draws")
 
 
+def _check_rerank(logpath, parents, keep) -> int:
+    """``rerank``'s argument checks (see there); returns ``keep`` as an ``int``."""
+    torch_in = isinstance(logpath, torch.Tensor), isinstance(parents, torch.Tensor)
+    if torch_in[0] != torch_in[1]:
+        raise ValueError(f"rerank: logpath and parents must both be torch tensors or both numpy arrays, got "
+                         f"{type(logpath).__name__} and {type(parents).__name__}")
+    if not torch_in[0]:
+        logpath, parents = np.asarray(logpath), np.asarray(parents)
+    lshape, pshape = tuple(logpath.shape), tuple(parents.shape)
+    if lshape != pshape or not lshape or lshape[-1] < 1:
+        raise ValueError(f"rerank: logpath and parents must have one shape (..., N) with N >= 1, got {lshape} "
+                         f"and {pshape}")
+    N = lshape[-1]
+    integer = (not parents.dtype.is_floating_point and not parents.is_complex() and parents.dtype != torch.bool
+               if torch_in[0] else np.issubdtype(parents.dtype, np.integer))
+    if not integer:
+        raise ValueError(f"rerank: parents must hold integers, got dtype {parents.dtype}")
+    if parents.numel() if torch_in[0] else parents.size:
+        lo, hi = (int(parents.min()), int(parents.max()))
+        if lo < -1 or hi >= N:
+            raise ValueError(f"rerank: parents must be node indices in [-1, N = {N}), got values from {lo} to {hi}")
+    nan = bool(torch.isnan(logpath).any()) if torch_in[0] else bool(np.isnan(np.asarray(logpath, np.float64)).any())
+    if nan:
+        raise ValueError("rerank: logpath has NaN (a path log-probability must be a number or -inf)")
+    k = check_int(keep, "keep", low=0)
+    if k > N:
+        raise ValueError(f"keep must be an integer in [0, N = {N}] (the nodes to keep of the N grown), got {keep!r}")
+    return k
+
+
 def rerank(logpath, parents, keep: int):
     """The ``keep`` nodes of highest path log-probability ``logpath`` (..., N) float64 (ties to the
     lower node index), as sorted node indices (..., keep) int64 (numpy or torch alike), and the kept
     tree's parents (..., keep) int64 renumbered to the kept nodes (-1: the root). ``parents``
     (..., N) int64. The kept set is ancestor-closed when a child's path log-probability is at most
-    its parent's (as it is for probabilities <= 1): checked."""
+    its parent's (as it is for probabilities <= 1): checked. ``ValueError`` unless ``logpath`` and
+    ``parents`` are arrays of one kind and one shape (..., N) with N >= 1, ``logpath`` has no NaN,
+    ``parents`` holds integers in [-1, N) and ``keep`` is an integer in [0, N]."""
+    keep = _check_rerank(logpath, parents, keep)
     if isinstance(logpath, torch.Tensor):
         order = torch.sort(-logpath, dim=-1, stable=True).indices[..., :keep].sort(-1).values
         par = parents.gather(-1, order)

@@ -65,8 +65,8 @@ the measured peak memory and time at V = 150,000.
 ``step_parts(p, q) -> (acc, rej)`` and ``bonus_law(q)``), is compared with the rule's law without
 sampling (``ExactResult``): per-entry differences, the exact TV of the first token and of ``a``, and
 the mass the sampler puts on blocks the rule never emits. Effects far below sampling reach are seen:
-transformers' ``r <= ratio`` accepts a draft with ``q_n = 0`` when ``torch.rand`` returns 0
-(probability ``2**-24``).
+transformers 5.24's ``r <= ratio`` accepts a draft with ``q_n = 0`` when ``torch.rand`` returns 0
+(probability ``2**-24``); 5.25's ``r < ratio`` does not (``TransformersSampler`` probes which it has).
 """
 
 from __future__ import annotations
@@ -952,7 +952,7 @@ def as_sampler(fn, *, inputs: str = "probs", batch: int | None = None, rng: str 
 
 
 class TransformersSampler:
-    """transformers' ``_speculative_sampling`` (``transformers/generation/utils.py``, 5.24) with verify's
+    """transformers' ``_speculative_sampling`` (``transformers/generation/utils.py``) with verify's
     signature, and its exact law for ``check_sampler(..., mode="exact")``.
 
     The call: per row (it handles batch 1), ``candidate_input_ids = draft_tokens[b:b + 1]``,
@@ -962,9 +962,12 @@ class TransformersSampler:
     count are padded. transformers' notation is the reverse of ours: its ``p`` is our ``q``.
 
     Its law, read from that code (our notation): ratio ``rho_n = q_n / p_n`` (with a weight ``w``:
-    ``1 - w + w rho_n``) in float32 from the softmaxed rows; accept iff ``r <= rho_n`` with ``r =
-    torch.rand_like`` in float32, uniform on ``{m 2**-24}``, so ``phi_n = min(1, (floor(rho_n 2**24) + 1) /
-    2**24)``: SpS's ``min(1, q_n / p_n)`` rounded up to the grid, and ``2**-24`` (not 0) when ``q_n = 0``.
+    ``1 - w + w rho_n``) in float32 from the softmaxed rows; ``r = torch.rand_like`` in float32 is uniform
+    on ``{m 2**-24 : 0 <= m < 2**24}``. transformers 5.24 accepts iff ``r <= rho_n``, so ``phi_n = min(1,
+    (floor(rho_n 2**24) + 1) / 2**24)``: SpS's ``min(1, q_n / p_n)`` rounded up to the grid, and ``2**-24``
+    (not 0) when ``q_n = 0``; 5.25 accepts iff ``r < rho_n``, so ``phi_n = min(1, ceil(rho_n 2**24) / 2**24)``,
+    0 when ``q_n = 0``. Which comparison ``fn`` makes is not read from a version number but probed once
+    (``accepts_at_equality``: ``fn`` called on a ``q_n = 0`` draft with ``torch.rand_like`` returning 0).
     Recovery from ``clamp(q - p, 0)`` normalised, whichever draft was rejected (with a weight and a residual
     that sums to ``<= tiny``: ``q`` itself); bonus from ``q`` of row ``k``. Judged against ``SpS()`` without a
     weight, against ``Interpolation(1 - w)`` with one (``h = w q + (1 - w) p``)."""
@@ -978,6 +981,7 @@ class TransformersSampler:
             check_number(assistant_ensemble_weight, "assistant_ensemble_weight", low=0.0, high=1.0, low_open=True,
                          high_open=True, what="in (0, 1)")
         self.fn, self.weight = fn, assistant_ensemble_weight
+        self._at_equality = None
         self.__qualname__ = f"transformers_sampler({_name(fn)}, assistant_ensemble_weight={assistant_ensemble_weight})"
 
     def __call__(self, draft_tokens, draft_probs, verifier_probs, rule=None, generator=None):
@@ -999,6 +1003,21 @@ class TransformersSampler:
                 tokens[b], num[b] = _one_row(out, k, b)
         return tokens, num
 
+    @property
+    def accepts_at_equality(self) -> bool:
+        """Whether ``fn`` accepts a draft when the uniform equals the ratio (``r <= rho``, transformers 5.24)
+        or not (``r < rho``, 5.25), found by calling ``fn`` once: a draft with ``q_n = 0`` (ratio 0) and
+        ``torch.rand_like`` patched to return 0 (``torch``'s attribute, restored afterwards; not thread-safe)."""
+        if self._at_equality is None:
+            from unittest import mock
+
+            draft = torch.tensor([[[0.5, 0.5]]]).log()
+            verifier = torch.tensor([[[0.0, 1.0], [0.5, 0.5]]]).log()  # token 0 impossible for the verifier
+            with mock.patch.object(torch, "rand_like", lambda x, **kw: torch.zeros_like(x)), torch.random.fork_rng(devices=[]):
+                out = self.fn(torch.tensor([[0]]), draft, 1, verifier, assistant_ensemble_weight=None)
+            self._at_equality = int(_one_row(out, 1, 0)[1]) == 1
+        return self._at_equality
+
     # -- the exposed law (exact mode), our notation: p draft, q verifier, float64 numpy rows ------------
     @staticmethod
     def _rows32(x: np.ndarray) -> np.ndarray:
@@ -1011,8 +1030,9 @@ class TransformersSampler:
             if self.weight is not None:
                 ratio = (np.float32(1.0 - self.weight) + np.float32(self.weight) * ratio).astype(np.float32)
         grid = 2.0 ** TORCH_RAND_BITS
-        phi = np.minimum(1.0, (np.floor(np.minimum(ratio.astype(np.float64), 1.0) * grid) + 1) / grid)
-        return np.where(np.isnan(ratio), 0.0, phi)  # r <= NaN is False
+        m = np.minimum(ratio.astype(np.float64), 1.0) * grid  # exact: a float32 times a power of two
+        hits = np.floor(m) + 1 if self.accepts_at_equality else np.ceil(m)  # grid points r with r <= / < rho
+        return np.where(np.isnan(ratio), 0.0, np.minimum(1.0, hits / grid))  # a comparison with NaN is False
 
     def _recovery(self, p32: np.ndarray, q32: np.ndarray) -> np.ndarray:
         r = np.clip(q32 - p32, 0, None)

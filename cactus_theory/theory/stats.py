@@ -41,7 +41,13 @@ import numpy as np
 from scipy import stats as sps
 
 from ..core.divergences import kl, tv
-from ..core.validate import InputTypeError, check_nonneg, check_number, check_positive_int
+from ..core.validate import (
+    InputTypeError,
+    check_int,
+    check_nonneg,
+    check_number,
+    check_positive_int,
+)
 
 __all__ = [
     "GoodnessOfFitResult", "HomogeneityResult", "EstimateResult", "to_counts", "pool_bins",
@@ -325,12 +331,17 @@ def homogeneity(
 
 def _bootstrap(x, q, fn, *, confidence: float, n_boot: int, seed: int, kind: str, name: str) -> EstimateResult:
     _check_alpha(1 - confidence, "1 - confidence")
+    n_boot = check_positive_int(n_boot, "n_boot")
     q = _check_expected(q)
     c = to_counts(x, q.shape, kind=kind).ravel()
     N = int(c.sum())
     if N == 0:
         raise ValueError("x holds no samples")
     ph, qf = c / N, q.ravel()
+    if name == "KL" and np.any(c[qf == 0] > 0):
+        # a draw where q = 0 proves P puts mass there: KL(P || q) = inf for certain, not an estimate
+        return EstimateResult(math.inf, math.inf, math.inf, confidence,
+                              "KL(P || q) = inf: a draw fell where q = 0 (certain, no resampling)")
     est = float(fn(ph, qf))
     rng = np.random.default_rng(seed)
     boot = fn(rng.multinomial(N, ph, size=n_boot) / N, qf)
@@ -349,7 +360,9 @@ def tv_estimate(x, q, *, confidence: float = 0.95, n_boot: int = 2000, seed: int
 def kl_estimate(x, q, *, confidence: float = 0.95, n_boot: int = 2000, seed: int = 0, kind: str = "auto") -> EstimateResult:
     """Plug-in ``KL(P_hat || q) = sum P_hat log(P_hat / q)`` (nats) with a percentile-bootstrap CI
     (as ``tv_estimate``). Biased upwards by about ``(K - 1) / (2 N)`` for K categories when
-    ``P = q``; ``+inf`` if a draw falls where ``q = 0``."""
+    ``P = q``. A draw where ``q = 0`` shows that ``P`` puts mass where ``q`` has none, so ``KL(P || q)
+    = inf`` whatever else was drawn: the estimate and both ends of the interval are then ``+inf``
+    (the interval ``[inf, inf]`` has coverage 1, not ``confidence``; ``method`` says so)."""
     return _bootstrap(x, q, kl, confidence=confidence, n_boot=n_boot, seed=seed, kind=kind, name="KL")
 
 
@@ -362,10 +375,9 @@ def power(n: int, eps: float, *, categories: int, alpha: float = 0.05) -> float:
     (equality when ``P / q`` takes two values), so the power is at least
     ``P(ncx2(K - 1, 4 n eps^2) > chi2_{1 - alpha}(K - 1))`` for every ``P`` with ``TV >= eps``."""
     _check_alpha(alpha)
-    if not (0 < eps <= 1):
-        raise ValueError(f"eps must be in (0, 1], got {eps!r}")
-    if categories < 2:
-        raise ValueError(f"categories must be >= 2, got {categories!r}")
+    n = check_number(n, "n", low=0.0, what="a finite number >= 0 (draws; an effective size may be fractional)")
+    eps = check_number(eps, "eps", low=0.0, high=1.0, low_open=True, what="in (0, 1]")
+    categories = check_int(categories, "categories", low=2)
     df = categories - 1
     crit = sps.chi2.isf(alpha, df)
     return float(sps.ncx2.sf(crit, df, 4 * n * eps * eps))
@@ -377,6 +389,7 @@ def samples_needed(eps: float, *, categories: int, alpha: float = 0.05, beta: fl
     ``>= eps`` from H0 with probability ``>= 1 - beta`` (before pooling; pooling merges at most
     the small-expected bins)."""
     _check_alpha(beta, "beta")
+    power(1, eps, categories=categories, alpha=alpha)  # checks eps, categories and alpha before the search
     lo, hi = 1, 2
     while power(hi, eps, categories=categories, alpha=alpha) < 1 - beta:
         lo, hi = hi, hi * 2
@@ -393,8 +406,7 @@ def detectable_tv(n: int, *, categories: int, alpha: float = 0.05, beta: float =
     ``n = n1 n2 / (n1 + n2)``: its noncentrality is ``n chi2`` against the pooled law, and the same
     Cauchy-Schwarz bound ``chi2 >= (2 TV)^2`` holds."""
     _check_alpha(beta, "beta")
-    if not (n >= 1):
-        raise ValueError(f"n must be >= 1, got {n!r}")
+    check_number(n, "n", low=1.0, what="a finite number >= 1")
     lo, hi = 0.0, 1.0
     if power(int(n), hi, categories=categories, alpha=alpha) < 1 - beta:
         return math.inf
@@ -408,9 +420,9 @@ def proportion_interval(successes: int, n: int, *, confidence: float = 0.95) -> 
     """Wilson score interval for a binomial proportion ``successes / n`` (covers well even near 0 or 1
     and for small ``n``, unlike the normal-approximation interval)."""
     _check_alpha(1 - confidence, "1 - confidence")
-    if not (isinstance(n, (int, np.integer)) and n >= 1):
-        raise ValueError(f"n must be an integer >= 1, got {n!r}")
-    if not (isinstance(successes, (int, np.integer)) and 0 <= successes <= n):
+    n = check_int(n, "n", low=1)  # a bool is not a count: InputTypeError (TypeError and ValueError)
+    successes = check_int(successes, "successes", low=0)
+    if successes > n:
         raise ValueError(f"successes must be an integer in [0, n={n}], got {successes!r}")
     z = float(sps.norm.isf((1 - confidence) / 2))
     ph = successes / n
@@ -441,6 +453,7 @@ def paired_difference(x, y, *, confidence: float = 0.95, n_boot: int = 10_000, s
     (resampling items, so the problems' difficulty cancels) and McNemar's exact test of
     ``P(x=1, y=0) = P(x=0, y=1)``."""
     _check_alpha(1 - confidence, "1 - confidence")
+    n_boot = check_positive_int(n_boot, "n_boot")
     a, b = np.asarray(x), np.asarray(y)
     if a.ndim != 1 or a.shape != b.shape or a.size < 1:
         raise ValueError(f"x and y must be 1-d with the same non-zero length, got shapes {a.shape} and {b.shape}")
@@ -459,8 +472,18 @@ def holm(pvalues) -> list[float]:
     """Holm's step-down adjusted p-values (same order as ``pvalues``): with the p-values sorted,
     ``p_(i) -> max_{j <= i} min(1, (m - j + 1) p_(j))``. Rejecting every hypothesis whose adjusted
     p-value is below alpha keeps the family-wise error rate at most alpha, whatever the dependence
-    between the tests."""
-    p = np.asarray(list(pvalues), dtype=np.float64)
+    between the tests. ``ValueError`` for a p-value outside [0, 1] or NaN (never read as 1); an empty
+    family gives ``[]``."""
+    try:
+        p = np.asarray(list(pvalues), dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"pvalues must be numbers in [0, 1], got {pvalues!r}") from None
+    if p.ndim != 1:
+        raise ValueError(f"pvalues must be a flat sequence of numbers, got shape {p.shape}")
+    bad = ~((p >= 0) & (p <= 1))  # NaN included
+    if bad.any():
+        raise ValueError(f"pvalues must be numbers in [0, 1] (NaN is not a p-value), got {p[bad][:4].tolist()} "
+                         f"at positions {np.flatnonzero(bad)[:4].tolist()}")
     m = p.size
     order = np.argsort(p, kind="stable")
     adj = np.empty(m)

@@ -210,6 +210,8 @@ def budget_tree(draft: Cond, tree: BudgetTree, prompt: tuple = ()) -> tuple[tupl
     def grow(parent: int) -> None:
         c = prompt if parent < 0 else ctx[parent]
         p = P(c)
+        if tree.topk > p.size:  # as the runtime (lm.cache.grow_tree): never fewer candidates than the shape says
+            raise ValueError(f"a node has more than V = {p.size} deterministic children (BudgetTree topk = {tree.topk})")
         base = 0.0 if parent < 0 else logp[parent]
         for x in sorted(range(p.size), key=lambda t: (-p[t], t))[:tree.topk]:
             par.append(parent)

@@ -195,29 +195,50 @@ def test_transformers_speculative_sampling_in_one_line_and_the_exact_mode():
     P0 /= P0.sum(1, keepdims=True)
     hf = transformers_sampler(_speculative_sampling)
     ex = check_sampler(hf, P0, Q0, mode="exact")
-    assert ex.reject and ex.pvalue == 0.0
-    # accepting draft 0 at position 0, or at position 1 after an accepted first draft: 2**-24 each time
-    A0 = block_law(ct.SpS(), P0, Q0).acc[0].sum()
-    want = 2.0**-24 * (P0[0, 0] + A0 * P0[1, 0])
-    assert ex.exact.impossible_mass == pytest.approx(want, rel=1e-3)
+    if hf.accepts_at_equality:  # transformers 5.24: r <= ratio
+        assert ex.reject and ex.pvalue == 0.0
+        # accepting draft 0 at position 0, or at position 1 after an accepted first draft: 2**-24 each time
+        A0 = block_law(ct.SpS(), P0, Q0).acc[0].sum()
+        want = 2.0**-24 * (P0[0, 0] + A0 * P0[1, 0])
+        assert ex.exact.impossible_mass == pytest.approx(want, rel=1e-3)
+    else:  # 5.25: r < ratio never accepts a q = 0 draft
+        assert ex.exact.impossible_mass == 0
     assert ex.exact.max_abs_diff < 1e-6  # nothing else beyond float32 rounding and the 2**-24 grid
     sampled = check_sampler(hf, P0, Q0, **fast)
     assert not sampled.reject and sampled.parts["first"].impossible == 0
     assert check_sampler(hf, P, Q, mode="exact").exact.impossible_mass == 0  # no q = 0 draft: nothing impossible
 
 
-def test_transformers_really_accepts_a_q0_draft_when_the_uniform_is_zero(monkeypatch):
-    """The exact mode's premise, on transformers' code itself: with ``torch.rand_like`` returning 0, a draft the
-    verifier gives probability 0 is accepted."""
+@pytest.mark.parametrize("q0", [0.0, 3e-8, 0.2])
+def test_the_probed_comparison_is_what_transformers_does(monkeypatch, q0):
+    """The exact mode's premise, on transformers' code itself (whatever version is installed), beyond the probe's
+    row: with the uniform forced to each grid point around the ratio ``rho`` transformers computes, the draft is
+    accepted iff ``r < rho``, or ``r == rho`` where the probe found ``r <= ratio``; and the law's ``phi`` is the
+    share of the ``2**24`` grid points that accept, counted here with integers."""
+    from fractions import Fraction
+
     from transformers.generation import utils
 
-    V = 4
-    q = torch.tensor([[[0.0, 0.5, 0.25, 0.25]]]).log()  # verifier (transformers' p): token 0 impossible
-    p = torch.tensor([[[0.7, 0.1, 0.1, 0.1]]]).log()  # draft
-    new = torch.cat([q, torch.full((1, 1, V), 0.25).log()], 1)
-    monkeypatch.setattr(utils.torch, "rand_like", lambda x: torch.zeros_like(x))
-    tokens, n = utils._speculative_sampling(torch.tensor([[0]]), p, 1, new)
-    assert int(n) == 1 and tokens[0, 0] == 0
+    from cactus_theory.theory.check import TransformersSampler
+
+    V, grid = 4, 2**24
+    hf = TransformersSampler(utils._speculative_sampling)
+    p = torch.tensor([[[0.5, 0.25, 0.125, 0.125]]]).log()  # draft
+    new = torch.cat([torch.tensor([[[q0, 0.5, 0.25, 0.25 - q0]]]).log(), torch.full((1, 1, V), 0.25).log()], 1)
+    p32, q32 = float(p[0, 0].softmax(-1)[0]), float(new[0, 0].softmax(-1)[0])
+    rho = Fraction(float(torch.tensor(q32) / torch.tensor(p32)))  # the float32 ratio, exactly
+    m = int(rho * grid)  # floor
+    for point in sorted({max(m - 1, 0), m, m + 1}):
+        r = Fraction(point, grid)
+        monkeypatch.setattr(utils.torch, "rand_like", lambda x, r=r: torch.full_like(x, float(r)))
+        _, n = utils._speculative_sampling(torch.tensor([[0]]), p, 1, new)
+        assert int(n) == int(r < rho or (r == rho and hf.accepts_at_equality)), (point, rho)
+    monkeypatch.undo()
+    on_grid = rho * grid == m
+    count = m + (1 if hf.accepts_at_equality else 0) if on_grid else m + 1
+    assert hf._phi(np.float32([p32]), np.float32([q32]))[0] * grid == min(count, grid)
+    if q0 == 0.0:
+        assert count == (1 if hf.accepts_at_equality else 0)  # the q = 0 draft: 2**-24 under <=, never under <
     assert float(torch.rand(10**6).mul(2**24).remainder(1).abs().max()) == 0  # torch.rand lies on the 2**-24 grid
 
 

@@ -48,7 +48,7 @@ import numpy as np
 from ...core import registry
 from ...core.sampling import SAMPLING as _SAMPLING
 from ...core.sampling import Sampling
-from ...theory.stats import paired_difference, proportion_interval
+from ...core.tree_shapes import BUDGET_DEPTH, BUDGET_TOPK
 from ...util.args import positive_int
 from ...util.atomic import atomic_path, atomic_write_json, atomic_write_text
 from ...util.keyed_cache import config_key, keyed_subdir, read_json
@@ -67,7 +67,6 @@ EVAL_GRID: dict[str, list[dict]] = {
     "interpolation": [{"alpha": 0.5}, {"alpha": 0.9}],
     "sequence_budget": [{"budget": b} for b in (0.5, 1.0, 2.0, 4.0)],  # nats per answer (issue 28)
 }
-BUDGET_DEPTH, BUDGET_TOPK = 5, 4  # core.tree's (torch-free here: the CLI checks run before torch loads; tests pin it)
 ABLATION_ALPHA = 0.9
 DELTA_MAX = 2048.0
 COUNTERS = ("new_tokens", "steps", "accepted", "drafted", "kl_sum", "kl_count", "nll_sum", "nll_count")
@@ -316,6 +315,8 @@ def run_ablation(pair, cfg, method_list, recs, secs, cache, batches, progress=Tr
     m = Method(f"{registry.label(rule)} (ablation)", "cactus", {"delta": chosen}, rule, registry.colour("cactus"))
     from tqdm.auto import tqdm
 
+    from ...theory.stats import paired_difference
+
     rs, ss = [], []
     for b, batch in enumerate(tqdm(batches, desc=f"ablation delta={chosen:.4g}", disable=not progress)):
         val, _ = cache.get(m, b, lambda b=b, batch=batch: _batch_record(pair, batch, m, cfg, cfg.seed * 100_003 + b))
@@ -355,6 +356,8 @@ def _ratio_ci(num: np.ndarray, den: np.ndarray, idx: np.ndarray) -> tuple[float,
 def summarise(recs: dict[str, list[dict]], secs: dict[str, list[dict]], method_list: list[Method],
               seed: int = 0) -> dict:
     """Per method: the statistics of the module docstring, each as ``[estimate, low, high]``."""
+    from ...theory.stats import paired_difference, proportion_interval
+
     base = next(m for m in method_list if m.rule is None).label
     sps = next(m for m in method_list if m.key == "sps").label
     N = len(recs[sps])
@@ -443,6 +446,7 @@ def comparisons(result: dict) -> dict:
     verifier's law; interval clustered by problem) and the minimum detectable difference (McNemar,
     alpha 0.05 two-sided, power 0.8) at the discordance rate of the lossless methods against SpS."""
     from ...claims.ledger import holm, mcnemar_mdd
+    from ...theory.stats import paired_difference
 
     labels = [m["label"] for m in result["methods"] if m["label"] in result["summary"]]
     sps = next(m["label"] for m in result["methods"] if m["key"] == "sps")
@@ -706,9 +710,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def check(args) -> None:
     """Every check that needs no model (``ValueError`` naming the flag), run by the CLI before ``run``:
-    the configuration, ``--rules``, the model arguments, ``--out`` / ``--cache`` writable, and ``--device``
-    a torch device present here (this imports torch, no model)."""
+    the configuration, ``--rules`` and ``--tree``, the model arguments (their files: ``loading.check_model``),
+    ``--out`` / ``--cache`` writable, ``--device`` a torch device present here (this imports torch, no model),
+    and the draft: ``--draft-path`` a torch.save file, or the embedded draft built."""
     from ...util.args import check_device, check_writable_dir
+    from ..draft_config import check_draft_built, check_draft_file
     from ..loading import check_model
 
     _check_args(args)
@@ -722,6 +728,10 @@ def check(args) -> None:
     check_writable_dir(args.out, "--out")
     check_writable_dir(args.cache, "--cache")
     check_device(args.device)
+    if args.draft_path is not None:
+        check_draft_file(args.draft_path, "--draft-path")
+    elif args.draft == "embedded":  # not built yet: say so now, not after the verifier loads
+        check_draft_built(args.verifier)
 
 
 def _check_args(args) -> EvalConfig:
@@ -743,18 +753,25 @@ def _check_args(args) -> EvalConfig:
 
 
 def eval_trees(args) -> list:
-    """The ``BudgetTree`` of each ``--tree NODES`` (``ValueError`` naming the flag)."""
-    from ...core.tree import BudgetTree
+    """The ``BudgetTree`` of each ``--tree NODES`` (``ValueError`` naming the flag); torch-free, as every
+    check the CLI runs before ``run`` (``theory.stats`` too is imported where used: `eval --rules bogus`
+    refuses before scipy or torch loads)."""
+    from ...core.tree_shapes import MAX_GROWN, MAX_KEPT, BudgetTree
 
     trees = []
     for n in getattr(args, "tree", None) or []:
         for flag, v in (("--tree", n), ("--tree-depth", args.tree_depth), ("--tree-topk", args.tree_topk)):
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{flag} must be an integer >= 1, got {v!r}")
+        shape = f"--tree {n} --tree-depth {args.tree_depth} --tree-topk {args.tree_topk}"
         try:
-            trees.append(BudgetTree(n, args.tree_depth, args.tree_topk))
+            tree = BudgetTree(n, args.tree_depth, args.tree_topk)
         except ValueError as e:
-            raise ValueError(f"--tree {n} --tree-depth {args.tree_depth} --tree-topk {args.tree_topk}: {e}") from None
+            raise ValueError(f"{shape}: {e}") from None
+        if tree.kept > MAX_KEPT or tree.grown > MAX_GROWN:  # as decode's: a tree the decode could not hold
+            raise ValueError(f"{shape}: at most {MAX_KEPT} nodes kept and {MAX_GROWN} grown, got {tree.kept} kept of "
+                             f"{tree.grown} grown")
+        trees.append(tree)
     return trees
 
 

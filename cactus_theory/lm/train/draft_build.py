@@ -22,20 +22,18 @@ Seeded, with a progress bar per phase; the result is written atomically to ``dra
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import math
 import os
 import random
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 
 import torch
 from tqdm.auto import tqdm
 
 from ...core.transforms import nucleus, sampling_probs
-from ...util.args import positive_int
 from ...util.atomic import atomic_path
 from ..draft import (
     DEFAULT_VERIFIER,
@@ -47,10 +45,10 @@ from ..draft import (
     verifier_tag,
 )
 from ..llama import Llama
-from ..loading import check_model
+from .build_args import args_config, check, configure  # torch-free; re-exported here
 
 __all__ = ["Corpus", "collect_onpolicy", "collect_forced", "choose_shortlist", "train_head", "depth_acceptance",
-           "step_loss", "build_draft", "configure", "run", "compute_dtype", "init_head", "encode_chat"]
+           "step_loss", "build_draft", "configure", "check", "args_config", "run", "compute_dtype", "init_head", "encode_chat"]
 
 TOPK = 32  # teacher tokens kept per position (>= top_k of the sampling, so q' is exact)
 
@@ -564,36 +562,7 @@ def init_head(draft: FeatureDraft, verifier, shortlist: torch.Tensor) -> None:
             lin.weight.copy_(torch.randn(lin.weight.shape, generator=g) / math.sqrt(lin.weight.shape[1]))
 
 
-# -- command -------------------------------------------------------------------------------------
-
-def configure(parser: argparse.ArgumentParser) -> None:
-    d = DraftConfig()
-    parser.add_argument("--verifier", default=DEFAULT_VERIFIER,
-                        help=f"the Llama verifier the draft is built for: {DEFAULT_VERIFIER!r} (default), a .gguf "
-                             "file, a folder or a hub id; the head reads its layers (2, L // 2, L - 3)")
-    parser.add_argument("--prompts", type=int, default=d.onpolicy_prompts,
-                        help=f"requests answered by the verifier for training (default {d.onpolicy_prompts})")
-    parser.add_argument("--wiki-docs", type=int, default=d.wiki_docs,
-                        help=f"Wikipedia summaries as teacher-forced answers (default {d.wiki_docs})")
-    parser.add_argument("--epochs", type=int, default=d.epochs, help=f"training epochs (default {d.epochs})")
-    parser.add_argument("--shortlist", type=int, default=d.shortlist, help=f"draft vocabulary (default {d.shortlist})")
-    parser.add_argument("--seed", type=int, default=d.seed, help=f"seed (default {d.seed})")
-    parser.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's)")
-    parser.add_argument("--force", action="store_true", help="rebuild even if cached")
-
-
-def args_config(args) -> DraftConfig:
-    return replace(DraftConfig(), onpolicy_prompts=args.prompts, wiki_docs=args.wiki_docs, epochs=args.epochs,
-                   shortlist=args.shortlist, seed=args.seed)
-
-
-def check(args) -> None:
-    """Every check that needs no model (``ValueError`` naming the field), before ``run``."""
-    args_config(args)
-    check_model(args.verifier, "--verifier")
-    if args.threads is not None and args.threads < 1:
-        raise ValueError(f"--threads must be an integer >= 1, got {args.threads!r}")
-
+# -- command (its arguments and checks: build_args, torch-free) ------------------------------------
 
 def run(args) -> int:
     cfg = args_config(args)
