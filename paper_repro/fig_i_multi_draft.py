@@ -60,9 +60,10 @@ def config(ctx: Ctx) -> dict:
 
 def frontier_rules(cactus: list[float]) -> list:
     """The rules of the ``K = 1`` panel: Cactus at each budget of ``cactus``, then every lossy registry rule
-    that needs no LM head (at its registry defaults)."""
+    that needs no LM head and has a one-step law (not stateful), at its registry defaults."""
     rules = [Cactus(d) for d in cactus]
-    return rules + [s.make() for k, s in registry.RULES.items() if not s.lossless and k != "cactus" and not s.reads_head]
+    return rules + [s.make() for k, s in registry.RULES.items()
+                    if not s.lossless and k != "cactus" and not s.reads_head and not s.stateful]
 
 
 def _brute(p: np.ndarray, h: np.ndarray, K: int) -> float:

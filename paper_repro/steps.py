@@ -133,6 +133,11 @@ STEPS: list[Step] = [
          "over whole answers (`check_generation`: per-position conditional tests along the prefix tree and the "
          "answer-level accuracy test), 24 questions x 100 decodes per method", "-", "LM step (about an hour)",
          lm=True, section=True, findings=True),
+    Step("o", "table_o_sequence_budget",
+         "`results/table_o_sequence_budget.md`: **our result**: `SequenceBudget` (a KL budget of 0.5 / 1 / 2 / 4 nats "
+         "per answer, spend-down and Lagrangian allocations) against per-token Cactus at the delta that spends the "
+         "same mean KL per answer: AL, accuracy, realised KL per answer (the certificate), the eval's setting",
+         "-", "LM step (about 1.5 hours)", lm=True, section=True, findings=True),
 ]
 """The steps in run order (``c`` after ``e``: its LM panel reads the rows ``e`` saves)."""
 

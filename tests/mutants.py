@@ -187,8 +187,8 @@ PORTS: list[Port] = [
          "    last = sample_rows(dist, u[:, 0])  # [B]\n",
          (CF + "test_chain_samplers.py::test_verify", "tests/core/test_sampler.py::test_one_step_law_matches_induced_distribution")),
     Port("verify-stats-shifted-row", "verify reads TAS/TopK/EARS row statistics one row late", S,
-         "    stats = rule.stats_at(q_all[:, :k].to(dt), n) if rule.needs_row_stats else ()  # SpS / Cactus: none",
-         "    stats = rule.stats_at(q_all[:, 1:].to(dt), n) if rule.needs_row_stats else ()  # SpS / Cactus: none",
+         "    stats = judge.stats_at(q_all[:, :k].to(dt), n) if judge.needs_row_stats else ()  # SpS / Cactus: none",
+         "    stats = judge.stats_at(q_all[:, 1:].to(dt), n) if judge.needs_row_stats else ()  # SpS / Cactus: none",
          ("tests/core/test_sampler.py::test_one_step_law_matches_induced_distribution",)),
     Port("verify-no-buffer-reuse", "verify allocates a new row buffer instead of overwriting g", S,
          "    dist = torch.where(full, bonus, g, out=g if own else None)  # [B, V]",
@@ -647,6 +647,24 @@ PORTS: list[Port] = [
          "        hits = np.floor(m) + 1",
          ("tests/theory/test_check.py::test_transformers_524_law_is_sps_rand_bits_24",
           "tests/theory/test_check.py::test_transformers_speculative_sampling_in_one_line_and_the_exact_mode")),
+    # issue 28: the sequence budget's certificate needs every judged position charged, at decision time
+    Port("budget-charge-accepted-only", "verify charges a budgeted row only for its accepted drafts (the rejected "
+         "position's cost is ignored)", S,
+         "        state.charge(plan, np.arange(k)[None, :] < np.minimum(a + 1, k)[:, None], a + 1)",
+         "        state.charge(plan, np.arange(k)[None, :] < np.minimum(a, k)[:, None], a + 1)",
+         ("tests/core/test_budget.py::test_verify_charges_exactly_the_judged_positions",
+          "tests/lm/test_budget_loop.py::test_the_chain_loop_never_spends_more_than_the_budget")),
+    Port("budget-plan-charges-after-sampling", "the budget plans every position of a block from the budget left at "
+         "the block start (positions 2..k paid for only after the block is sampled)", "cactus_theory/core/budget.py",
+         "            remaining = remaining - cost[:, j]\n",
+         "",
+         ("tests/core/test_budget.py::test_a_plan_never_spends_more_than_is_left_on_any_path",
+          "tests/theory/test_budget.py::test_the_certificate_holds_for_every_budget_and_pair")),
+    Port("budget-tree-ancestors-free", "a tree node's budget ignores its ancestors' costs", "cactus_theory/core/budget.py",
+         "                rem[b, j + 1] = rem[b, s_] - cost[b, s_]",
+         "                rem[b, j + 1] = rem[b, s_]",
+         ("tests/core/test_budget.py::test_verify_tree_charges_the_accepted_path",
+          "tests/theory/test_budget.py::test_the_certificate_holds_on_trees")),
 ]
 
 

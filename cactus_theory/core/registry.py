@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
+from . import budget as BG
 from . import divergences as D
 from . import rules as R
 from .sampling import SAMPLING as _SAMPLING
@@ -95,6 +96,12 @@ class RuleSpec:
     def reads_head(self) -> bool:
         """The rule needs the verifier's final hidden state and LM head, not only ``q`` (DropMatch)."""
         return bool(self.cls.reads_head)
+
+    @property
+    def stateful(self) -> bool:
+        """The rule keeps a state per sequence (SequenceBudget): no one-step law, so the one-step analyses
+        (exact laws, trade-off figures, law tests) leave it out and only the decode loops run it."""
+        return bool(self.cls.stateful)
 
     @property
     def sweep_label(self) -> str:
@@ -225,6 +232,22 @@ RULES: dict[str, RuleSpec] = {s.key: s for s in (
              why="SpS's ratio test (base 'sps'), plus a match against dropout paths of the verifier's head; with "
                  "base 'match' it reads q only",
              summary="accept if SpS accepts or n matches one of M Monte Carlo dropout paths of the verifier's LM head"),
+    # rules beyond the published ones
+    RuleSpec("sequence_budget", BG.SequenceBudget, "sequence budget", "darkred", "8",
+             (Param("budget", "--budget", float, "sequence budget: KL(answer's law || verifier's) <= budget nats"),
+              Param("base", "--budget-base", str, "sequence budget: the per-position rule whose delta it sets",
+                    choices=BG.BUDGET_BASES),
+              Param("allocation", "--budget-allocation", str,
+                    "sequence budget: spend_down (delta_max while it lasts), even (budget left / tokens left per "
+                    "position) or lagrangian (max acceptance - lambda KL)", choices=BG.ALLOCATIONS),
+              Param("delta_max", "--budget-delta-max", float, "sequence budget: the largest Cactus delta per position"),
+              Param("horizon", "--budget-horizon", int,
+                    "sequence budget: tokens the spreading allocations spread it over (0: --max-new-tokens)")),
+             ("budget", (0.5, 1.0, 2.0, 4.0)), verification="collaborative",
+             why="Cactus's ratio test at a delta chosen per position from the exact step KL, within one budget for "
+                 "the whole answer",
+             summary="a certificate for the whole answer: KL(sequence law || verifier's) <= budget, Cactus's delta "
+                     "per position chosen before sampling from the exact step KL and the budget left"),
 )}
 
 

@@ -53,7 +53,7 @@ __all__ = [
     "CONVENTIONS", "FLOAT32_TINY",
     "two_block_divergence", "two_block_root", "taylor_gamma",
     "SGLangThreshold", "RelaxedAcceptance", "MedusaTypical", "FLy", "DropMatch", "DropMatchAt", "descending_rank",
-    "check_rule",
+    "check_rule", "refuse_stateful",
 ]
 
 
@@ -195,6 +195,11 @@ class Rule:
         ``reads_head``       judging a step needs the verifier's final hidden states and LM head at the
                              drafted positions (DropMatch), not only ``(p, q)``: the decode loop then
                              exposes them in the step it passes to ``bind``.
+        ``stateful``         the rule keeps a state per sequence (``SequenceBudget``: the budget left):
+                             it has no one-step law of its own, and judges drafts only where a state can
+                             be carried (``sampler.verify`` / ``tree.verify_tree`` with ``state=``, the
+                             decode loops, ``toy.sequence_law``); every entry point that cannot carry one
+                             (the exact one-step laws, ``verify_flat``, the integrations) refuses it.
     A subclass overriding a method that a property vouches for, without declaring the property again
     in its own class body, gets the safe value (row statistics computed; generic exact path).
 
@@ -210,6 +215,7 @@ class Rule:
     reads_head: ClassVar[bool] = False
     _QUIET: ClassVar[tuple] = ()  # options ``repr`` shows only away from their defaults (``_quiet_repr``)
     _AUTHORS_RECOVERY: ClassVar[str] = ""  # the recovery of convention "authors": "floor", "token0", "" (ours)
+    stateful: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -319,11 +325,22 @@ class Rule:
         return q
 
 
-def check_rule(rule, name: str = "rule") -> None:
-    """Raise ``ValueError`` unless ``rule`` is a ``cactus_theory`` rule object (not a rule's name)."""
+def check_rule(rule, name: str = "rule", *, stateful: bool = False) -> None:
+    """Raise ``ValueError`` unless ``rule`` is a ``cactus_theory`` rule object (not a rule's name); a rule
+    that declares ``stateful`` is refused unless the caller carries its state (``stateful=True``)."""
     if not isinstance(rule, Rule):
         hint = f" (build one with cactus_theory.make_rule({rule!r}, ...))" if isinstance(rule, str) else ""
         raise ValueError(f"{name} must be a cactus_theory Rule such as SpS() or Cactus(0.5), got {rule!r}{hint}")
+    if rule.stateful and not stateful:
+        refuse_stateful(rule, name)
+
+
+def refuse_stateful(rule, name: str = "rule", where: str = "this entry point") -> None:
+    """The ``ValueError`` of an entry point that cannot carry a stateful rule's per-sequence state."""
+    raise ValueError(
+        f"{name} {rule!r} is stateful per sequence (rule.stateful): its law is a whole decode's, not one step's, "
+        f"and {where} cannot carry its state; use sampler.verify / tree.verify_tree with state=rule.start(B), "
+        "the decode loops (lm.speculative_generate, lm.tree_generate) or toy.sequence_law")
 
 
 @dataclass(frozen=True)

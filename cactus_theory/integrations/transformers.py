@@ -190,6 +190,7 @@ def use_rule(rule: Rule | None = None, generator: torch.Generator | None = None)
     if rule is not None and not isinstance(rule, Rule):
         raise ValueError(f"rule must be a cactus_theory Rule (ct.SpS(), ct.Cactus(0.5), ...), got {rule!r}")
     if rule is not None:
+        check_rule(rule)  # a stateful rule (SequenceBudget) is refused: transformers' assisted loop carries no state
         _check_no_head(rule)
     if generator is not None and not isinstance(generator, torch.Generator):
         raise ValueError(f"generator must be a torch.Generator or None, got {generator!r}")

@@ -80,7 +80,7 @@ import torch
 
 from ..core._array import xp_of
 from ..core.registry import RULES, spec
-from ..core.rules import Rule, SpS
+from ..core.rules import Rule, SpS, refuse_stateful
 from ..core.sampler import PLACEHOLDER_TOKEN_ID, sample_rows, verify_flat
 
 __all__ = ["register", "unregister", "rule_from_spec", "resolve_rule", "rejection_sample", "rejection_sample_v2",
@@ -489,6 +489,8 @@ def check_rule(runner, rule: Rule) -> None:
     if spec_config is None:
         spec_config = getattr(getattr(runner, "vllm_config", None), "speculative_config", None)
     _check_no_head(rule)
+    if rule.stateful:
+        refuse_stateful(rule, where="the vLLM plugin (its rejection step carries no per-request state)")
     if not rule.bonus_from_q:
         raise ValueError(f"cactus_theory: rule {rule!r} draws its bonus token its own way (Rule.bonus), but vLLM "
                          "draws the bonus token itself from the target's law; refused rather than run with vLLM's "

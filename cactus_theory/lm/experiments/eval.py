@@ -67,6 +67,7 @@ EVAL_GRID: dict[str, list[dict]] = {
     "tas": [{"epsilon": 0.09, "alpha": 0.3}],
     "topk": [{"k": 3, "recovery": "topk"}],
     "interpolation": [{"alpha": 0.5}, {"alpha": 0.9}],
+    "sequence_budget": [{"budget": b} for b in (0.5, 1.0, 2.0, 4.0)],  # nats per answer (issue 28)
 }
 ABLATION_ALPHA = 0.9
 DELTA_MAX = 2048.0
