@@ -578,6 +578,9 @@ def verify_tree(
     becomes the node; all children rejected: emit from ``r_K``; no children: emit the bonus token from the
     node's ``q``, by the first round's rule's bonus law (``q`` itself unless the rule declares
     ``bonus_from_q = False``: Medusa's ``argmax q``), as ``sampler.verify`` draws a chain's bonus token.
+    A child its scheme could not have drawn (``p_i(x_i) = 0``: a repeated candidate without replacement, a
+    zero-mass candidate) is skipped: never accepted, ``r`` unchanged, whatever the rule's ``convention``
+    (the authors' convention judges a zero-mass draft of a chain, which has no scheme to say it is impossible).
     float16 / bfloat16 are computed in float32.
     """
     rules = check_rules(rule)
@@ -657,9 +660,9 @@ def verify_tree(
                 p_i = torch.nn.functional.one_hot(x, V).to(dt)
             r_i = r[idx]
             phi = rl.accept_prob(p_i, r_i, x, check=False)
-            acc = u[idx, c] < phi.double()
+            skip = p_i.gather(-1, x.unsqueeze(-1)).squeeze(-1) <= 0  # impossible candidate: skipped
+            acc = (u[idx, c] < phi.double()) & ~skip
             g = drop_token(r_i, x) if scheme == "eagle" else rl.residual(p_i, r_i, x, check=False)
-            skip = p_i.gather(-1, x.unsqueeze(-1)).squeeze(-1) <= 0
             g = torch.where(skip.unsqueeze(-1), r_i, g.to(dt))
             a, ca = idx[acc], c[acc]
             path[a, depth[a]] = ca

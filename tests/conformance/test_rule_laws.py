@@ -14,12 +14,14 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from cactus_theory.core import registry
 from cactus_theory.exact import bonus_distribution, induced_distribution
 from cactus_theory.theory.check import block_law
 from cactus_theory.theory.reference import reference_bonus, reference_law, reference_step
 from tests.conformance.harness import (
     FAMILIES,
     RULE_KEYS,
+    STATEFUL_KEYS,
     configurations,
     covered_by_reference,
     float_params,
@@ -39,6 +41,25 @@ def test_every_registry_rule_has_a_reference():
     for key in RULE_KEYS:
         for rule in configurations(key)[:3]:
             assert covered_by_reference(rule), f"registry rule {key!r} has no reference in theory/reference.py"
+
+
+def test_stateful_rules_are_refused_without_their_state():
+    """A stateful registry rule is outside the one-step harness: each one-step entry point refuses it without its
+    per-sequence state (a ``ValueError`` naming the state), so none can silently apply it as a one-step rule."""
+    from cactus_theory.core.sampler import verify, verify_flat
+    from cactus_theory.core.tree import verify_tree
+
+    assert STATEFUL_KEYS, "the registry declares a stateful rule (SequenceBudget)"
+    p = torch.full((1, 1, 4), 0.25, dtype=torch.float64)
+    q = torch.full((1, 2, 4), 0.25, dtype=torch.float64)
+    for key in STATEFUL_KEYS:
+        rule = registry.spec(key).make()
+        with pytest.raises(ValueError, match="state"):
+            verify(torch.tensor([[1]]), p, q, rule)
+        with pytest.raises(ValueError, match="state"):
+            verify_tree(torch.tensor([[1]]), torch.tensor([[-1]]), p, q, rule, "iid")
+        with pytest.raises(ValueError, match="stateful"):
+            verify_flat(torch.tensor([1]), torch.tensor([0, 1]), p[0], q[0, :1], torch.tensor([[2]]), rule)
 
 
 def _check_rows(rule, P, Q, rng, law=True):

@@ -67,10 +67,12 @@ def vllm():
 
 
 def spec_string(rule) -> str:
-    """The rule as ``additional_config`` carries it: ``key:name=value,...`` from the registry's parameters."""
+    """The rule as ``additional_config`` carries it: ``key:name=value,...`` from the registry's parameters (an
+    optional parameter left unset, ``None`` such as SpS's ``rand_bits``, is left out, as a user leaves it out)."""
     s = registry.spec(rule)
     return s.key + ":" + ",".join(f"{p.name}={getattr(rule, p.name)!r}" if p.type is not str
-                                  else f"{p.name}={getattr(rule, p.name)}" for p in s.params)
+                                  else f"{p.name}={getattr(rule, p.name)}" for p in s.params
+                                  if getattr(rule, p.name) is not None)
 
 
 def greedy_block(ns, logits_rows, bonus):
