@@ -484,7 +484,7 @@ PORTS: list[Port] = [
     Port("medusa-entropy-no-mask", "Medusa's entropy without its q > 0 mask (0 log 0 = NaN at entropy_eps = 0)", R,
          "            terms = xp.where(q > 0, q * xp.log(q + self.entropy_eps), xp.zeros_like(q))",
          "            terms = q * xp.log(q + self.entropy_eps)",
-         (CF + "test_rule_laws.py::test_rule_law_against_the_reference",)),
+         (CF + "test_rule_laws.py::test_rule_law_at_parameter_boundaries", CF + "test_rule_laws.py::test_rule_law_against_the_reference")),
     Port("sample-rows-float32-cdf", "sample_rows accumulates its CDF in float32", S,
          "    cdf = probs.clamp_min(0).cumsum(-1, dtype=torch.float64)  # [R, V]",
          "    cdf = probs.clamp_min(0).float().cumsum(-1).double()  # [R, V]",

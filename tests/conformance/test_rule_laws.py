@@ -118,6 +118,26 @@ def test_rule_law_against_the_reference(key):
     run()
 
 
+def _at_a_boundary(rule) -> bool:
+    """A configuration with a numeric parameter at 0 (``entropy_eps = 0``, ``delta = 0``, ``beta = 0``, ...), where
+    a formula's guards (``0 log 0``, ``x / 0``) decide the law."""
+    s = registry.spec(rule)
+    return any(p.type in (float, int) and getattr(rule, p.name) == 0 for p in s.params)
+
+
+@pytest.mark.parametrize("key", RULE_KEYS)
+def test_rule_law_at_parameter_boundaries(key):
+    """Every configuration with a parameter at 0, not a sample of them: rows with zeros in ``q`` and in ``p``,
+    disjoint supports, exact ties and one-hot rows (V = 5, one fixed seed per family), against the reference."""
+    edge = [r for r in configurations(key) if _at_a_boundary(r) and min_vocab(r) <= 5]
+    rng = np.random.default_rng(2026)
+    fams = ("zeros_in_q", "zeros_in_p", "disjoint", "ties", "onehot_q", "random")
+    rows = [pair(rng, 5, f) for f in fams]
+    P, Q = np.stack([r[0] for r in rows]), np.stack([r[1] for r in rows])
+    for rule in edge:
+        _check_rows(rule, P, Q, np.random.default_rng(0))
+
+
 @pytest.mark.parametrize("key", RULE_KEYS)
 def test_rule_law_at_large_vocabularies(key):
     """V = 1,000 and 4,096: phi at every token and a few recovery laws against the reference (massive exact
