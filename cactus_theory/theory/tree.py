@@ -107,7 +107,7 @@ import numpy as np
 import torch
 
 from ..core.exact import bonus_distribution
-from ..core.rules import Cactus, Rule, ScalingRule, SpS
+from ..core.rules import Cactus, Rule, SpS
 from ..core.sampler import check_common, sample_rows
 from ..core.tree import (  # the shapes, schemes and the batched sampler live in core (the runtime uses them)
     MODES,
