@@ -102,7 +102,7 @@ def test_dropmatch_tap(key):
             return verify(draft_tokens, draft_probs, verifier_probs, bound, generator=generator)
 
         res = check_sampler(sampler, P, Q, rule=exact, tv=EPS, alpha=ALPHA, power=POWER, seed=int(rng.integers(2**31)))
-        assert res.detectable_tv is None or res.detectable_tv <= EPS + 1e-12, res
+        assert res.detectable_tv is None or res.detectable_tv <= EPS + 1e-6, res  # stats.detectable_tv bisects to 1e-6
         assert not res.reject, (rule, sampling, str(res))
         # the hits, cell by cell: Binomial(N, hit law)
         N, want = hits["n"], exact.hit
