@@ -197,3 +197,19 @@ def test_check_engine_transformers_on_the_real_smollm2(smollm2, tmp_path, capsys
     assert rc in (0, 1) and data["engine"] == "transformers" and data["n"] == 8
     assert any("first 4 of 30 decoder layers" in n for n in data["notes"])
     assert "transformers generate(assistant_model=...)" in capsys.readouterr().out
+
+
+def test_the_docs_engine_verdicts_are_the_committed_results():
+    """docs/statistical-tests.md's verdict table is benchmarks/check_engine_table.py's output for the committed
+    check-engine JSON files (every number there traces to a file)."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("check_engine_table", root / "benchmarks" / "check_engine_table.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    text = (root / "docs" / "statistical-tests.md").read_text(encoding="utf-8")
+    block = text.split("<!-- check_engine_table -->\n", 1)[1].split("\n<!-- /check_engine_table -->", 1)[0]
+    assert block == mod.table()
+    assert len(mod.files()) >= 3 and all(p.stem in mod.ORDER for p in mod.files())
