@@ -651,12 +651,7 @@ def plot_accuracy_vs_al(result: dict, path_stem: str | Path | None = None):
     ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
     if path_stem is not None:
-        stem = Path(path_stem)
-        stem.parent.mkdir(parents=True, exist_ok=True)
-        for ext, kw in (("png", {"dpi": 110, "metadata": {"Software": None}}), ("svg", {"metadata": {"Date": None}})):
-            with atomic_path(stem.with_suffix(f".{ext}")) as tmp, \
-                    plt.rc_context({"svg.hashsalt": "cactus-theory", "svg.fonttype": "none"}):
-                fig.savefig(tmp, bbox_inches="tight", **kw)
+        save_figure(fig, path_stem)
     return fig
 
 
@@ -746,3 +741,16 @@ def evaluate(pair, cfg: EvalConfig, out_dir: Path, cache_dir: Path | None = None
 
     plt.close(plot_accuracy_vs_al(res, out_dir / "fig_eval_accuracy_al"))
     return res
+
+
+def save_figure(fig, path_stem) -> None:
+    """``fig`` as ``<path_stem>.png`` and ``.svg``, byte-stable (no software / date stamps, a fixed SVG hash salt),
+    each written atomically; the folder is made if missing."""
+    import matplotlib.pyplot as plt
+
+    stem = Path(path_stem)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    for ext, kw in (("png", {"dpi": 110, "metadata": {"Software": None}}), ("svg", {"metadata": {"Date": None}})):
+        with atomic_path(stem.with_suffix(f".{ext}")) as tmp, \
+                plt.rc_context({"svg.hashsalt": "cactus-theory", "svg.fonttype": "none"}):
+            fig.savefig(tmp, bbox_inches="tight", **kw)

@@ -56,7 +56,7 @@ from ...core import registry
 from ...core.sampling import SAMPLING, Sampling
 from ...core.tree_shapes import BUDGET_DEPTH, BUDGET_TOPK
 from ...util.args import positive_int
-from ...util.atomic import atomic_path, atomic_write_json, atomic_write_text
+from ...util.atomic import atomic_write_json, atomic_write_text
 from ...util.keyed_cache import config_key, read_json
 from . import eval as _legacy
 from . import tasks
@@ -67,6 +67,7 @@ from .eval import (
     eval_trees,
     method_info,
     pair_id,
+    save_figure,
 )
 from .eval import methods as eval_methods
 from .protocol import Protocol, git_status, guard
@@ -766,12 +767,7 @@ def plot_accuracy_vs_al(result: dict, path_stem: str | Path | None = None):
         ax.legend(fontsize=6, loc="best")
     fig.tight_layout()
     if path_stem is not None:
-        stem = Path(path_stem)
-        stem.parent.mkdir(parents=True, exist_ok=True)
-        for ext, kw in (("png", {"dpi": 110, "metadata": {"Software": None}}), ("svg", {"metadata": {"Date": None}})):
-            with atomic_path(stem.with_suffix(f".{ext}")) as tmp, \
-                    plt.rc_context({"svg.hashsalt": "cactus-theory", "svg.fonttype": "none"}):
-                fig.savefig(tmp, bbox_inches="tight", **kw)
+        save_figure(fig, path_stem)
     return fig
 
 
