@@ -71,7 +71,7 @@ from ..core.tree import (
 from .cache import Target, make_drafter, right_pad
 from .head_tap import HeadTap
 from .llama import Llama, supports_hf
-from .metrics import DecodeResult, DecodeStats, SequenceCounters, nll_of, step_kl
+from .metrics import COUNTERS, DecodeResult, DecodeStats, SequenceCounters, nll_of, step_kl
 from .pair import ModelPair, context_length
 
 __all__ = ["speculative_generate", "autoregressive_generate", "prepare_prompts", "SAMPLING", "runtime_models",
@@ -390,8 +390,7 @@ def _run(pair, prompts, max_new_tokens, batch_size, seed, chat, stats, body, see
     stats.seconds = time.perf_counter() - t0 - stats.metric_seconds
     for c, t in zip(per_seq, tokens, strict=True):
         c.new_tokens = len(t)
-        for name in ("new_tokens", "steps", "accepted", "drafted", "judged", "kl_sum", "kl_count", "nll_sum",
-                     "nll_count"):
+        for name in (*COUNTERS, "judged"):
             setattr(stats, name, getattr(stats, name) + getattr(c, name))
     stats.sequences = len(ids)
     texts = None

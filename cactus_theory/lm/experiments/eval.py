@@ -54,6 +54,7 @@ from ...core.sampling import SAMPLING as _SAMPLING
 from ...core.sampling import Sampling
 from ...util.atomic import atomic_path, atomic_write_json, atomic_write_text
 from ...util.keyed_cache import config_key, keyed_subdir, read_json
+from ..metrics import COUNTERS, al_of
 from . import tasks
 
 __all__ = ["EVAL_GRID", "SAMPLING", "Method", "EvalConfig", "methods", "run_eval", "summarise", "format_table",
@@ -71,7 +72,6 @@ EVAL_GRID: dict[str, list[dict]] = {
 }
 ABLATION_ALPHA = 0.9
 DELTA_MAX = 2048.0
-COUNTERS = ("new_tokens", "steps", "accepted", "drafted", "kl_sum", "kl_count", "nll_sum", "nll_count")
 N_BOOT = 4000
 
 
@@ -278,9 +278,8 @@ def method_info(m: Method) -> dict:
 # -- the interpolation ablation -------------------------------------------------------------------
 
 def _al(records: list[dict]) -> float:
-    """AL as ``DecodeStats.al``: (accepted drafts + verifier calls) / verifier calls, bonus included."""
-    steps = sum(r["steps"] for r in records)
-    return sum(r["accepted"] + r["steps"] for r in records) / steps if steps else math.nan
+    """AL of pooled records (``metrics.al_of``, as ``DecodeStats.al``), bonus included."""
+    return al_of(sum(r["accepted"] for r in records), sum(r["steps"] for r in records))
 
 
 def run_ablation(pair, cfg, method_list, recs, secs, cache, batches, progress=True) -> dict:
