@@ -227,6 +227,11 @@ class _Cache:
         return val, False
 
 
+def batch_seed(seed: int, b: int) -> int:
+    """The decoding seed of batch ``b`` of an eval run at ``seed`` (every method of a batch draws from it)."""
+    return seed * 100_003 + b
+
+
 def _batches(problems: list, size: int) -> list[list]:
     return [problems[s:s + size] for s in range(0, len(problems), size)]
 
@@ -249,7 +254,7 @@ def run_eval(pair, cfg: EvalConfig, method_list: list[Method], cache_dir: Path |
     for b, batch in enumerate(batches):
         for m in method_list:
             val, hit = cache.get(m, b, lambda m=m, batch=batch, b=b: _batch_record(pair, batch, m, cfg,
-                                                                                   cfg.seed * 100_003 + b))
+                                                                                   batch_seed(cfg.seed, b)))
             recs[m.label] += val["records"]
             secs[m.label].append(_timing(val))
             bar.set_postfix(batch=b, method=m.label[:24], cached=hit)
@@ -293,7 +298,7 @@ def run_ablation(pair, cfg, method_list, recs, secs, cache, batches, progress=Tr
     def probe(delta: float) -> float:
         rule = registry.make("cactus", delta=delta)
         m = Method(f"{registry.label(rule)} (ablation)", "cactus", {"delta": delta}, rule, registry.colour("cactus"))
-        val, _ = cache.get(m, 0, lambda: _batch_record(pair, batches[0], m, cfg, cfg.seed * 100_003))
+        val, _ = cache.get(m, 0, lambda: _batch_record(pair, batches[0], m, cfg, batch_seed(cfg.seed, 0)))
         probes[delta] = _al(val["records"])
         return probes[delta]
 
@@ -321,7 +326,7 @@ def run_ablation(pair, cfg, method_list, recs, secs, cache, batches, progress=Tr
 
     rs, ss = [], []
     for b, batch in enumerate(tqdm(batches, desc=f"ablation delta={chosen:.4g}", disable=not progress)):
-        val, _ = cache.get(m, b, lambda b=b, batch=batch: _batch_record(pair, batch, m, cfg, cfg.seed * 100_003 + b))
+        val, _ = cache.get(m, b, lambda b=b, batch=batch: _batch_record(pair, batch, m, cfg, batch_seed(cfg.seed, b)))
         rs += val["records"]
         ss.append(_timing(val))
     ref = [x for x in method_list if x.rule is None or x.key == "sps" or x is interp[0]]
