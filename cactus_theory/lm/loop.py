@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -66,6 +65,7 @@ from ..core.tree import (
     check_parents,
     check_rules,
     check_tree_scheme,
+    node_depths,
     verify_tree,
 )
 from .cache import Target, make_drafter, right_pad
@@ -487,11 +487,7 @@ def check_tree(tree):
         raise ValueError(f"tree must be a parents sequence such as branching_parents((2, 2)), a DynamicTree or a "
                          f"BudgetTree, "
                          f"got {tree!r}")
-    depth: list[int] = []
-    for j, a in enumerate(par):
-        depth.append(0 if a < 0 else depth[a] + 1)
-        if j and depth[j] < depth[j - 1]:
-            raise ValueError(f"tree must list its nodes level by level (breadth-first), got {par}")
+    node_depths(par, "tree")
     return par
 
 
@@ -502,7 +498,7 @@ def _tree_rows(draft, verifier, prompts, rules, tree, scheme, mode, max_new, sam
     dev, drafter, target, out, rows = _start(draft, verifier, prompts, grown + 1, max_new, sampling, gen, stats,
                                              per_seq, eos, obs)
     # draft forwards per step: the pending tokens, then each level but the last
-    levels = tree.depth if isinstance(tree, (DynamicTree, BudgetTree)) else 1 + max(_depths(tree))
+    levels = tree.depth if isinstance(tree, (DynamicTree, BudgetTree)) else 1 + max(node_depths(tree))
     state = _budget_state(rules[0], rows, out, max_new)
     while rows:
         t0 = time.perf_counter()
@@ -588,13 +584,6 @@ def first_tree_step(pair: ModelPair, ids: list[int], tree, scheme: str = "determ
     tokens, parents, p = drafter.propose_tree(tree, scheme, sampling, gen)
     logits, _ = target.score_tree(tokens, parents)
     return tokens, parents, p, sampling_probs(logits, *sampling)
-
-
-def _depths(parents: Sequence[int]) -> list[int]:
-    d: list[int] = []
-    for a in parents:
-        d.append(0 if a < 0 else d[a] + 1)
-    return d
 
 
 def tree_generate(pair: ModelPair, prompts, rule, tree, scheme: str = "iid", mode: str = "rounds",
