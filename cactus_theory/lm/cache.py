@@ -39,7 +39,7 @@ from ..core.tree import SCHEMES, BudgetTree, node_depths, rerank, without
 from .draft import FeatureDraft
 from .llama import Llama, tree_ancestry
 
-__all__ = ["Target", "TokenDrafter", "FeatureDrafter", "make_target", "make_drafter", "right_pad", "open_stream",
+__all__ = ["Target", "TokenDrafter", "FeatureDrafter", "make_drafter", "right_pad", "open_stream",
            "grow_tree", "tree_sizes"]
 
 
@@ -509,10 +509,6 @@ class FeatureDrafter:
         self.cache.select(idx)
         self.length = self.length[idx]
         self.feat, self.ids, self.n = self.feat[idx], self.ids[idx], self.n[idx]
-
-
-def make_target(model, batch: int, capacity: int, device, aux_layers=()) -> Target:
-    return Target(model, batch, capacity, device, aux_layers)
 
 
 def make_drafter(model, batch: int, capacity: int, device):

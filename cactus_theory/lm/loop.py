@@ -58,7 +58,6 @@ from ..core.sampler import draw, verify
 from ..core.sampling import SAMPLING as _SAMPLING
 from ..core.transforms import check_sampling, sampling_probs
 from ..core.tree import (
-    MODES,
     BudgetTree,
     DynamicTree,
     check_mode,
@@ -603,8 +602,6 @@ def tree_generate(pair: ModelPair, prompts, rule, tree, scheme: str = "iid", mod
     rules = check_rules(rule if isinstance(rule, (list, tuple)) else _as_rule(rule))
     tree = check_tree(tree)
     check_tree_scheme(tree, scheme)
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     check_mode(mode, rules)
     if any(r.reads_head for r in rules):
         raise ValueError(f"rule: a rule that reads the verifier's LM head is not supported on trees, got {rule!r}")
