@@ -19,6 +19,7 @@ import numpy as np
 from tqdm import tqdm
 
 from cactus_theory.core.sampling import SAMPLING
+from cactus_theory.lm.metrics import al_of
 from cactus_theory.util.atomic import atomic_path
 
 from .common import Ctx, Parts
@@ -220,7 +221,7 @@ def derived(t: dict) -> dict:
     ``acceptance_rate`` is per-token acceptance, accepted drafts / drafted tokens."""
     t = dict(t)
     div = lambda a, b: a / b if b else math.nan  # noqa: E731
-    t.update(al=div(t["accepted"] + t["steps"], t["steps"]), acceptance_rate=div(t["accepted"], t["drafted"]),
+    t.update(al=al_of(t["accepted"], t["steps"]), acceptance_rate=div(t["accepted"], t["drafted"]),
              tokens_per_s=div(t["new_tokens"], t["seconds"]), mean_step_kl=div(t["kl_sum"], t["kl_count"]),
              nll=div(t["nll_sum"], t["nll_count"]), rejected_per_token=div(t["drafted"] - t["accepted"], t["new_tokens"]))
     return t

@@ -33,9 +33,6 @@ from .common import (
     fast_mode,
 )
 
-STEPS = {s.id: s.module for s in _steps.STEPS}  # letter -> module, in run order (a view of steps.STEPS)
-LM_STEPS = tuple(_steps.lm_ids())
-
 
 def _current() -> dict[str, str]:
     """``{letter: module}`` of ``steps.STEPS`` as it is now (a step registered at run time included)."""
@@ -61,12 +58,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--report", default=str(REPORT), help="path of the report to write")
 
 
-def check(args: argparse.Namespace) -> None:
-    """Argument checks that need no computation (``ValueError`` naming the option)."""
-    _check(args)
-
-
-def _check(args: argparse.Namespace) -> list[str]:
+def check(args: argparse.Namespace) -> list[str]:
+    """Argument checks that need no computation (``ValueError`` naming the option); returns the selected steps."""
     STEPS = _current()
     only = list(STEPS) + ["verify"] if args.only is None else [s.strip() for s in args.only.split(",") if s.strip()]
     bad = [s for s in only if s not in (*STEPS, "verify")]
@@ -181,7 +174,7 @@ DESCRIPTION = ("Regenerate every figure and table of the paper's reproduction an
 
 
 def run(args: argparse.Namespace) -> int:
-    only = _check(args)
+    only = check(args)
     lm = {"verifier": args.verifier, "draft": args.draft}
     for k in ("device", "threads", "per_style", "max_new_tokens"):
         if getattr(args, k) is not None:

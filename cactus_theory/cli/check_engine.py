@@ -20,7 +20,7 @@ import time
 
 from ..core.tree_shapes import BUDGET_DEPTH, BUDGET_TOPK, MAX_GROWN, MAX_KEPT, dynamic_tree_nodes
 from ..lm.loading import check_model, quiet_transformers
-from ..util.args import check_writable_file, positive_int
+from ..util.args import check_writable_file, positive_int, read_prompts
 
 __all__ = ["DESCRIPTION", "ENGINE_NAMES", "configure", "check", "run"]
 
@@ -99,14 +99,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _prompts(args) -> list[str]:
-    import os
-
-    prompts = list(args.prompt)
-    if args.prompts_file:
-        if not os.path.isfile(args.prompts_file):
-            raise ValueError(f"--prompts-file {args.prompts_file!r}: no such file")
-        with open(args.prompts_file, encoding="utf-8") as f:
-            prompts += [line.rstrip("\n").replace("\\n", "\n") for line in f if line.strip()]
+    prompts = read_prompts(args)
     if any(not p.strip() for p in prompts):
         raise ValueError("--prompt must not be empty")
     if not prompts:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import sys
 import time
 
@@ -28,7 +27,7 @@ from ..core.tree_shapes import (
 )
 from ..lm.draft_config import check_draft_built
 from ..lm.loading import check_model, quiet_transformers
-from ..util.args import check_writable_file, positive_int
+from ..util.args import check_writable_file, positive_int, read_prompts
 
 __all__ = ["DESCRIPTION", "configure", "check", "check_model", "run", "quiet_transformers", "MIN_TIMED_TOKENS"]
 
@@ -94,12 +93,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _prompts(args) -> list[str]:
-    prompts = list(args.prompt)
-    if args.prompts_file:
-        if not os.path.isfile(args.prompts_file):
-            raise ValueError(f"--prompts-file {args.prompts_file!r}: no such file")
-        with open(args.prompts_file, encoding="utf-8") as f:
-            prompts += [line.rstrip("\n").replace("\\n", "\n") for line in f if line.strip()]
+    prompts = read_prompts(args)
     if not prompts:
         raise ValueError("give at least one --prompt or a --prompts-file")
     if any(not p.strip() for p in prompts):

@@ -165,7 +165,7 @@ RULES: dict[str, RuleSpec] = {s.key: s for s in (
              (Param("k", "--topk-rule-k", int, "TopK rule: accept iff q_n is among the k largest"),
               Param("recovery", "--topk-recovery", str,
                     "TopK recovery on rejection: q, or topk (the authors': (1[q >= q_(k)] - p)_+)",
-                    choices=("q", "topk")),
+                    choices=R.TOPK_RECOVERIES),
               _convention("TopK", "--topk-convention")),
              ("k", (1, 2, 3, 5, 10, 20)), verification="truncation", why="n must be in q's top-k set; p is never read",
              summary="accept iff q_n >= the k-th largest q"),

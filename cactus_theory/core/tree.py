@@ -33,7 +33,7 @@ from .validate import check_int, check_positive_int, check_probs, check_same_sha
 
 __all__ = ["SCHEMES", "MODES", "RuleSpec", "set_target", "chain_parents", "branching_parents", "children_lists",
            "top_candidates", "TreeVerifyResult", "verify_tree", "check_scheme", "check_rules", "check_mode",
-           "round_rule", "check_parents", "drop_token", "without", "DynamicTree", "BudgetTree", "RERANK_SCHEMES", "BUDGET_DEPTH",
+           "round_rule", "check_parents", "node_depths", "drop_token", "without", "DynamicTree", "BudgetTree", "RERANK_SCHEMES", "BUDGET_DEPTH",
            "BUDGET_TOPK",
            "check_tree_scheme", "rerank", "node_parts", "tree_step_law",
            "node_law_rows"]
@@ -206,6 +206,18 @@ def check_parents(parents) -> tuple[int, ...]:
         if not -1 <= a < j:
             raise ValueError(f"parents must be topological (-1 <= parents[j] < j): parents[{j}] = {a}")
     return par
+
+
+def node_depths(parents: Sequence[int], name: str | None = None) -> list[int]:
+    """Depth of each node of a topological ``parents`` (a root's parent is negative: depth 0). With
+    ``name``, ``ValueError`` (``name`` in the message) unless the nodes are listed level by level
+    (breadth-first: depth never decreases along the node order)."""
+    depth: list[int] = []
+    for j, a in enumerate(parents):
+        depth.append(0 if a < 0 else depth[a] + 1)
+        if name is not None and j and depth[j] < depth[j - 1]:
+            raise ValueError(f"{name} must list its nodes level by level (breadth-first), got {parents}")
+    return depth
 
 
 def children_lists(parents: Sequence[int]) -> list[list[int]]:

@@ -186,6 +186,15 @@ def _select(requests: torch.Tensor, starts: torch.Tensor, counts: torch.Tensor):
     return flat, torch.cumsum(counts[requests], 0)
 
 
+def _groups(greedy: torch.Tensor, starts: torch.Tensor, counts: torch.Tensor):
+    """The requests that sample, then the greedy ones (a group only when it has a request): ``(is_greedy,
+    its requests, their token indices in the flat layout, their cumulative counts)`` (``_select``)."""
+    for is_greedy in (False, True):
+        reqs = torch.nonzero(greedy == is_greedy).squeeze(-1)
+        if reqs.numel():
+            yield is_greedy, reqs, *_select(reqs, starts, counts)
+
+
 def rejection_sample(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
                      target_logits, bonus_token_ids, sampling_metadata, synthetic_mode: bool = False,
                      synthetic_conditional_rates=None, use_fp64_gumbel: bool = False, *, rule: Rule | None = None,
@@ -241,11 +250,7 @@ def rejection_sample(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_dra
         greedy = (sampling_metadata.temperature == 0).to(dev)
     out = torch.full((B, max_spec_len + 1), -1, dtype=torch.int32, device=dev)
     gens = sampling_metadata.generators or {}
-    for is_greedy in (False, True):
-        reqs = torch.nonzero(greedy == is_greedy).squeeze(-1)
-        if reqs.numel() == 0:
-            continue
-        tok, sub_cu = _select(reqs, starts, counts)
+    for is_greedy, reqs, tok, sub_cu in _groups(greedy, starts, counts):
         q = target_probs[tok]
         if is_greedy:  # vLLM's greedy semantics: accept while the draft is the argmax (whatever the draft's law)
             q = torch.nn.functional.one_hot(target_logits[tok].argmax(-1), q.shape[-1]).to(q.dtype)
@@ -335,11 +340,7 @@ def _verify_v2(rule: Rule, target_logits, draft_logits, draft_sampled, cu_num_lo
     u = torch.cat([torch.rand(1, generator=g, device=g.device, dtype=torch.float64) for g in gens]).to(dev)
     bonus = torch.where(greedy, logits[bonus_rows].argmax(-1), sample_rows(q[bonus_rows], u))  # [R]
     t_starts = torch.cumsum(counts, 0) - counts  # [R] each request's first index in the [T] layout
-    for is_greedy in (False, True):
-        reqs = torch.nonzero(greedy == is_greedy).squeeze(-1)
-        if reqs.numel() == 0:
-            continue
-        tok, sub_cu = _select(reqs, t_starts, counts)
+    for is_greedy, reqs, tok, sub_cu in _groups(greedy, t_starts, counts):
         r = draft_rows[tok]
         if is_greedy:  # vLLM's greedy semantics: accept while the draft is the argmax, else emit the argmax
             q_sub, p_sub = torch.nn.functional.one_hot(logits[r].argmax(-1), V).to(q.dtype), None

@@ -35,11 +35,11 @@ import torch
 from ..core.draws import uniforms
 from ..core.sampler import draw, sample_rows
 from ..core.transforms import sampling_probs
-from ..core.tree import SCHEMES, BudgetTree, rerank, without
+from ..core.tree import SCHEMES, BudgetTree, node_depths, rerank, without
 from .draft import FeatureDraft
 from .llama import Llama, tree_ancestry
 
-__all__ = ["Target", "TokenDrafter", "FeatureDrafter", "make_target", "make_drafter", "right_pad", "open_stream",
+__all__ = ["Target", "TokenDrafter", "FeatureDrafter", "make_drafter", "right_pad", "open_stream",
            "grow_tree", "tree_sizes"]
 
 
@@ -249,11 +249,7 @@ def tree_sizes(tree) -> tuple[int, ...]:
     listed level by level (depth never decreases along the node order)."""
     if callable(getattr(tree, "level_sizes", None)):
         return tree.level_sizes()
-    depth: list[int] = []
-    for j, a in enumerate(tree):
-        depth.append(0 if a < 0 else depth[a] + 1)
-        if j and depth[j] < depth[j - 1]:
-            raise ValueError(f"parents must list the nodes level by level (breadth-first), got {tree}")
+    depth = node_depths(tree, "parents")
     return tuple(depth.count(d) for d in range(depth[-1] + 1))
 
 
@@ -513,10 +509,6 @@ class FeatureDrafter:
         self.cache.select(idx)
         self.length = self.length[idx]
         self.feat, self.ids, self.n = self.feat[idx], self.ids[idx], self.n[idx]
-
-
-def make_target(model, batch: int, capacity: int, device, aux_layers=()) -> Target:
-    return Target(model, batch, capacity, device, aux_layers)
 
 
 def make_drafter(model, batch: int, capacity: int, device):

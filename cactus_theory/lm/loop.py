@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -59,19 +58,19 @@ from ..core.sampler import draw, verify
 from ..core.sampling import SAMPLING as _SAMPLING
 from ..core.transforms import check_sampling, sampling_probs
 from ..core.tree import (
-    MODES,
     BudgetTree,
     DynamicTree,
     check_mode,
     check_parents,
     check_rules,
     check_tree_scheme,
+    node_depths,
     verify_tree,
 )
 from .cache import Target, make_drafter, right_pad
 from .head_tap import HeadTap
 from .llama import Llama, supports_hf
-from .metrics import DecodeResult, DecodeStats, SequenceCounters, nll_of, step_kl
+from .metrics import COUNTERS, DecodeResult, DecodeStats, SequenceCounters, nll_of, step_kl
 from .pair import ModelPair, context_length
 
 __all__ = ["speculative_generate", "autoregressive_generate", "prepare_prompts", "SAMPLING", "runtime_models",
@@ -390,8 +389,7 @@ def _run(pair, prompts, max_new_tokens, batch_size, seed, chat, stats, body, see
     stats.seconds = time.perf_counter() - t0 - stats.metric_seconds
     for c, t in zip(per_seq, tokens, strict=True):
         c.new_tokens = len(t)
-        for name in ("new_tokens", "steps", "accepted", "drafted", "judged", "kl_sum", "kl_count", "nll_sum",
-                     "nll_count"):
+        for name in (*COUNTERS, "judged"):
             setattr(stats, name, getattr(stats, name) + getattr(c, name))
     stats.sequences = len(ids)
     texts = None
@@ -488,11 +486,7 @@ def check_tree(tree):
         raise ValueError(f"tree must be a parents sequence such as branching_parents((2, 2)), a DynamicTree or a "
                          f"BudgetTree, "
                          f"got {tree!r}")
-    depth: list[int] = []
-    for j, a in enumerate(par):
-        depth.append(0 if a < 0 else depth[a] + 1)
-        if j and depth[j] < depth[j - 1]:
-            raise ValueError(f"tree must list its nodes level by level (breadth-first), got {par}")
+    node_depths(par, "tree")
     return par
 
 
@@ -503,7 +497,7 @@ def _tree_rows(draft, verifier, prompts, rules, tree, scheme, mode, max_new, sam
     dev, drafter, target, out, rows = _start(draft, verifier, prompts, grown + 1, max_new, sampling, gen, stats,
                                              per_seq, eos, obs)
     # draft forwards per step: the pending tokens, then each level but the last
-    levels = tree.depth if isinstance(tree, (DynamicTree, BudgetTree)) else 1 + max(_depths(tree))
+    levels = tree.depth if isinstance(tree, (DynamicTree, BudgetTree)) else 1 + max(node_depths(tree))
     state = _budget_state(rules[0], rows, out, max_new)
     while rows:
         t0 = time.perf_counter()
@@ -591,13 +585,6 @@ def first_tree_step(pair: ModelPair, ids: list[int], tree, scheme: str = "determ
     return tokens, parents, p, sampling_probs(logits, *sampling)
 
 
-def _depths(parents: Sequence[int]) -> list[int]:
-    d: list[int] = []
-    for a in parents:
-        d.append(0 if a < 0 else d[a] + 1)
-    return d
-
-
 def tree_generate(pair: ModelPair, prompts, rule, tree, scheme: str = "iid", mode: str = "rounds",
                   max_new_tokens: int = 64, temperature: float = SAMPLING.temperature, top_k: int = SAMPLING.top_k,
                   top_p: float = SAMPLING.top_p, batch_size: int = 8, seed: int = 0,
@@ -615,8 +602,6 @@ def tree_generate(pair: ModelPair, prompts, rule, tree, scheme: str = "iid", mod
     rules = check_rules(rule if isinstance(rule, (list, tuple)) else _as_rule(rule))
     tree = check_tree(tree)
     check_tree_scheme(tree, scheme)
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     check_mode(mode, rules)
     if any(r.reads_head for r in rules):
         raise ValueError(f"rule: a rule that reads the verifier's LM head is not supported on trees, got {rule!r}")

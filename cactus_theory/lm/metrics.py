@@ -12,16 +12,27 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from ..core.exact import step_divergence
 from ..core.rules import Rule
 
-__all__ = ["DecodeStats", "DecodeResult", "SequenceCounters", "step_kl", "KL_MAX_SUPPORT"]
+if TYPE_CHECKING:  # torch only annotates ``nll_of``: the eval reads ``COUNTERS`` and ``al_of`` without it
+    import torch
+
+__all__ = ["DecodeStats", "DecodeResult", "SequenceCounters", "step_kl", "KL_MAX_SUPPORT", "al_of", "COUNTERS"]
 
 KL_MAX_SUPPORT = 4096  # rules without a fast exact law: step KL only when the support is this small
+# the additive counters of a sequence that an eval record keeps (``SequenceCounters`` has ``judged`` too)
+COUNTERS = ("new_tokens", "steps", "accepted", "drafted", "kl_sum", "kl_count", "nll_sum", "nll_count")
+
+
+def al_of(accepted, steps) -> float:
+    """The paper's AL from pooled counters: tokens emitted per verifier call, bonus included,
+    (accepted drafts + verifier calls) / verifier calls; nan without a call."""
+    return (accepted + steps) / steps if steps else math.nan
 
 
 @dataclass
@@ -41,8 +52,8 @@ class SequenceCounters:
 
     @property
     def al(self) -> float:
-        """Tokens emitted per verifier call, bonus included (the paper's AL)."""
-        return (self.accepted + self.steps) / self.steps if self.steps else math.nan
+        """Tokens emitted per verifier call, bonus included (the paper's AL, ``al_of``)."""
+        return al_of(self.accepted, self.steps)
 
 
 @dataclass
@@ -74,8 +85,8 @@ class DecodeStats:
 
     @property
     def al(self) -> float:
-        """AL: tokens emitted per verifier call, bonus included."""
-        return (self.accepted + self.steps) / self.steps if self.steps else math.nan
+        """AL: tokens emitted per verifier call, bonus included (``al_of``)."""
+        return al_of(self.accepted, self.steps)
 
     @property
     def accepted_per_step(self) -> float:

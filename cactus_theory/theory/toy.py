@@ -125,6 +125,17 @@ def memoised(cond, name: str) -> Cached:
     return cond if isinstance(cond, Cached) else Cached(cond, name)
 
 
+def _block_inputs(draft, verifier, draft_in_block, prompt) -> tuple[Cached, Cached | None, tuple, int]:
+    """``sequence_law`` / ``budget_law``'s laws: the memoised verifier and draft (``None`` with
+    ``draft_in_block``; exactly one of the two), the prompt as a tuple of ints and the vocabulary size."""
+    if (draft is None) == (draft_in_block is None):
+        raise ValueError("give exactly one of draft and draft_in_block")
+    Q = Cached(verifier, "verifier")
+    P = Cached(draft, "draft") if draft is not None else None
+    prompt = tuple(int(t) for t in prompt)
+    return Q, P, prompt, Q(prompt).size
+
+
 
 class _Trie:
     """Prefix ids: node 0 is the prompt; ``step`` appends one token to many nodes at once."""
@@ -305,12 +316,7 @@ def sequence_law(draft: Cond | None, verifier: Cond, rule: Rule, k: int, T: int,
     if rule.stateful:
         return budget_law(draft, verifier, rule, k, T, prompt=prompt, verifier_first=verifier_first,
                           draft_in_block=draft_in_block).law
-    if (draft is None) == (draft_in_block is None):
-        raise ValueError("give exactly one of draft and draft_in_block")
-    Q = Cached(verifier, "verifier")
-    P = Cached(draft, "draft") if draft is not None else None
-    prompt = tuple(int(t) for t in prompt)
-    V = Q(prompt).size
+    Q, P, prompt, V = _block_inputs(draft, verifier, draft_in_block, prompt)
     parts: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
     law = np.zeros((V,) * T)
     frontier: list[dict[tuple, float]] = [{} for _ in range(T)]
@@ -395,12 +401,7 @@ def budget_law(draft: Cond | None, verifier: Cond, rule: Rule, k: int, T: int, *
     check_positive_int(T, "T")
     if not rule.stateful:
         raise ValueError(f"budget_law needs a stateful rule (SequenceBudget), got {rule!r}: use sequence_law")
-    if (draft is None) == (draft_in_block is None):
-        raise ValueError("give exactly one of draft and draft_in_block")
-    Q = Cached(verifier, "verifier")
-    P = Cached(draft, "draft") if draft is not None else None
-    prompt = tuple(int(t) for t in prompt)
-    V = Q(prompt).size
+    Q, P, prompt, V = _block_inputs(draft, verifier, draft_in_block, prompt)
     law = np.zeros((V,) * T)
     spent_law: dict[float, float] = {}
     tot = {"mean": 0.0, "max": 0.0, "exact": 0.0}

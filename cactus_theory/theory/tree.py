@@ -250,6 +250,18 @@ def expected_length(block_law: dict[tuple, float]) -> float:
     return float(sum(len(b) * w for b, w in block_law.items()))
 
 
+def _tree_inputs(draft, verifier, parents, scheme: str, prompt) -> tuple:
+    """``tree_sequence_law`` / ``tree_budget_law``'s tree checked (a ``BudgetTree`` against ``scheme``, else a
+    parents tuple), the memoised draft and verifier, the prompt as a tuple of ints and the vocabulary size."""
+    if isinstance(parents, BudgetTree):
+        check_tree_scheme(parents, scheme)
+    else:
+        check_parents(parents)
+    P, Q = memoised(draft, "draft"), memoised(verifier, "verifier")
+    prompt = tuple(int(t) for t in prompt)
+    return P, Q, prompt, Q(prompt).size
+
+
 def _sequence_from_blocks(block_at: Callable[[tuple], dict], V: int, T: int, prompt: tuple) -> np.ndarray:
     """Law (V,) * T of the first ``T`` tokens of a loop that emits blocks ``block_at(context)``.
     Dynamic programme over block boundaries (as ``toy.sequence_law``)."""
@@ -276,13 +288,7 @@ def tree_sequence_law(draft: Cond, verifier: Cond, rule: RuleSpec, parents: Sequ
     check_positive_int(T, "T")
     rules = check_rules(rule)
     check_scheme(scheme)
-    if isinstance(parents, BudgetTree):
-        check_tree_scheme(parents, scheme)
-    else:
-        check_parents(parents)
-    P, Q = memoised(draft, "draft"), memoised(verifier, "verifier")
-    prompt = tuple(int(t) for t in prompt)
-    V = Q(prompt).size
+    P, Q, prompt, V = _tree_inputs(draft, verifier, parents, scheme, prompt)
     check_mode(mode, rules)
     if rules[0].stateful:
         return tree_budget_law(P, Q, rules[0], parents, scheme, T, prompt=prompt, mode=mode).law
@@ -307,13 +313,7 @@ def tree_budget_law(draft: Cond, verifier: Cond, rule, parents, scheme: str, T: 
         raise ValueError(f"tree_budget_law needs a stateful rule (SequenceBudget), got {rule!r}")
     check_scheme(scheme)
     check_mode(mode, (rule,))
-    if isinstance(parents, BudgetTree):
-        check_tree_scheme(parents, scheme)
-    else:
-        check_parents(parents)
-    P, Q = memoised(draft, "draft"), memoised(verifier, "verifier")
-    prompt = tuple(int(t) for t in prompt)
-    V = Q(prompt).size
+    P, Q, prompt, V = _tree_inputs(draft, verifier, parents, scheme, prompt)
     det = scheme in ("deterministic", "eagle")
     horizon = rule.horizon or T
     law = np.zeros((V,) * T)

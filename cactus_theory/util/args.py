@@ -10,7 +10,7 @@ import os
 import tempfile
 
 __all__ = ["positive_int", "nonneg_int", "nonneg_float", "top_p_float", "check_device", "check_writable_dir",
-           "check_writable_file"]
+           "check_writable_file", "read_prompts"]
 
 
 # -- argument types: checked by argparse, so a bad value fails before anything loads -----------------
@@ -107,3 +107,15 @@ def check_writable_file(path: str | None, flag: str) -> None:
     if not str(path).strip() or os.path.isdir(path):
         raise ValueError(f"{flag} {path!r} must name a file, not a folder")
     check_writable_dir(os.path.dirname(os.path.abspath(os.path.expanduser(path))), flag, shown=path)
+
+
+def read_prompts(args) -> list[str]:
+    """``--prompt`` values, then the non-blank lines of ``--prompts-file`` (``\\n`` read as a newline);
+    ``ValueError`` when the file is missing. Each command checks the list it gets."""
+    prompts = list(args.prompt)
+    if args.prompts_file:
+        if not os.path.isfile(args.prompts_file):
+            raise ValueError(f"--prompts-file {args.prompts_file!r}: no such file")
+        with open(args.prompts_file, encoding="utf-8") as f:
+            prompts += [line.rstrip("\n").replace("\\n", "\n") for line in f if line.strip()]
+    return prompts

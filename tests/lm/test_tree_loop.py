@@ -21,11 +21,11 @@ import pytest
 import torch
 
 import cactus_theory as ct
-from cactus_theory.core.tree import BudgetTree, DynamicTree, branching_parents
+from cactus_theory.core.tree import BudgetTree, DynamicTree, branching_parents, node_depths
 from cactus_theory.lm import ModelPair, autoregressive_generate, sampling_probs
-from cactus_theory.lm.cache import FeatureDrafter, Target, TokenDrafter, right_pad
+from cactus_theory.lm.cache import FeatureDrafter, Target, TokenDrafter, right_pad, tree_sizes
 from cactus_theory.lm.llama import Llama
-from cactus_theory.lm.loop import tree_generate
+from cactus_theory.lm.loop import check_tree, tree_generate
 from cactus_theory.theory.tree import budget_tree, tree_sequence_law
 from cactus_theory.toy import autoregressive_law
 from tests.lm.common import (
@@ -214,6 +214,16 @@ def test_ragged_rows_and_eos_keep_each_rows_law():
             return np.eye(V)[EOS] if EOS in prefix[n:] else base(prefix)
 
         assert_fits(res.tokens[j::3], autoregressive_law(absorbing, 3, prompt=tuple(pr)), 3, pad=EOS)
+
+
+def test_node_depths_is_the_one_level_scan():
+    """``core.tree.node_depths`` serves the loop's tree check, its draft-level count and ``tree_sizes``."""
+    par = branching_parents((2, 2))
+    assert node_depths(par) == [0, 0, 1, 1, 1, 1] and tree_sizes(par) == (2, 4)
+    assert node_depths((-1, 0, -1)) == [0, 1, 0]  # no name: no level-by-level check
+    for name, check in (("parents", tree_sizes), ("tree", check_tree)):
+        with pytest.raises(ValueError, match=f"{name} must list its nodes level by level"):
+            check((-1, 0, -1))
 
 
 def test_bad_tree_arguments_raise_value_errors():

@@ -15,8 +15,9 @@ import cactus_theory as ct
 from cactus_theory.lm import ModelPair
 from paper_repro import fig_a_worked_example, fig_b_gamma, fig_c_tradeoff, lm_runs
 from paper_repro.common import Claim, Ctx, NotCached, Parts, cached
-from paper_repro.main import STEPS, configure, repro
+from paper_repro.main import configure, repro
 from paper_repro.main import run as main_run
+from paper_repro.steps import ids as steps_ids
 from tests.helpers import tiny_llama
 
 
@@ -135,7 +136,7 @@ def tiny_pair():
 @pytest.mark.slow
 def test_repro_end_to_end_then_resumes_from_cache(tmp_path, tiny_pair):
     c = ctx(tmp_path, lm={"pair": tiny_pair})
-    out = repro(c, [*STEPS, "verify"], cases=4, report=tmp_path / "REPORT.md")
+    out = repro(c, [*steps_ids(), "verify"], cases=4, report=tmp_path / "REPORT.md")
     assert out["skipped"] == {}
     text = (tmp_path / "REPORT.md").read_text()
     for ref in ("Theorem 1", "Theorem 2", "Theorem 3", "Proposition 4", "Corollary 5", "Corollary 6",
@@ -179,7 +180,7 @@ def test_repro_end_to_end_then_resumes_from_cache(tmp_path, tiny_pair):
     assert tm["mode"] == "fast mode" and tm["total_compute_seconds"] == pytest.approx(sum(tm["compute_seconds"].values()), abs=0.2)
     # a rerun computes nothing: every cached file keeps its modification time
     stamps = {p: p.stat().st_mtime_ns for p in c.results.rglob("*.json")}
-    out2 = repro(c, [*STEPS, "verify"], cases=4, report=tmp_path / "REPORT2.md")
+    out2 = repro(c, [*steps_ids(), "verify"], cases=4, report=tmp_path / "REPORT2.md")
     assert {p: p.stat().st_mtime_ns for p in c.results.rglob("*.json")} == stamps
     assert [cl.verdict for s in out2["steps"] for cl in s.claims] == [cl.verdict for s in out["steps"] for cl in s.claims]
     # --only a: the other steps come from their caches

@@ -24,10 +24,11 @@ def _help(parser: argparse.ArgumentParser, dest: str) -> str:
 
 
 def test_main_runs_the_registered_steps_in_order():
-    assert list(main.STEPS) == [s.id for s in steps.STEPS]
-    assert list(main.STEPS.values()) == [s.module for s in steps.STEPS]
-    assert main.LM_STEPS == tuple(s.id for s in steps.STEPS if s.lm)
-    assert list(main.STEPS)[:4] == ["a", "b", "d", "e"] and set(main.LM_STEPS) == {"e", "f", "h", "j", "l", "m", "n", "o"}
+    run_order = main._current()  # what repro iterates
+    assert list(run_order) == [s.id for s in steps.STEPS]
+    assert list(run_order.values()) == [s.module for s in steps.STEPS]
+    assert steps.lm_ids() == [s.id for s in steps.STEPS if s.lm]
+    assert list(run_order)[:4] == ["a", "b", "d", "e"] and set(steps.lm_ids()) == {"e", "f", "h", "j", "l", "m", "n", "o"}
 
 
 def test_only_and_no_lm_help_list_exactly_the_registered_steps():
@@ -120,7 +121,7 @@ def test_a_planted_step_appears_in_main_help_report_findings_and_readme_table(pl
     main.configure(p)
     assert ",z," in _help(p, "only") + "," or "z,verify" in _help(p, "only")
     args = p.parse_args(["--only", "z", "--results", str(tmp_path / "r")])
-    assert main._check(args) == ["z"]
+    assert main.check(args) == ["z"]
     assert "fig_z_planted.py" in steps.readme_table() and "a planted figure" in steps.readme_table()
     ctx = Ctx(results=tmp_path / "r", figures=tmp_path / "f", fast=True)
     out = main.repro(ctx, ["z"], lm=False, report=tmp_path / "REPORT.md")
@@ -141,5 +142,5 @@ def test_without_the_planted_step_none_of_it_appears(tmp_path):
     main.configure(p)
     assert "z" not in _help(p, "only").split("among ", 1)[1].split(";")[0].split(",")
     with pytest.raises(ValueError, match="--only"):
-        main._check(p.parse_args(["--only", "z"]))
+        main.check(p.parse_args(["--only", "z"]))
     assert "fig_z_planted" not in steps.readme_table()

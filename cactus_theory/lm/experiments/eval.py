@@ -54,6 +54,7 @@ from ...core.sampling import SAMPLING as _SAMPLING
 from ...core.sampling import Sampling
 from ...util.atomic import atomic_path, atomic_write_json, atomic_write_text
 from ...util.keyed_cache import config_key, keyed_subdir, read_json
+from ..metrics import COUNTERS, al_of
 from . import tasks
 
 __all__ = ["EVAL_GRID", "SAMPLING", "Method", "EvalConfig", "methods", "run_eval", "summarise", "format_table",
@@ -71,7 +72,6 @@ EVAL_GRID: dict[str, list[dict]] = {
 }
 ABLATION_ALPHA = 0.9
 DELTA_MAX = 2048.0
-COUNTERS = ("new_tokens", "steps", "accepted", "drafted", "kl_sum", "kl_count", "nll_sum", "nll_count")
 N_BOOT = 4000
 
 
@@ -227,6 +227,11 @@ class _Cache:
         return val, False
 
 
+def batch_seed(seed: int, b: int) -> int:
+    """The decoding seed of batch ``b`` of an eval run at ``seed`` (every method of a batch draws from it)."""
+    return seed * 100_003 + b
+
+
 def _batches(problems: list, size: int) -> list[list]:
     return [problems[s:s + size] for s in range(0, len(problems), size)]
 
@@ -249,7 +254,7 @@ def run_eval(pair, cfg: EvalConfig, method_list: list[Method], cache_dir: Path |
     for b, batch in enumerate(batches):
         for m in method_list:
             val, hit = cache.get(m, b, lambda m=m, batch=batch, b=b: _batch_record(pair, batch, m, cfg,
-                                                                                   cfg.seed * 100_003 + b))
+                                                                                   batch_seed(cfg.seed, b)))
             recs[m.label] += val["records"]
             secs[m.label].append(_timing(val))
             bar.set_postfix(batch=b, method=m.label[:24], cached=hit)
@@ -278,9 +283,8 @@ def method_info(m: Method) -> dict:
 # -- the interpolation ablation -------------------------------------------------------------------
 
 def _al(records: list[dict]) -> float:
-    """AL as ``DecodeStats.al``: (accepted drafts + verifier calls) / verifier calls, bonus included."""
-    steps = sum(r["steps"] for r in records)
-    return sum(r["accepted"] + r["steps"] for r in records) / steps if steps else math.nan
+    """AL of pooled records (``metrics.al_of``, as ``DecodeStats.al``), bonus included."""
+    return al_of(sum(r["accepted"] for r in records), sum(r["steps"] for r in records))
 
 
 def run_ablation(pair, cfg, method_list, recs, secs, cache, batches, progress=True) -> dict:
@@ -294,7 +298,7 @@ def run_ablation(pair, cfg, method_list, recs, secs, cache, batches, progress=Tr
     def probe(delta: float) -> float:
         rule = registry.make("cactus", delta=delta)
         m = Method(f"{registry.label(rule)} (ablation)", "cactus", {"delta": delta}, rule, registry.colour("cactus"))
-        val, _ = cache.get(m, 0, lambda: _batch_record(pair, batches[0], m, cfg, cfg.seed * 100_003))
+        val, _ = cache.get(m, 0, lambda: _batch_record(pair, batches[0], m, cfg, batch_seed(cfg.seed, 0)))
         probes[delta] = _al(val["records"])
         return probes[delta]
 
@@ -322,7 +326,7 @@ def run_ablation(pair, cfg, method_list, recs, secs, cache, batches, progress=Tr
 
     rs, ss = [], []
     for b, batch in enumerate(tqdm(batches, desc=f"ablation delta={chosen:.4g}", disable=not progress)):
-        val, _ = cache.get(m, b, lambda b=b, batch=batch: _batch_record(pair, batch, m, cfg, cfg.seed * 100_003 + b))
+        val, _ = cache.get(m, b, lambda b=b, batch=batch: _batch_record(pair, batch, m, cfg, batch_seed(cfg.seed, b)))
         rs += val["records"]
         ss.append(_timing(val))
     ref = [x for x in method_list if x.rule is None or x.key == "sps" or x is interp[0]]

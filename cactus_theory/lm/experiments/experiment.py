@@ -20,7 +20,7 @@ from ...core import registry
 from ...core.rules import TAS, Cactus, Interpolation, SpS, TopK
 from ...core.tree import check_mode
 from ..loop import SAMPLING, autoregressive_generate, speculative_generate, tree_generate
-from ..metrics import SequenceCounters
+from ..metrics import SequenceCounters, al_of
 
 __all__ = ["DEFAULT_RULES", "SAMPLING", "run_benchmark", "format_table", "bootstrap", "targets", "tree_targets"]
 
@@ -48,8 +48,7 @@ def bootstrap(per_seq: list[list], stat, reps: int = 2000, seed: int = 0) -> tup
 
 
 def _al(c):
-    steps = sum(x.steps for x in c)
-    return (sum(x.accepted for x in c) + steps) / steps if steps else math.nan
+    return al_of(sum(x.accepted for x in c), sum(x.steps for x in c))
 
 
 def _acc(c):

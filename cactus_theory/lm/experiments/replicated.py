@@ -78,7 +78,6 @@ __all__ = ["FORMAT", "RunConfig", "row_seed", "batch_rows", "method_order", "los
 
 FORMAT = 2
 N_BOOT = 4000
-_SUMS = ("new_tokens", "steps", "accepted", "drafted", "kl_sum", "kl_count", "nll_sum", "nll_count")
 
 
 # -- configuration --------------------------------------------------------------------------------
@@ -357,7 +356,7 @@ def per_question(records: list[dict], n: int, R: int) -> dict:
     """The per-question arrays of one method's rows: ``correct`` and ``strict`` (n, R) booleans, the counter sums
     over replicates (n,)."""
     out = {"correct": np.zeros((n, R), bool), "strict": np.zeros((n, R), bool)}
-    sums = {c: np.zeros(n) for c in _SUMS}
+    sums = {c: np.zeros(n) for c in COUNTERS}
     seen = np.zeros((n, R), bool)
     for rec in records:
         q, r = rec["q"], rec["r"]
@@ -365,7 +364,7 @@ def per_question(records: list[dict], n: int, R: int) -> dict:
             raise ValueError(f"row (question {q}, replicate {r}) appears twice")
         seen[q, r] = True
         out["correct"][q, r], out["strict"][q, r] = bool(rec["correct"]), bool(rec["strict"])
-        for c in _SUMS:
+        for c in COUNTERS:
             sums[c][q] += rec[c]
     if not seen.all():
         raise ValueError(f"{int((~seen).sum())} rows (question, replicate) have no record")
@@ -782,7 +781,7 @@ def compact(raw: dict, infos: list[dict], n: int, R: int) -> dict:
             p = per_question(tr["records"][m["label"]], n, R)
             per[m["label"]] = {"correct": " ".join("".join("1" if x else "0" for x in row) for row in p["correct"]),
                                "strict": " ".join("".join("1" if x else "0" for x in row) for row in p["strict"]),
-                               **{c: " ".join(f"{float(x):.6g}" for x in p[c]) for c in _SUMS}}
+                               **{c: " ".join(f"{float(x):.6g}" for x in p[c]) for c in COUNTERS}}
         out[t] = {"question_ids": " ".join(p.id for p in tr["problems"]), "per_question": per, "timing": tr["timing"]}
     return out
 
@@ -792,7 +791,7 @@ def rows_arrays(result: dict, task: str, label: str) -> dict:
     booleans and each counter's (n,) sums over replicates."""
     d = result["rows"][task]["per_question"][label]
     out = {k: np.array([[c == "1" for c in s] for s in d[k].split()]) for k in ("correct", "strict")}
-    out.update({c: np.array([float(x) for x in d[c].split()]) for c in _SUMS})
+    out.update({c: np.array([float(x) for x in d[c].split()]) for c in COUNTERS})
     return out
 
 
