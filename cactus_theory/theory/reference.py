@@ -21,7 +21,8 @@ from scipy.stats import entropy as scipy_entropy
 
 __all__ = ["reference_law", "reference_step", "reference_gamma", "bernoulli_divergence", "COVERED"]
 
-COVERED = ("SpS", "Cactus", "TAS", "TopK", "Interpolation", "EARS", "DropMatch", "Ensemble")
+COVERED = ("SpS", "Cactus", "TAS", "TopK", "Interpolation", "EARS", "DropMatch", "Ensemble", "EntropyVerify",
+           "Lenience", "MinP", "Eta", "FSD")
 TINY32 = float(np.finfo(np.float32).tiny)  # float32's smallest normal number (vLLM 0.7.3's floor, transformers' "zero")
 
 
@@ -147,6 +148,33 @@ def reference_step(rule, p: np.ndarray, q: np.ndarray, n: int) -> tuple[float, n
             base = min(1.0, q[n] / p[n])
             g = _normalised_pos(q - p, q)
         return base + (1 - base) * hit, g
+    if kind in ("EntropyVerify", "Lenience"):  # vLLM-Ascend / Fast-HSD: accept iff q_n / p_n >= c u; recover (q - p)_+
+        if kind == "Lenience":
+            c = rule.lenience
+        else:  # c = min(posterior_threshold, exp(-posterior_alpha * H)), H = -sum q log(q + eps)
+            H = -sum(float(x) * math.log(float(x) + rule.entropy_eps) for x in q if x > 0)
+            c = min(rule.threshold, math.exp(-rule.alpha * H))
+        phi = 1.0 if c == 0 else min(1.0, q[n] / p[n] / c)
+        return phi, _normalised_pos(q - p, q)
+    if kind in ("MinP", "Eta"):  # target-only tests; a rejected n is zeroed in q, which is renormalised
+        if kind == "MinP":
+            accept = float(q[n] >= rule.min_p * q.max())
+        else:
+            tau = min(rule.epsilon, rule.delta * math.exp(-float(scipy_entropy(q))))
+            accept = min(1.0, q[n] / tau) if rule.soft else float(q[n] >= tau)
+        rest = q.copy()
+        rest[n] = 0.0
+        return accept, (rest / rest.sum() if rest.sum() > 0 else q.copy())
+    if kind == "FSD":  # the whole rows: accept iff D(p, q) <= T (D as torch's kl_div(log a, b) = KL(b || a)); recover q
+        kl = lambda a, b: float(np.sum(rel_entr(a, b)))  # noqa: E731  KL(a || b), inf where b = 0 < a
+        if rule.divergence == "tv_div":
+            d = 0.5 * float(np.abs(p - q).sum())
+        elif rule.divergence == "kl_div":
+            d = kl(p, q)
+        else:
+            m = (p + q) / 2
+            d = 0.5 * kl(m, p) + 0.5 * kl(m, q)
+        return float(d <= rule.threshold), q.copy()
     raise NotImplementedError(f"no reference implementation for {rule!r} (covered: {', '.join(COVERED)})")
 
 
