@@ -33,16 +33,15 @@ repro: setup
 notebooks: setup
 	$(BIN)/python notebooks/build.py $(NB)
 
-# the committed task-accuracy run (paper_repro/results/eval): the verifier alone, SpS, TAS, Cactus 0.75 and 1, and
-# SpS / Cactus 1 on an 8-node EAGLE-2 tree, 300 problems with intervals and the distribution tests (resumable:
-# rerun after an interruption). Every rule and the interpolation ablation: make eval EVAL_RULES= EVAL_ABLATION=
-# (about an hour on 2 quiet cores). Busy machine: EVAL_THREADS=1
+# the committed task-accuracy run (paper_repro/results/eval): the replicated eval of the pre-registered protocol
+# paper_repro/protocols/eval_v2.json: 2 tasks x 1,000 distinct questions x 4 replicates x every registry rule (and
+# SpS / Cactus 1 on an 8-node EAGLE-2 tree), with the A/A null, non-inferiority at the protocol's margin and the
+# distribution tests. Resumable (rerun after an interruption); it prints the compute estimate from each task's first
+# batch before the rest (EVAL_ARGS=--calibrate-only stops there). Busy machine: EVAL_THREADS=1
 EVAL_THREADS ?= 2
-EVAL_RULES ?= --rules 'tas,Cactus delta=0.75,Cactus delta=1' --tree 8 --tree-depth 4 --tree-topk 2
-EVAL_ABLATION ?= --no-ablation
-EVAL_ARGS ?= --threads $(EVAL_THREADS) $(EVAL_RULES) $(EVAL_ABLATION)
+EVAL_ARGS ?=
 eval: setup
-	$(BIN)/cactus-theory eval $(EVAL_ARGS)
+	$(BIN)/cactus-theory eval --threads $(EVAL_THREADS) $(EVAL_ARGS)
 
 # planted wrong ports (tests/mutants.py): each must turn a test red or be proven harmless; prints the table
 # port | caught by | harmless because. Not part of `make test`. Some ports: make mutants PORTS=id1,id2

@@ -9,6 +9,7 @@ Every module lives in a layer folder (``util``, ``core``, ``theory``, ``claims``
 module object under both names, loaded on first import.
 """
 
+from .core.budget import SequenceBudget
 from .core.divergences import (
     DIVERGENCES,
     F_DIVERGENCES,
@@ -81,5 +82,5 @@ __all__ = [
     "js", "kl", "reverse_kl", "tv", "acceptance_rate", "induced_distribution", "step_divergence",
     "EARS", "RULE_CLASSES", "TAS", "Cactus", "Interpolation", "Rule", "SpS", "TopK", "make_rule",
     "two_block_root", "SGLangThreshold", "RelaxedAcceptance", "MedusaTypical", "FLy", "DropMatch", "Ensemble",
-    "EntropyVerify", "Lenience", "MinP", "Eta", "FSD", "check_sampler", "check_generation",
+    "EntropyVerify", "Lenience", "MinP", "Eta", "FSD", "check_sampler", "check_generation", "SequenceBudget",
 ]

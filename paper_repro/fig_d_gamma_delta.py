@@ -155,6 +155,7 @@ def claims(d: dict) -> list[Claim]:
             f"V in {sorted({r['V'] for r in b})}",
         ours="largest lower bound / delta: " + ", ".join(f"delta={dl:g}: {m:.0f}x" for dl, m in sorted(mult.items())),
         verdict=("holds" if ok else "inconclusive") if small else "out of reach",
+        scope=f"searched pairs at V in {sorted({r['V'] for r in b})}",
         detail=("lower bounds from a local search: they can show Gamma is large, never that it is small (a miss "
                 "is inconclusive, not a failure)")))
     d05 = [r for r in d["dirichlet"] if abs(r["delta"] - 0.05) < 1e-12]

@@ -7,9 +7,10 @@ paper's accuracy-vs-acceptance figure and its interpolation ablation); wall-cloc
 verifier alone vs ``delta``. ``AL`` is tokens per verifier call with the bonus included (DESIGN.md's
 unit); per-token acceptance is accepted / drafted.
 
-Verdicts come from 95% percentile-bootstrap intervals over prompts (each prompt decoded alone, so
-every counter exists per prompt; two methods pair up prompt by prompt); the wall clock from a
-t-interval on the per-prompt log tokens/s ratio (9 prompts are too few for a percentile bootstrap).
+Verdicts come from 95% t-intervals over prompts (each prompt decoded alone, so every counter exists per
+prompt; two methods pair up prompt by prompt; a pooled ratio's standard error by the jackknife over prompts);
+the wall clock from a t-interval on the per-prompt log tokens/s ratio (9 prompts are too few for a percentile
+bootstrap).
 Measured on the embedded SmolLM2 pair with k = 4, the rows name that scope, never a bare "holds";
 fewer than 5 prompts is "out of reach". These checks are secondary to step h's 300-problem eval
 (``Claim.role``): acceptance here is underpowered, the wall clock here is batch 1, another protocol.
@@ -22,7 +23,7 @@ import math
 import numpy as np
 
 from cactus_theory import registry
-from cactus_theory.claims.ledger import all_of, bootstrap_interval, interval_verdict, t_interval
+from cactus_theory.claims.ledger import all_of, interval_verdict, jackknife_t_interval, t_interval
 
 from .common import Claim, Ctx, StepResult, cached_step, fmt, save_figure, standalone
 from .lm_runs import (
@@ -150,15 +151,15 @@ def _stat(u: np.ndarray, j: int, name: str) -> float:
 
 
 def paired_interval(d: dict, a: str, b: str, name: str, how: str = "diff"):
-    """95% bootstrap interval over prompts of ``name(a) - name(b)`` (``how="diff"``) or
-    ``name(a) / name(b) - 1`` (``"ratio"``), each pooled over the resampled prompts; None without
-    per-prompt counters."""
+    """95% t-interval over prompts (jackknife standard error, ``claims.jackknife_t_interval``: 9 prompts are too
+    few for a percentile bootstrap) of ``name(a) - name(b)`` (``how="diff"``) or ``name(a) / name(b) - 1``
+    (``"ratio"``), each pooled over the prompts; None without per-prompt counters."""
     u = _units(d, a, b)
     if u is None:
         return None
     f = (lambda x: _stat(x, 0, name) - _stat(x, 1, name)) if how == "diff" else \
         (lambda x: _stat(x, 0, name) / _stat(x, 1, name) - 1)
-    return bootstrap_interval(u, f, n_boot=4000)
+    return jackknife_t_interval(u, f)
 
 
 def _iv(iv, pct: bool = False) -> str:
@@ -213,7 +214,7 @@ def claims(d: dict) -> list[Claim]:
         "fewer rejections", ref="main table (AL, Rej)", kind="paper",
         how="real decoding (steps e and f: one set of runs, table f shows it per style); AL (tokens per verifier "
             "call, bonus included) minus SpS's and Rej (rejected drafts per emitted token) relative to SpS, paired "
-            "by prompt, 95% percentile bootstrap over prompts",
+            "by prompt, 95% t-interval over prompts (jackknife standard error)",
         ours="AL: SpS " + fmt(P["SpS"]["al"], 2) + "; " + "; ".join(
             f"{m} {fmt(P[m]['al'], 2)} (minus SpS {_iv(ivs[m])})" for m in lossy)
         + "; Rej vs SpS: " + ", ".join(rej(m) for m in lossy),
@@ -235,7 +236,8 @@ def claims(d: dict) -> list[Claim]:
             key="interpolation-ablation", claim="at similar acceptance, Cactus distorts the verifier less than "
             "interpolation", ref="interpolation ablation", kind="paper",
             how=(f"{interp} vs the Cactus budget with the nearest per-token acceptance (delta = {delta:g}); "
-                 "comparable if within 0.05; verifier NLL (interpolation minus Cactus), paired by prompt, bootstrap"),
+                 "comparable if within 0.05; verifier NLL (interpolation minus Cactus), paired by prompt, 95% t-interval over "
+                 "prompts (jackknife standard error)"),
             ours=(f"{interp}: acceptance {fmt(P[interp]['acceptance_rate'], 2)}, NLL {fmt(P[interp]['nll'])}; Cactus: "
                   f"acceptance {fmt(near['acceptance_rate'], 2)}, NLL {fmt(near['nll'])}"
                   + (f"; NLL difference {_iv(iv)}" if iv is not None else "")),

@@ -60,9 +60,10 @@ def config(ctx: Ctx) -> dict:
 
 def frontier_rules(cactus: list[float]) -> list:
     """The rules of the ``K = 1`` panel: Cactus at each budget of ``cactus``, then every lossy registry rule
-    that needs no LM head (at its registry defaults)."""
+    that needs no LM head and has a one-step law (not stateful), at its registry defaults."""
     rules = [Cactus(d) for d in cactus]
-    return rules + [s.make() for k, s in registry.RULES.items() if not s.lossless and k != "cactus" and not s.reads_head]
+    return rules + [s.make() for k, s in registry.RULES.items()
+                    if not s.lossless and k != "cactus" and not s.reads_head and not s.stateful]
 
 
 def _brute(p: np.ndarray, h: np.ndarray, K: int) -> float:
@@ -251,7 +252,7 @@ def claims(d: dict) -> list[Claim]:
         f"exact optima (optimize.solve_target_multi) on {d['R']} random pairs, V = {d['V']}; 95% bootstrap interval "
         f"over pairs of gain(K = 1) - gain(K = {Kmax})",
         f"mean acceptance lossless -> delta = {DELTA_REF:g}: {acc}; share of the K = 1 gain kept: {surv}; "
-        f"gain(1) - gain({Kmax}) = {iv}", interval_verdict(iv)))
+        f"gain(1) - gain({Kmax}) = {iv}", interval_verdict(iv), scope=f"random pairs, V = {d['V']}"))
     sh = d["grid"]["shape"]
     mono = min(sh["mono"].values()) if sh["mono"] else 0.0
     ok = sh["rows"] > 0 and sh["clip_err"] <= 0.1 * SHAPE_TOL and mono >= -SHAPE_TOL
@@ -264,7 +265,7 @@ def claims(d: dict) -> list[Claim]:
         f"tokens with q_i >= {SHAPE_MIN_Q:g} (below, the solver's ~1e-9 absolute error swamps h_i / q_i); tolerance "
         f"{0.1 * SHAPE_TOL:g} on h, {SHAPE_TOL:g} on log(h_i / q_i)",
         f"max |h* - clip(p, c_b q, c_a q)| at K = 1: {sh['clip_err']:.1e}; most negative step of log(h*_i / q_i) "
-        f"along increasing p_i / q_i: {mono:.1e}", exact_verdict(ok)))
+        f"along increasing p_i / q_i: {mono:.1e}", exact_verdict(ok), scope=f"random pairs, V = {d['V']}"))
     # K = 1 frontier
     over, cac = 0.0, []
     for row in d["frontier"]:
@@ -278,7 +279,7 @@ def claims(d: dict) -> list[Claim]:
         "over SpS", "Theorem 1 + optimize.solve_target_multi (K = 1)", "derived",
         f"per pair: each registry rule's exact (acceptance, KL(h_alg || q)) and the optimum at that KL; {d['R']} pairs",
         f"largest excess over the optimum {over:.1e}; Cactus's share of the optimal gain at its own KL: " + ", ".join(cac),
-        exact_verdict(over <= FRONTIER_TOL)))
+        exact_verdict(over <= FRONTIER_TOL), scope=f"random pairs, V = {d['V']}"))
     return out
 
 

@@ -91,7 +91,10 @@ STEPS: list[Step] = [
     Step("h", "table_h_eval",
          "`figures/fig_h_eval`: task accuracy vs AL with 95% intervals; a reduced `cactus-theory eval` (48 "
          "problems; verifier alone, SpS, TAS, Cactus 0.75 and 1) and the distribution tests on the real LM; shows "
-         "the committed full run (`make eval`, `results/eval/eval.json`) beside it when made with the same pair",
+         "the committed full run (`make eval`, `results/eval/eval.json`) beside it when made with the same pair: a "
+         "format-2 run (the replicated eval, issue 25) is read by its pre-registered protocol "
+         "(`protocols/eval_v2.json`: non-inferiority against the pooled lossless runs at the protocol's margin), a "
+         "format-1 run by the first design's rules",
          "main table (scores, AL, Rej), interpolation ablation, wall-clock", "~5 min with the batched loop",
          lm=True, figure="fig_h_eval", title="h. Task accuracy vs AL",
          caption="accuracy (95% Wilson interval) against AL (tokens per verifier call, bonus included; 95% "
@@ -130,6 +133,11 @@ STEPS: list[Step] = [
          "over whole answers (`check_generation`: per-position conditional tests along the prefix tree and the "
          "answer-level accuracy test), 24 questions x 100 decodes per method", "-", "LM step (about an hour)",
          lm=True, section=True, findings=True),
+    Step("o", "table_o_sequence_budget",
+         "`results/table_o_sequence_budget.md`: **our result**: `SequenceBudget` (a KL budget of 0.5 / 1 / 2 / 4 nats "
+         "per answer, spend-down and Lagrangian allocations) against per-token Cactus at the delta that spends the "
+         "same mean KL per answer: AL, accuracy, realised KL per answer (the certificate), the eval's setting",
+         "-", "LM step (about 1.5 hours)", lm=True, section=True, findings=True),
 ]
 """The steps in run order (``c`` after ``e``: its LM panel reads the rows ``e`` saves)."""
 

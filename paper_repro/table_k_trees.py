@@ -46,6 +46,7 @@ NAME = "table_k_trees"
 EXACT_TOL = 1e-12  # exact checks: float64 sums of a few hundred terms
 OPT_TOL = 1e-6  # tree Cactus may exceed the optimum at its own KL by this much (cvxpy's precision)
 FAMILY = "step k's claims, each its own statement; no multiplicity adjustment (one interval per claim)"
+TOY = "toy pairs"  # every check of this step is on toy models: its verdicts say so ("holds (on toy pairs)")
 
 
 def config(ctx: Ctx) -> dict:
@@ -208,7 +209,7 @@ def claims(d: dict) -> list[Claim]:
         f"mean KL {iv} nats over {iv.n} pairs; {cells}", interval_verdict(iv),
         units=f"{iv.n} toy pairs ({len(cfg['a']['V']) * len(cfg['a']['K'])} (V, K) cells x {cfg['a']['N']})",
         decision="holds if the interval's lower end > 0; differs if its upper end < 0; else inconclusive",
-        family=FAMILY))
+        family=FAMILY, scope=TOY))
     err = max(r["err_det"] for r in a)
     out.append(Claim(
         "eagle-tree-prob-one", "EAGLE-style multi-round verification with each candidate's draft probability "
@@ -216,7 +217,7 @@ def claims(d: dict) -> list[Claim]:
         "ours (issue 19, deliverable 4a)", "derived",
         "exact step law (scheme 'deterministic', SpS) on the same pairs; max |law - q| over every pair",
         f"max |law - q| = {err:.1e} over {len(a)} pairs (tolerance {EXACT_TOL:g})", exact_verdict(err <= EXACT_TOL),
-        units=f"{len(a)} toy pairs", decision=f"holds if max |law - q| <= {EXACT_TOL:g} on every pair", family=FAMILY))
+        units=f"{len(a)} toy pairs", decision=f"holds if max |law - q| <= {EXACT_TOL:g} on every pair", family=FAMILY, scope=TOY))
     per = _per_pair_b(d)
     diff = per["joint"] - per["rounds"]
     ivd = _iv(diff[np.isfinite(diff)])
@@ -233,7 +234,7 @@ def claims(d: dict) -> list[Claim]:
         f"joint - rounds = {ivd}; shares (95% interval): {shares}; largest excess of tree Cactus over the optimum "
         f"{excess:.1e}", interval_verdict(ivd) if excess <= OPT_TOL else "differs",
         units=f"{ivd.n} toy pairs", decision="holds if the interval's lower end > 0; differs if its upper end < 0 "
-        f"(or tree Cactus exceeds the optimum by more than {OPT_TOL:g}); else inconclusive", family=FAMILY))
+        f"(or tree Cactus exceeds the optimum by more than {OPT_TOL:g}); else inconclusive", family=FAMILY, scope=TOY))
     c = d["c"]
     out.append(Claim(
         "block-verification-lossless", "block verification (Sun et al.) of a chain of k drafts is lossless",
@@ -243,7 +244,7 @@ def claims(d: dict) -> list[Claim]:
         f"max |law - verifier's law| = {c['lossless_err']:.1e} (tolerance {EXACT_TOL:g})",
         exact_verdict(c["lossless_err"] <= EXACT_TOL),
         units=f"{cfg['c']['lossless_pairs']} toy bigram pairs x {len(cfg['c']['k'])} k",
-        decision=f"holds if the max error <= {EXACT_TOL:g}", family=FAMILY))
+        decision=f"holds if the max error <= {EXACT_TOL:g}", family=FAMILY, scope=TOY))
     rs = c["rows"]
     seeds = list(dict.fromkeys(r["seed"] for r in rs))
     pd = np.array([np.mean([r["al_block"] - r["al_sps"] for r in rs if r["seed"] == s]) for s in seeds])
@@ -259,7 +260,7 @@ def claims(d: dict) -> list[Claim]:
         f"block - SpS = {ivc} tokens per call; per k, block vs SpS (difference): {sc}; smallest difference on any "
         f"pair {mn:.1e}", verdict, units=f"{len(seeds)} toy bigram pairs",
         decision=f"differs if any pair's difference < -{EXACT_TOL:g} (exact check); else holds if the interval's "
-        "lower end > 0, else inconclusive", family=FAMILY))
+        "lower end > 0, else inconclusive", family=FAMILY, scope=TOY))
     return out
 
 

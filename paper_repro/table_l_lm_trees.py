@@ -27,7 +27,7 @@ import numpy as np
 from tqdm import tqdm
 
 from cactus_theory import kl
-from cactus_theory.claims.ledger import bootstrap_interval, exact_verdict, interval_verdict
+from cactus_theory.claims.ledger import exact_verdict, interval_verdict, t_interval
 from cactus_theory.core.sampling import SAMPLING
 from cactus_theory.rules import Cactus, SpS
 from cactus_theory.stats import goodness_of_fit, power
@@ -248,7 +248,7 @@ def summary_a(d: dict) -> list[dict]:
     a, out = d["a"], []
     for K in d["config"]["a"]["K"]:
         per = _by_prompt(a[f"eagle_K{K}"], a["who"])
-        iv = bootstrap_interval(per[:, None], lambda x: float(x.mean()), n_boot=4000, seed=d["config"]["seed"])
+        iv = t_interval(per)  # 12 prompts: a t-interval, not a percentile bootstrap
         out.append({"K": K, "kl_eagle": iv, "kl_eagle_max": float(np.max(a[f"eagle_K{K}"])),
                     "det_err": float(np.max(a[f"det_K{K}"]))})
     return out
@@ -267,7 +267,7 @@ def render(d: dict) -> str:
              f"(a) One node of K top-K candidates on {a['rows']} teacher-forced rows (the verifier's own continuations "
              f"of {len(set(a['who']))} prompts; union support of p and q at most {a['support_width']} tokens): EAGLE-style "
              "multi-round SpS read with the draft's probability, and with probability 1 (EAGLE's released code). "
-             "Mean KL(law || q) with a 95% bootstrap interval over prompts.", "",
+             "Mean KL(law || q) with a 95% t-interval over prompts.", "",
              "| K | read with p: mean KL (nats) | largest row KL | probability 1: max abs(law - q) |", "|---|---|---|---|"]
     for s in summary_a(d):
         lines.append(f"| {s['K']} | {s['kl_eagle']} | {fmt(s['kl_eagle_max'])} | {s['det_err']:.1e} |")
@@ -301,7 +301,7 @@ def claims(d: dict) -> list[Claim]:
         "eagle-tree-lossy-lm", "EAGLE-style verification read with the draft's probability is not lossless on "
         "real-LM rows either", "ours (issue 19, deliverable 4a)", "derived",
         "exact one-node law (tree.tree_step_law, scheme 'eagle', SpS) on teacher-forced (p, q) rows of the embedded "
-        "pair; mean KL(law || q) per prompt; 95% bootstrap interval over prompts, the K with the lowest lower end",
+        "pair; mean KL(law || q) per prompt; 95% t-interval over prompts, the K with the lowest lower end",
         f"{cells}; {d['a']['rows']} rows", interval_verdict(iv),
         units=f"{d['a']['rows']} LM rows of {len(set(d['a']['who']))} prompts",
         decision="holds if the interval's lower end > 0 for every K; differs if an upper end < 0; else inconclusive",

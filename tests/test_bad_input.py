@@ -376,6 +376,16 @@ def test_every_rule_valid_or_named_and_finite_in_every_dtype(kp, case, kind, see
         rule = rule.at(rng.uniform(size=(2, V)) * (rng.uniform() < 0.8))
     p, q = _convert(P, kind), _convert(Q, kind)
     n = torch.tensor(N) if isinstance(p, torch.Tensor) else N
+    if rule.stateful:  # SequenceBudget: no one-step law (refused by its flag); judged through a state by verify
+        with pytest.raises(ValueError, match="stateful"):
+            ct.induced_distribution(rule, p, q)
+        if isinstance(p, torch.Tensor):
+            state = rule.start(2, max_tokens=8)
+            pt, qt = torch.stack([p, p.flip(0)], 1), torch.stack([q, q.flip(0), q], 1)
+            tokens, a = verify(torch.stack([n, n.flip(0)], 1), pt, qt, rule, generator=_gen(seed), state=state)
+            _assert_tokens(tokens, a, V, 2)
+            assert np.all(np.isfinite(state.spent)) and np.all(state.spent <= rule.budget), state
+        return
     phi = _np(rule.accept_prob(p, q, n))
     assert phi.shape == (2,) and np.all(np.isfinite(phi)) and np.all((phi >= 0) & (phi <= 1)), phi
     _assert_law(rule.residual(p, q, n), p, f"{rule!r} residual")
@@ -437,7 +447,7 @@ def _corrupt(how, p, q, n, rng):
     elif how == "list":
         arr = arr.tolist()
     elif how == "no_vocab_axis":
-        return p[0, 0], q[0, 0], np.array(0), "vocabulary axis"
+        return np.asarray(p[0, 0]), np.asarray(q[0, 0]), np.array(0), "vocabulary axis"  # 0-d arrays, not scalars
     if target == "p":
         p = arr
     else:
@@ -652,6 +662,25 @@ def _extremes():
     return out
 
 
+def _stateful_extremes(rule, P, Q, N, kind_case):
+    """A stateful rule (SequenceBudget) at an extreme parameter, in every dtype: the Cactus its plan judges each
+    row with gives valid acceptance and recovery laws, and ``verify`` with a state emits valid tokens and
+    charges finite nats within the budget."""
+    for dk in DTYPES:
+        p, q = _convert(P, dk), _convert(Q, dk)
+        n = torch.tensor(N) if isinstance(p, torch.Tensor) else N
+        state = rule.start(2, max_tokens=8)
+        judge = rule.plan(state, p[:, None], q[:, None]).rows(np.arange(2), np.zeros(2, dtype=int))
+        phi = _np(judge.accept_prob(p, q, n))
+        assert np.all(np.isfinite(phi)) and np.all((phi >= 0) & (phi <= 1)), (rule, dk, kind_case, phi)
+        _assert_law(judge.residual(p, q, n), p, f"{rule!r} {dk} {kind_case} residual")
+        if isinstance(p, torch.Tensor):
+            tokens, a = verify(torch.stack([n, n.flip(0)], 1), torch.stack([p, p.flip(0)], 1),
+                               torch.stack([q, q.flip(0), q], 1), rule, generator=_gen(), state=state)
+            _assert_tokens(tokens, a, 5, 2)
+            assert np.all(np.isfinite(state.spent)) and np.all(state.spent <= rule.budget), (rule, dk, state)
+
+
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # numpy float16 / float32 saturate
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # in an untaken where() branch
 @pytest.mark.parametrize("key, name, value", _extremes())
@@ -673,6 +702,9 @@ def test_extreme_valid_parameters_stay_finite_in_every_dtype(key, name, value):
             rule = fitted(rule, 5)
             if isinstance(rule, DropMatch):
                 rule = rule.at(np.stack([np.linspace(0, 1, 5), np.zeros(5)]))
+            if rule.stateful:  # judged through a state: its plan's per-row Cactus, and verify with the state
+                _stateful_extremes(rule, P, Q, N, kind_case)
+                continue
             for dk in (DTYPES if i == 0 else ("np32", "t16", "tbf16")):
                 p, q = _convert(P, dk), _convert(Q, dk)
                 n = torch.tensor(N) if isinstance(p, torch.Tensor) else N

@@ -225,13 +225,13 @@ def test_the_cli_s_torch_free_copies_of_the_tree_constants_are_core_s():
 
     from cactus_theory.cli import lm as cli_lm
     from cactus_theory.core import tree
-    from cactus_theory.lm.experiments import eval as ev
 
     assert cli_lm.TREE_SCHEMES == tree.SCHEMES and cli_lm.TREE_MODES == tree.MODES
     assert cli_lm.RERANK_SCHEMES == tree.RERANK_SCHEMES
     assert (cli_lm.TREE_DEPTH, cli_lm.TREE_TOPK) == (tree.BUDGET_DEPTH, tree.BUDGET_TOPK)
-    assert (ev.BUDGET_DEPTH, ev.BUDGET_TOPK) == (tree.BUDGET_DEPTH, tree.BUDGET_TOPK)
+    from cactus_theory.lm.experiments import replicated
+
     p = argparse.ArgumentParser()
-    ev.configure(p)
+    replicated.configure(p)  # the eval command's flags
     a = p.parse_args([])
     assert (a.tree_depth, a.tree_topk) == (tree.BUDGET_DEPTH, tree.BUDGET_TOPK)

@@ -116,7 +116,7 @@ REQUIRED_COVERAGE = {  # every rule and entry point has at least one planted por
     "induced_generic", "_induced_scaling_row", "sequence_law", "step_parts", "speculative_decode",
     "multi_draft_acceptance", "solve_target_multi", "rule_from_spec", "expand_batch_to_tokens", "rejection_sample",
     "speculative_sampling", "descending_rank", "bonus_distribution", "_check_generators", "DropMatchAt",
-    "assisted_generate", "Rule", "Method", "_Cache",
+    "assisted_generate", "Rule", "Method", "_Cache", "SequenceBudget",
 }
 
 

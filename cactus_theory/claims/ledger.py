@@ -21,14 +21,17 @@ statement, the other's interval excludes it) turns the verdict into "inconclusiv
 
 ``verdict`` (``VERDICTS``):
   ``"holds"``         exact checks pass, or an empirical 95% interval excludes the opposite direction,
-                      on the paper's own setting (never with a ``scope``);
+                      on the paper's own setting (a paper claim never with a ``scope``); a result we derived
+                      or a check of our code measured on toy or random models names them in ``scope``
+                      ("holds (on toy pairs)"): there is no paper setting to hold on, but the reader must
+                      see that the evidence is toy-only;
   ``"consistent"``    as "holds", but measured on another model or scale (``scope`` says which,
                       e.g. "SmolLM2-135M, k = 4"): evidence of the direction, not of the paper's numbers;
   ``"inconclusive"``  the 95% interval contains no effect (it straddles the comparison point);
   ``"differs"``       an exact check fails, or the interval excludes the paper's direction;
   ``"out of reach"``  not measurable here, or fewer than ``MIN_POINTS`` comparable points.
 Every verdict measured on another model, task or scale names it in ``scope``, whatever the verdict
-("consistent" must; "inconclusive" and "differs" should); only "holds" never has one.
+("consistent" must; "inconclusive" and "differs" should); a paper claim's "holds" never has one.
 """
 
 from __future__ import annotations
@@ -43,7 +46,8 @@ from ..core.validate import check_int, check_number, check_positive_int
 
 __all__ = ["Claim", "Interval", "Resolution", "KINDS", "VERDICTS", "ROLES", "MIN_POINTS", "exact_verdict",
            "interval_verdict", "band_verdict", "bootstrap_interval", "t_interval", "holm", "mcnemar_mdd", "combined_verdict",
-           "resolve", "all_of", "group", "plural"]
+           "resolve", "all_of", "group", "plural", "NonInferiority", "noninferiority", "noninferiority_verdict",
+           "noninferiority_power", "noninferiority_sample_size", "t_mdd", "jackknife_t_interval"]
 
 KINDS = ("paper", "derived", "code")
 VERDICTS = ("holds", "consistent", "inconclusive", "differs", "out of reach")
@@ -81,9 +85,11 @@ class Claim:
                              f"with paper={self.paper!r}")
         if self.role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {self.role!r}")
-        if (self.verdict == "consistent" and not self.scope) or (self.verdict == "holds" and self.scope):
-            raise ValueError("a 'consistent' verdict needs a scope (the model / scale measured), and 'holds' none "
-                             f"(it is the paper's own setting): got verdict {self.verdict!r}, scope {self.scope!r}")
+        if (self.verdict == "consistent" and not self.scope) or (self.verdict == "holds" and self.scope
+                                                                  and self.kind == "paper"):
+            raise ValueError("a 'consistent' verdict needs a scope (the model / scale measured), and a paper claim's "
+                             f"'holds' none (it is the paper's own setting): got verdict {self.verdict!r}, scope "
+                             f"{self.scope!r}")
 
     @property
     def passed(self) -> bool:
@@ -229,6 +235,27 @@ def t_interval(x, *, level: float = 0.95) -> Interval:
     return Interval(est, est - half, est + half, n, level)
 
 
+def jackknife_t_interval(units, statistic: Callable[[np.ndarray], float], *, level: float = 0.95) -> Interval:
+    """Student-t interval of a smooth statistic of few units (a ratio of sums over 9 prompts, a difference of two
+    such ratios): the statistic on all rows of ``units`` (n, ...) +- ``t_{(1+level)/2, n-1}`` times the jackknife
+    standard error ``sqrt((n - 1) / n * sum_i (theta_(i) - mean theta_(.))^2)`` (``theta_(i)``: the statistic without
+    unit ``i``). For the mean of a 1-D sample it is exactly ``t_interval``. The interval for units <= 12, where a
+    percentile bootstrap is too narrow (it cannot reach beyond the n observed values)."""
+    from scipy import stats
+
+    x = np.asarray(units, dtype=np.float64)
+    n = x.shape[0]
+    est = float(statistic(x))
+    if n < 2:
+        return Interval(est, -np.inf, np.inf, n, level)
+    loo = np.array([statistic(np.delete(x, i, axis=0)) for i in range(n)], dtype=np.float64)
+    if not np.all(np.isfinite(loo)):
+        return Interval(est, -np.inf, np.inf, n, level)
+    se = float(np.sqrt((n - 1) / n * ((loo - loo.mean()) ** 2).sum()))
+    half = float(stats.t.ppf((1 + level) / 2, n - 1) * se)
+    return Interval(est, est - half, est + half, n, level)
+
+
 def holm(pvalues) -> list[float]:
     """Holm's step-down adjusted p-values (same order as ``pvalues``): ``theory.stats.holm`` (imported
     on call, so the ledger loads without scipy); a p-value outside [0, 1] or NaN is a ``ValueError``."""
@@ -251,6 +278,107 @@ def mcnemar_mdd(discordance: float, n: int, *, alpha: float = 0.05, power: float
     power = check_number(power, "power", low=0.0, high=1.0, low_open=True, high_open=True, what="in (0, 1)")
 
     return float((stats.norm.isf(alpha / 2) + stats.norm.ppf(power)) * np.sqrt(discordance / n))
+
+
+@dataclass(frozen=True)
+class NonInferiority:
+    """A non-inferiority test of a mean difference ``delta = mean(d)`` (new minus reference, per unit) at
+    margin ``m > 0``: the estimate, its two-sided ``level`` Student-t interval over ``n`` units, and two
+    one-sided p-values. ``p_noninferior`` tests H0: delta <= -m against delta > -m (small: non-inferior);
+    ``p_inferior`` tests H0: delta >= -m against delta < -m (small: worse than the margin). No superiority
+    p-value (a test against 0) belongs beside them."""
+
+    estimate: float
+    lo: float
+    hi: float
+    n: int
+    margin: float
+    p_noninferior: float
+    p_inferior: float
+    level: float = 0.95
+
+    @property
+    def interval(self) -> Interval:
+        return Interval(self.estimate, self.lo, self.hi, self.n, self.level)
+
+
+def noninferiority(d, margin: float, *, level: float = 0.95) -> NonInferiority:
+    """Non-inferiority at margin ``m`` of the per-unit differences ``d`` (n units: questions), the one-sample
+    t-test: ``T = (mean(d) + m) / (s / sqrt(n))`` with ``n - 1`` degrees of freedom, ``p_noninferior = P(T_{n-1}
+    >= T)``, ``p_inferior = P(T_{n-1} <= T)``; the interval is ``mean(d) -/+ t_{(1+level)/2, n-1} s / sqrt(n)``, so
+    its lower end lies above ``-m`` exactly when ``p_noninferior < (1 - level) / 2`` (and its upper end below ``-m``
+    when ``p_inferior`` is). ``ValueError`` for ``margin <= 0`` or fewer than 2 units; ``s = 0`` gives p-values
+    0 or 1 (never NaN)."""
+    from scipy import stats
+
+    d = np.asarray(d, dtype=np.float64).ravel()
+    if not (isinstance(margin, (int, float)) and np.isfinite(margin) and margin > 0):
+        raise ValueError(f"margin must be a positive number, got {margin!r}")
+    if d.size < 2 or not np.all(np.isfinite(d)):
+        raise ValueError(f"d must hold at least 2 finite differences, got {d.size} values")
+    n, est = d.size, float(d.mean())
+    se = float(d.std(ddof=1) / np.sqrt(n))
+    if se == 0:
+        above = est > -margin
+        return NonInferiority(est, est, est, n, float(margin), 0.0 if above else 1.0, 1.0 if above else 0.0, level)
+    t = (est + margin) / se
+    half = float(stats.t.ppf((1 + level) / 2, n - 1) * se)
+    return NonInferiority(est, est - half, est + half, n, float(margin), float(stats.t.sf(t, n - 1)),
+                          float(stats.t.cdf(t, n - 1)), level)
+
+
+def noninferiority_verdict(parts, *, scope: str = "", references=(), min_reference: float | None = None,
+                           min_points: int = MIN_POINTS) -> str:
+    """The non-inferiority rule of a claim made of several parts (rules x tasks), each a ``NonInferiority``:
+    "consistent" (or "holds" without ``scope``) if every part's interval lies above its ``-margin`` (each
+    part's ``p_noninferior < (1 - level) / 2``: an intersection-union test, no adjustment); "differs" if some
+    part's interval lies below ``-margin``; else "inconclusive"; "out of reach" with no part, a part on fewer
+    than ``min_points`` units, or a reference accuracy (``references``, one per part) not above
+    ``min_reference`` (then no loss could reach "differs": the rule could not fall ``margin`` below it)."""
+    parts = list(parts)
+    refs = list(references)
+    if not parts or (min_reference is not None and (len(refs) != len(parts) or any(r <= min_reference for r in refs))):
+        return "out of reach"
+    return all_of(interval_verdict(p.interval, above=-p.margin, scope=scope, min_points=min_points) for p in parts)
+
+
+def noninferiority_power(sd: float, n: int, margin: float, *, alpha: float = 0.025, true_difference: float = 0.0) -> float:
+    """Power of ``noninferiority`` (one-sided level ``alpha``) on ``n`` units whose differences have standard
+    deviation ``sd`` and mean ``true_difference``: ``P(T > t_{1-alpha, n-1})`` with ``T`` noncentral t, noncentrality
+    ``(true_difference + margin) sqrt(n) / sd``."""
+    from scipy import stats
+
+    if n < 2 or sd <= 0:
+        raise ValueError(f"need n >= 2 and sd > 0, got n = {n!r}, sd = {sd!r}")
+    crit = stats.t.isf(alpha, n - 1)
+    return float(stats.nct.sf(crit, n - 1, (true_difference + margin) * np.sqrt(n) / sd))
+
+
+def noninferiority_sample_size(sd: float, margin: float, *, alpha: float = 0.025, power: float = 0.8,
+                               true_difference: float = 0.0) -> int:
+    """Smallest ``n`` at which ``noninferiority_power`` reaches ``power`` (starting from the normal
+    approximation ``((z_{1-alpha} + z_power) sd / (margin + true_difference))^2``)."""
+    from scipy import stats
+
+    if margin + true_difference <= 0:
+        raise ValueError(f"margin + true_difference must be > 0, got {margin + true_difference!r}")
+    n = max(2, int(np.floor(((stats.norm.isf(alpha) + stats.norm.ppf(power)) * sd / (margin + true_difference)) ** 2)))
+    while n > 2 and noninferiority_power(sd, n - 1, margin, alpha=alpha, true_difference=true_difference) >= power:
+        n -= 1
+    while noninferiority_power(sd, n, margin, alpha=alpha, true_difference=true_difference) < power:
+        n += 1
+    return n
+
+
+def t_mdd(sd: float, n: int, *, alpha: float = 0.05, power: float = 0.8) -> float:
+    """Minimum detectable difference of a two-sided one-sample t-test at level ``alpha`` with probability
+    ``power`` on ``n`` units of standard deviation ``sd``: ``(t_{1-alpha/2, n-1} + t_{power, n-1}) sd / sqrt(n)``
+    (the usual approximation to the noncentral-t power)."""
+    from scipy import stats
+
+    if n < 2 or sd < 0:
+        raise ValueError(f"need n >= 2 and sd >= 0, got n = {n!r}, sd = {sd!r}")
+    return float((stats.t.isf(alpha / 2, n - 1) + stats.t.ppf(power, n - 1)) * sd / np.sqrt(n))
 
 
 @dataclass(frozen=True)

@@ -405,7 +405,7 @@ def far_above_delta_claim(values, *, V: int, delta: float, source: str = "verify
         "PAPER.md note (the project's own check, not the paper's text)", "derived",
         how or f"{iv.n} Dirichlet(0.3) pairs at V = {V}, Cactus Taylor delta = {delta}; percentile bootstrap over pairs",
         f"mean {iv.estimate:.3f} nats, 95% interval [{iv.lo:.3f}, {iv.hi:.3f}] (= {iv.estimate / delta:.0f} x delta)",
-        verdict, source=source)
+        verdict, source=source, scope=f"random Dirichlet(0.3) pairs, V = {V}")
 
 
 def _theorem3_remark(rng, cases, V=1000, delta=0.05, draws=10):
@@ -557,8 +557,8 @@ def _sampler_law(rng, cases):
             bad = bad or f"{rule}: p-value {res.pvalue:.3g}"
         worst_p = min(worst_p, res.pvalue)
     return Claim(
-        "sampler-law", "sampler.verify's first emitted token follows the exact law (independent reference) for every "
-        "rule", "sampler.py", "code",
+        "sampler-law", "sampler.verify's first emitted token follows the exact law (independent reference) for each "
+        f"of the {len(rules)} rules tested ({', '.join(map(repr, rules))})", "sampler.py", "code",
         f"{len(rules)} rules x {N} samples (V = {V}, k = {k}) vs reference.reference_law; chi-square at level "
         f"{SAMPLER_ALPHA:g} for the row (Bonferroni); power >= 0.999 against any law at TV >= {SAMPLER_EPS}; Cactus "
         f"rows picked from {SAMPLER_CANDIDATES} draws where recovering from (q - p)_+ (the known wrong port) moves "

@@ -4,7 +4,9 @@
 ``--rule``) against the verifier alone on the real pair (SmolLM2-135M-Instruct and the embedded draft by
 default); ``--engine transformers`` judges transformers' ``generate(assistant_model=...)`` against plain
 ``generate`` (the assistant: the verifier's first ``--assistant-layers`` layers with its final norm and head,
-made on the fly). Both sides decode ``--n`` times each prompt; ``theory.check_generation`` tests the
+made on the fly); ``--engine vllm --spec {ngram,eagle3}`` judges vLLM's ``LLM.generate`` with speculative decoding
+(n-gram lookup, or EAGLE-3 with the project's draft) against the same vLLM without it (it needs vLLM: ``make
+vllm-env``, then ``.venv-vllm/bin/cactus-theory``). Both sides decode ``--n`` times each prompt; ``theory.check_generation`` tests the
 next-token law at every position of the observed prefix tree (Holm over the family) and prints the table;
 ``--json`` writes it. Exit status 0 when no difference is found, 1 when equality in law is rejected, 2 for
 an argument error (one line, before any model loads). The engines are ``integrations.engines.ENGINES``.
@@ -25,7 +27,9 @@ __all__ = ["DESCRIPTION", "ENGINE_NAMES", "configure", "check", "run"]
 DESCRIPTION = ("Judge an engine's speculative decoding against the same engine without it, over whole decodes: "
                "per-position next-token tests along the observed prefix tree (Holm), with the detectable TV of "
                "each position. Exit status 1 when equality in law is rejected.")
-ENGINE_NAMES = ("loop", "transformers")  # integrations.engines.ENGINES (torch-free here; a test pins the copy)
+ENGINE_NAMES = ("loop", "transformers", "vllm")  # integrations.engines.ENGINES (torch-free here; a test pins the copy)
+VLLM_SPECS = ("ngram", "eagle3")  # integrations.engines.VLLM_SPECS (pinned by the same test)
+VLLM_PLUGIN_MODES = ("none", "fixes")  # integrations.engines.VLLM_PLUGIN_MODES
 TREE_DEPTH, TREE_TOPK = BUDGET_DEPTH, BUDGET_TOPK  # core.tree_shapes's (torch-free)
 
 
@@ -45,7 +49,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("--engine", choices=ENGINE_NAMES, default="loop",
                         help="loop: our speculative loop vs the verifier alone; transformers: generate(assistant_model=...) "
-                             "vs plain generate")
+                             "vs plain generate; vllm: vLLM with --spec speculation vs without (needs vLLM)")
     g = parser.add_argument_group("prompts")
     g.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable; default: the project's "
                                                                   "three built-in prompts, one per style)")
@@ -60,16 +64,26 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         "--tree-depth levels, --tree-topk per node")
     g.add_argument("--tree-depth", type=positive_int, default=None, metavar="D", help=f"(default {TREE_DEPTH})")
     g.add_argument("--tree-topk", type=positive_int, default=None, metavar="K", help=f"(default {TREE_TOPK})")
-    g.add_argument("--batch-size", type=positive_int, default=32, help="decodes run together")
+    g.add_argument("--batch-size", type=positive_int, default=32, help="decodes run together (vllm: max_num_seqs)")
+    g.add_argument("--spec", choices=VLLM_SPECS, default=None,
+                   help="--engine vllm: vLLM's speculation, n-gram lookup or EAGLE-3 with --draft (required there)")
+    g.add_argument("--draft-sampling", choices=("greedy", "probabilistic"), default=None,
+                   help="--engine vllm --spec eagle3: vLLM's draft_sample_method (default: vLLM's default, greedy)")
+    g.add_argument("--vllm-plugin", choices=VLLM_PLUGIN_MODES, default=None,
+                   help="--engine vllm: none: vLLM as shipped (the project's plugin not loaded); fixes: the project's "
+                        "plugin loaded without a rule (vLLM's own rejection sampling with the plugin's CPU fixes, "
+                        "docs/vllm.md) (default none)")
     add_sampling_arguments(parser)
     g = parser.add_argument_group("models")
     g.add_argument("--draft", default="embedded", help="--engine loop: 'embedded', 'smollm2', a .gguf file, a folder or "
-                                                       "a hub id")
+                                                       "a hub id; --engine vllm --spec eagle3: 'embedded', a draft file "
+                                                       "(.pt) or an EAGLE-3 folder")
     g.add_argument("--verifier", default="smollm2", help="'smollm2', a .gguf file, a folder or a hub id")
     g.add_argument("--assistant-layers", type=positive_int, default=None,
                    help="--engine transformers: the assistant's decoder layers, the verifier's first ones (default 4)")
     g.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="weights and compute")
-    g.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
+    g.add_argument("--threads", type=positive_int, default=None,
+                   help="torch CPU threads (vllm: its CPU worker's OpenMP threads, unpinned)")
     g = parser.add_argument_group("the test")
     g.add_argument("--n", type=positive_int, default=500, help="decodes of each prompt on each side")
     g.add_argument("--positions", type=positive_int, default=None,
@@ -121,6 +135,10 @@ def check(args: argparse.Namespace) -> None:
     for flag in ("tree_depth", "tree_topk"):
         if getattr(args, flag) is not None and args.tree is None:
             raise ValueError(f"--{flag.replace('_', '-')} shapes the --tree NODES tree: give --tree NODES too")
+    if args.engine != "vllm":
+        for flag in ("spec", "draft_sampling", "vllm_plugin"):
+            if getattr(args, flag) is not None:
+                raise ValueError(f"--{flag.replace('_', '-')} applies to --engine vllm")
     if args.engine == "loop":
         check_model(args.draft, "--draft")
         if args.assistant_layers is not None:
@@ -137,10 +155,12 @@ def check(args: argparse.Namespace) -> None:
                                  f"{grown} nodes; lower --tree or raise --tree-depth / --tree-topk")
             if args.rule_obj.reads_head:
                 raise ValueError(f"--rule {args.rule}: a rule that reads the verifier's LM head is not supported on trees")
+    elif args.engine == "vllm":
+        _check_vllm(args)
     else:
         if args.draft != "embedded":
-            raise ValueError("--draft applies to --engine loop; transformers' assistant is --assistant-layers of the "
-                             "verifier")
+            raise ValueError("--draft applies to --engine loop and --engine vllm --spec eagle3; transformers' assistant "
+                             "is --assistant-layers of the verifier")
         if args.tree is not None:
             raise ValueError("--tree applies to --engine loop; transformers drafts chains")
         if args.rule != "sps":
@@ -151,6 +171,51 @@ def check(args: argparse.Namespace) -> None:
                              f"{args.temperature}")
     if args.json:
         check_writable_file(args.json, "--json")
+    if args.engine == "vllm":  # last: every other argument is checked where vLLM is missing too
+        from ..integrations.engines import vllm_problem
+
+        problem = vllm_problem()
+        if problem:
+            raise ValueError(problem)
+
+
+def _check_vllm(args: argparse.Namespace) -> None:
+    """``--engine vllm``'s own arguments (no model, no vLLM import)."""
+    import os
+
+    if args.spec is None:
+        raise ValueError("--engine vllm needs --spec ngram or --spec eagle3 (the speculation judged against none)")
+    if args.assistant_layers is not None:
+        raise ValueError("--assistant-layers builds transformers' assistant: it applies to --engine transformers only")
+    if args.tree is not None:
+        raise ValueError("--tree applies to --engine loop; vLLM drafts chains")
+    if args.rule != "sps":
+        raise ValueError(f"--engine vllm verifies with vLLM's own rejection sampling (SpS): --rule {args.rule} would be "
+                         "ignored (a rule runs inside vLLM through the project's plugin: docs/vllm.md)")
+    if args.spec == "ngram":
+        if args.draft != "embedded":
+            raise ValueError(f"--draft applies to --spec eagle3: n-gram lookup drafts from the context (got --draft "
+                             f"{args.draft!r})")
+        if args.draft_sampling is not None:
+            raise ValueError("--draft-sampling applies to --spec eagle3: n-gram drafts are not sampled")
+        return
+    if os.path.isdir(args.draft):
+        if not os.path.isfile(os.path.join(args.draft, "config.json")):
+            raise ValueError(f"--draft {args.draft!r}: an EAGLE-3 folder needs a config.json")
+        return
+    if args.verifier != "smollm2":
+        raise ValueError(f"--draft {args.draft!r}: the project's drafts are exported for the embedded SmolLM2 only; for "
+                         f"--verifier {args.verifier!r} give an EAGLE-3 folder")
+    if args.draft == "embedded":
+        from ..lm.draft import MissingDraftError
+        from ..lm.pair import embedded_draft_path
+
+        path = embedded_draft_path()
+        if not os.path.isfile(path):
+            raise MissingDraftError.not_built(path)
+    elif not (args.draft.endswith(".pt") and os.path.isfile(args.draft)):
+        raise ValueError(f"--draft {args.draft!r}: --spec eagle3 takes 'embedded', an existing draft file (.pt) or an "
+                         "EAGLE-3 folder")
 
 
 def options(args: argparse.Namespace):
@@ -164,7 +229,8 @@ def options(args: argparse.Namespace):
         tree = BudgetTree(args.tree, args.tree_depth or TREE_DEPTH, args.tree_topk or TREE_TOPK)
     return EngineOptions(rule=args.rule_obj, k=args.num_drafts, tree=tree, max_new_tokens=args.max_new_tokens,
                          temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, batch_size=args.batch_size,
-                         chat=not args.no_chat, assistant_layers=args.assistant_layers or 4)
+                         chat=not args.no_chat, assistant_layers=args.assistant_layers or 4, spec=args.spec,
+                         draft_sampling=args.draft_sampling or "greedy", vllm_plugin=args.vllm_plugin or "none")
 
 
 def _load(args):
@@ -172,6 +238,8 @@ def _load(args):
 
     from ..lm.pair import load_model, load_pair
 
+    if args.engine == "vllm":  # vLLM loads the models in its own processes
+        return {"verifier": args.verifier, "draft": args.draft, "dtype": args.dtype, "threads": args.threads}
     dtype = getattr(torch, args.dtype)
     try:
         if args.engine == "loop":
@@ -198,18 +266,26 @@ def run(args: argparse.Namespace, models: dict | None = None) -> int:
         torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     if models is None:
-        print(f"loading {args.verifier!r} ...", file=sys.stderr, flush=True)
+        if args.engine != "vllm":
+            print(f"loading {args.verifier!r} ...", file=sys.stderr, flush=True)
         with quiet_transformers(args.verbose):
             models = _load(args)
-        print(f"loaded in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+        if args.engine != "vllm":
+            print(f"loaded in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
     opts = options(args)
     with quiet_transformers(args.verbose):
         eng = ENGINES[args.engine](opts, **models)
         for note in eng.notes:
             print(f"[{args.engine}] {note}", file=sys.stderr, flush=True)
-        res = check_generation(eng.generate_a, eng.generate_b, args.prompts, n=args.n, positions=args.positions,
-                               alpha=args.alpha, power=args.power, seed=args.seed, min_count=args.min_count,
-                               names=(eng.label_a, eng.label_b))
+        t1 = time.perf_counter()
+        try:
+            res = check_generation(eng.generate_a, eng.generate_b, args.prompts, n=args.n, positions=args.positions,
+                                   alpha=args.alpha, power=args.power, seed=args.seed, min_count=args.min_count,
+                                   names=(eng.label_a, eng.label_b))
+        finally:
+            if eng.close is not None:
+                eng.close()
+    seconds = time.perf_counter() - t1
     print(res.table())
     for note in eng.notes:
         print(f"note: {note}")
@@ -217,6 +293,7 @@ def run(args: argparse.Namespace, models: dict | None = None) -> int:
         config = {k: v for k, v in vars(args).items() if k not in ("rule_obj",) and not callable(v)}
         config["rule"] = repr(args.rule_obj)
         out = res.as_dict()
-        out = {"engine": args.engine, "config": config} | out | {"notes": list(eng.notes) + out["notes"]}
+        out = ({"engine": args.engine, "config": config, "labels": [eng.label_a, eng.label_b],
+                "decode_seconds": round(seconds, 1)} | out | {"notes": list(eng.notes) + out["notes"]})
         atomic_write_json(args.json, out)
     return 1 if res.reject else 0

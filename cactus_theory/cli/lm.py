@@ -195,8 +195,12 @@ def _check_tree_rule(args: argparse.Namespace) -> None:
         raise ValueError(f"--tree-scheme must be one of {', '.join(TREE_SCHEMES)}, got {args.tree_scheme!r}")
     if args.tree_mode not in TREE_MODES:
         raise ValueError(f"--tree-mode must be one of {', '.join(TREE_MODES)}, got {args.tree_mode!r}")
-    if args.tree_mode == "joint" and not isinstance(args.rule_obj, ScalingRule):
-        raise ValueError(f"--tree-mode joint needs a two-block rule (sps, cactus), got --rule {args.rule}")
+    two_block = isinstance(args.rule_obj, ScalingRule) or getattr(args.rule_obj, "two_block_steps", False)
+    if args.tree_mode == "joint" and not two_block:
+        raise ValueError(f"--tree-mode joint needs a two-block rule (sps, cactus, sequence_budget), got --rule {args.rule}")
+    if args.rule_obj.stateful and args.tree_scheme == "eagle":
+        raise ValueError(f"--rule {args.rule} with --tree-scheme eagle: eagle is not lossless at delta = 0, so no budget "
+                         "can be kept with it; use deterministic")
     if args.rule_obj.reads_head:
         raise ValueError(f"--rule {args.rule}: a rule that reads the verifier's LM head is not supported on trees")
 
@@ -233,21 +237,26 @@ def _decode(fn, batches: list[list[str]], label: str, seed: int, **kw):
     there is more than one batch; returns (texts, merged stats)."""
     from tqdm.auto import tqdm
 
-    texts, stats = [], []
+    texts, stats, kls = [], [], []
     total = sum(len(b) for b in batches)
     with tqdm(total=total, desc=label, unit="prompt", disable=len(batches) < 2, leave=False, file=sys.stderr) as bar:
         for i, b in enumerate(batches):
             res = fn(prompts=b, seed=seed + i, **kw)
             texts += res.texts or [None] * len(b)
             stats.append(res.stats)
+            kls += [c.kl_sum for c in res.per_sequence]
             bar.update(len(b))
-    return texts, _merge(stats)
+    return texts, _merge(stats), kls
 
 
-def _stats_lines(label: str, s) -> list[str]:
+def _stats_lines(label: str, s, rule=None, kls=()) -> list[str]:
     lines = [f"[{label}] {s.sequences} sequences, {s.new_tokens} new tokens, {s.tokens_per_s:.2f} tokens/s "
              f"(decode time), {s.verifier_calls} verifier forwards"]
-    if s.method == "tree":
+    if rule is not None and rule.stateful and kls:  # SequenceBudget: the certificate's realised sums
+        lines.append(f"[{label}] sequence budget {rule.budget:g} nats per answer: realised KL per answer (sum of the "
+                     f"exact step KLs charged) max {max(kls):.4f}, mean {sum(kls) / len(kls):.4f}; certificate: "
+                     f"KL(answer's law || verifier's) <= {rule.budget:g} for every prompt")
+    if s.method == "tree" and not (rule is not None and rule.stateful):
         lines.append(f"[{label}] AL {s.al:.3f} tokens per verifier call (bonus included), accepted per step "
                      f"{s.accepted_per_step:.3f} of a {s.k}-node tree (step KL not computed for trees)")
     if s.method == "speculative":
@@ -306,17 +315,19 @@ def run(args: argparse.Namespace) -> int:
         results = {name: _decode(fn, batches, name, args.seed, max_new_tokens=args.max_new_tokens,
                                  batch_size=bs, **kw) for name, fn, kw in runs}
 
-    spec_texts, spec = results["speculative"]
-    base_texts, base = results.get("verifier alone", (None, None))
+    spec_texts, spec, spec_kls = results["speculative"]
+    base_texts, base, _ = results.get("verifier alone", (None, None, None))
     for i, prompt in enumerate(prompts):
         print(f"--- [{i}] {prompt[:60]!r}")
         print(f"speculative ({label(rule)}, k={k}):\n{spec_texts[i]}\n")  # k: drafts, or the tree
         if base_texts is not None:
             print(f"verifier alone:\n{base_texts[i]}\n")
-    for line in _stats_lines(f"{label(rule)}, k={k}", spec):
+    for line in _stats_lines(f"{label(rule)}, k={k}", spec, rule, spec_kls):
         print(line)
     out = {"pair": pair.name, "rule": repr(rule), "k": k, "sampling": sampling, "speculative": spec.as_dict(),
            "texts": spec_texts}
+    if rule.stateful:
+        out["kl_per_answer"] = spec_kls
     if base is not None:
         for line in _stats_lines("verifier alone", base):
             print(line)

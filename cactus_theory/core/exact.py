@@ -21,9 +21,10 @@ from .rules import Rule, ScalingRule, check_rule
 from .validate import check_pqn, check_probs
 
 __all__ = ["induced_distribution", "acceptance_rate", "induced_generic", "induced_scaling", "step_divergence",
-           "bonus_distribution"]
+           "bonus_distribution", "induced_rows", "ROWS_MAX_V"]
 
 CHUNK_ELEMENTS = 1 << 22  # residual rows held at once by the generic path: ~32 MiB of float64
+ROWS_MAX_V = 512  # induced_rows holds every recovery row of every row: (..., V, V)
 
 
 def _as_f64(p, q, check: bool = True):
@@ -86,6 +87,27 @@ def induced_generic(rule: Rule, p, q, *, check: bool = True, chunk_elements: int
             g = rule.residual(P, Q, n, check=False)
             out[r] += w[r, n] @ g
     return out.reshape(*batch, V)
+
+
+def induced_rows(rule: Rule, p, q, *, check: bool = True) -> np.ndarray:
+    """``h_alg`` of many small rows at once (float64): the same mixture as ``induced_generic``,
+    ``sum_n p_n [phi_n e_n + (1 - phi_n) g_n]``, with every candidate's recovery row ``g_n`` built in one
+    call of the rule's own ``residual`` on (..., V, V) arrays (memory O(V^2) per row, so ``V <=
+    ROWS_MAX_V``). For rows cut to their support (at most ``2 top_k`` tokens under the paper's sampling)
+    and for a rule whose parameters differ per row (``budget.CactusRows``: one ``delta`` per row)."""
+    check_rule(rule)
+    p, q = _as_f64(p, q, check)
+    V = p.shape[-1]
+    if V > ROWS_MAX_V:
+        raise ValueError(f"induced_rows holds V x V recovery rows per row: V must be <= {ROWS_MAX_V}, got {V} "
+                         "(use induced_distribution)")
+    phi = rule.accept_prob_all(p, q)
+    w = p * (1 - phi)  # weight of each candidate's recovery row
+    shape = p.shape[:-1] + (V, V)
+    n = np.broadcast_to(np.arange(V), p.shape)
+    g = rule.residual(np.broadcast_to(p[..., None, :], shape), np.broadcast_to(q[..., None, :], shape), n, check=False)
+    g = np.where((w > 0)[..., None], g, 0.0)  # a row of weight 0 carries nothing (and may be 0/0)
+    return p * phi + np.einsum("...n,...nv->...v", w, g)
 
 
 def _induced_scaling_row(rule: ScalingRule, p: np.ndarray, q: np.ndarray) -> np.ndarray:

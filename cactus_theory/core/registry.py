@@ -19,11 +19,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
+from . import budget as BG
 from . import divergences as D
 from . import rules as R
 from .sampling import SAMPLING as _SAMPLING
 
-__all__ = ["Param", "RuleSpec", "DivergenceSpec", "RULES", "DIVERGENCES", "VERIFICATION", "spec", "make", "make_rule",
+__all__ = ["Param", "RuleSpec", "flag", "DivergenceSpec", "RULES", "DIVERGENCES", "VERIFICATION", "spec", "make", "make_rule",
            "label", "colour", "marker", "sweep", "verification", "add_rule_arguments", "rule_from_args", "rule_classes", "SAMPLING",
            "add_sampling_arguments"]
 
@@ -97,9 +98,27 @@ class RuleSpec:
         return bool(self.cls.reads_head)
 
     @property
+    def stateful(self) -> bool:
+        """The rule keeps a state per sequence (SequenceBudget): no one-step law, so the one-step analyses
+        (exact laws, trade-off figures, law tests) leave it out and only the decode loops run it."""
+        return bool(self.cls.stateful)
+
+    @property
     def sweep_label(self) -> str:
         """``Cactus (delta)``: the family and its swept parameter."""
         return f"{self.label} ({self.sweep[0]})" if self.sweep[0] else self.label
+
+
+def flag(value) -> bool:
+    """A yes / no rule option (``Eta``'s ``soft``): ``1`` / ``0``, ``true`` / ``false`` (any case) or a bool, read as
+    the bool the rule keeps; the type of its ``Param`` (the command line, the vLLM spec string ``soft=True``).
+    Anything else raises ``ValueError``."""
+    text = str(value).strip().lower()  # numpy's bools write True / False too
+    if text in ("1", "true"):
+        return True
+    if text in ("0", "false"):
+        return False
+    raise ValueError(f"a yes / no option is 1 / 0 or true / false, got {value!r}")
 
 
 def _fmt(v) -> str:
@@ -237,8 +256,8 @@ RULES: dict[str, RuleSpec] = {s.key: s for s in (
     RuleSpec("eta", R.Eta, "eta (Fast-HSD)", "sienna", "2",
              (Param("epsilon", "--eta-epsilon", float, "eta rule: tau = min(epsilon, delta exp(-H(q)))"),
               Param("delta", "--eta-delta", float, "eta rule: the entropy term's weight delta"),
-              Param("soft", "--eta-soft", int, "eta rule: 1 accepts with min(1, q_n / tau) (Fast-HSD's EAGLE path), "
-                    "0 iff q_n >= tau", choices=(0, 1))),
+              Param("soft", "--eta-soft", flag, "eta rule: 1 / true accepts with min(1, q_n / tau) (Fast-HSD's EAGLE "
+                    "path), 0 / false iff q_n >= tau", choices=(False, True))),
              ("epsilon", (0.05, 0.1, 0.15, 0.2, 0.25)), verification="truncation",
              why="q_n must clear the eta-sampling threshold of q; p is never read",
              summary="eta truncation: accept iff q_n >= min(epsilon, delta exp(-H(q))) (soft: with min(1, q_n / tau)); "
@@ -261,6 +280,22 @@ RULES: dict[str, RuleSpec] = {s.key: s for s in (
              why="SpS's ratio test (base 'sps'), plus a match against dropout paths of the verifier's head; with "
                  "base 'match' it reads q only",
              summary="accept if SpS accepts or n matches one of M Monte Carlo dropout paths of the verifier's LM head"),
+    # rules beyond the published ones
+    RuleSpec("sequence_budget", BG.SequenceBudget, "sequence budget", "darkred", "8",
+             (Param("budget", "--budget", float, "sequence budget: KL(answer's law || verifier's) <= budget nats"),
+              Param("base", "--budget-base", str, "sequence budget: the per-position rule whose delta it sets",
+                    choices=BG.BUDGET_BASES),
+              Param("allocation", "--budget-allocation", str,
+                    "sequence budget: spend_down (delta_max while it lasts), even (budget left / tokens left per "
+                    "position) or lagrangian (max acceptance - lambda KL)", choices=BG.ALLOCATIONS),
+              Param("delta_max", "--budget-delta-max", float, "sequence budget: the largest Cactus delta per position"),
+              Param("horizon", "--budget-horizon", int,
+                    "sequence budget: tokens the spreading allocations spread it over (0: --max-new-tokens)")),
+             ("budget", (0.5, 1.0, 2.0, 4.0)), verification="collaborative",
+             why="Cactus's ratio test at a delta chosen per position from the exact step KL, within one budget for "
+                 "the whole answer",
+             summary="a certificate for the whole answer: KL(sequence law || verifier's) <= budget, Cactus's delta "
+                     "per position chosen before sampling from the exact step KL and the budget left"),
 )}
 
 

@@ -54,7 +54,7 @@ __all__ = [
     "two_block_divergence", "two_block_root", "taylor_gamma",
     "SGLangThreshold", "RelaxedAcceptance", "MedusaTypical", "FLy", "DropMatch", "DropMatchAt", "descending_rank",
     "EntropyVerify", "Lenience", "MinP", "Eta", "FSD", "FSD_DIVERGENCES", "fsd_divergence",
-    "check_rule",
+    "check_rule", "refuse_stateful",
 ]
 
 
@@ -203,6 +203,11 @@ class Rule:
         ``reads_head``       judging a step needs the verifier's final hidden states and LM head at the
                              drafted positions (DropMatch), not only ``(p, q)``: the decode loop then
                              exposes them in the step it passes to ``bind``.
+        ``stateful``         the rule keeps a state per sequence (``SequenceBudget``: the budget left):
+                             it has no one-step law of its own, and judges drafts only where a state can
+                             be carried (``sampler.verify`` / ``tree.verify_tree`` with ``state=``, the
+                             decode loops, ``toy.sequence_law``); every entry point that cannot carry one
+                             (the exact one-step laws, ``verify_flat``, the integrations) refuses it.
     A subclass overriding a method that a property vouches for, without declaring the property again
     in its own class body, gets the safe value (row statistics computed; generic exact path).
 
@@ -219,6 +224,7 @@ class Rule:
     reads_draft_row: ClassVar[bool] = False
     _QUIET: ClassVar[tuple] = ()  # options ``repr`` shows only away from their defaults (``_quiet_repr``)
     _AUTHORS_RECOVERY: ClassVar[str] = ""  # the recovery of convention "authors": "floor", "token0", "" (ours)
+    stateful: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -338,11 +344,22 @@ class Rule:
         return q
 
 
-def check_rule(rule, name: str = "rule") -> None:
-    """Raise ``ValueError`` unless ``rule`` is a ``cactus_theory`` rule object (not a rule's name)."""
+def check_rule(rule, name: str = "rule", *, stateful: bool = False) -> None:
+    """Raise ``ValueError`` unless ``rule`` is a ``cactus_theory`` rule object (not a rule's name); a rule
+    that declares ``stateful`` is refused unless the caller carries its state (``stateful=True``)."""
     if not isinstance(rule, Rule):
         hint = f" (build one with cactus_theory.make_rule({rule!r}, ...))" if isinstance(rule, str) else ""
         raise ValueError(f"{name} must be a cactus_theory Rule such as SpS() or Cactus(0.5), got {rule!r}{hint}")
+    if rule.stateful and not stateful:
+        refuse_stateful(rule, name)
+
+
+def refuse_stateful(rule, name: str = "rule", where: str = "this entry point") -> None:
+    """The ``ValueError`` of an entry point that cannot carry a stateful rule's per-sequence state."""
+    raise ValueError(
+        f"{name} {rule!r} is stateful per sequence (rule.stateful): its law is a whole decode's, not one step's, "
+        f"and {where} cannot carry its state; use sampler.verify / tree.verify_tree with state=rule.start(B), "
+        "the decode loops (lm.speculative_generate, lm.tree_generate) or toy.sequence_law")
 
 
 @dataclass(frozen=True)
@@ -1425,9 +1442,12 @@ class FSD(Rule):
         _check_choice(self.divergence, "divergence", FSD_DIVERGENCES)
 
     def gate(self, p: Array, q: Array) -> Array:
-        """``1[D(p, q) <= threshold]`` per row, in ``q``'s dtype: (..., V) x2 -> (...)."""
+        """``1[D(p, q) <= threshold]`` per row, in ``q``'s dtype: (..., V) x2 -> (...). ``D`` is computed in float64
+        whatever the rows' dtype: in float32 its cancellations (``m log m - m log p``) leave errors near 1e-7, which
+        decide rows within that of the threshold (``threshold = 0``: two rows a few ulps apart) either way."""
         xp = xp_of(p, q)
-        return xp.astype(fsd_divergence(p, q, self.divergence) <= self.threshold, q.dtype)
+        d = fsd_divergence(xp.astype(p, xp.float64), xp.astype(q, xp.float64), self.divergence)
+        return xp.astype(d <= self.threshold, q.dtype)
 
     def _unpaired(self):
         raise ValueError(f"{self!r} reads the draft's whole row p (reads_draft_row): use pair_stats_at(p, q, n)")

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from .draws import RowGenerators, check_generator, uniforms
-from .rules import Rule
+from .rules import Rule, refuse_stateful
 from .validate import check_int, check_probs, check_token
 
 __all__ = ["verify", "verify_flat", "sample_rows", "draw", "check_common", "PLACEHOLDER_TOKEN_ID", "RowGenerators"]
@@ -29,15 +29,18 @@ __all__ = ["verify", "verify_flat", "sample_rows", "draw", "check_common", "PLAC
 PLACEHOLDER_TOKEN_ID = -1  # vLLM V1's filler after the last emitted token of a request
 
 
-def check_common(rule, **tensors: torch.Tensor | None) -> None:
-    """Checks shared by the verification entry points: ``rule`` is a Rule and every named argument
-    is a ``torch.Tensor`` (``None`` where the entry point allows it), all on one device.
+def check_common(rule, stateful: bool = False, **tensors: torch.Tensor | None) -> None:
+    """Checks shared by the verification entry points: ``rule`` is a Rule (a ``stateful`` one only where
+    the entry point carries its state) and every named argument is a ``torch.Tensor`` (``None`` where the
+    entry point allows it), all on one device.
 
     Shapes, token ranges (``validate.check_token``) and probability rows (``validate.check_probs``:
     two reductions, no copy) are checked by each entry point for its own layout.
     """
     if not isinstance(rule, Rule):
         raise ValueError(f"rule must be a cactus_theory Rule (SpS(), Cactus(...), ...), got {rule!r}")
+    if rule.stateful and not stateful:
+        refuse_stateful(rule, where="this entry point (vLLM's flat layout has no per-request state)")
     for name, t in tensors.items():
         if t is not None and not isinstance(t, torch.Tensor):
             raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -48,7 +51,7 @@ def check_common(rule, **tensors: torch.Tensor | None) -> None:
 
 
 def _validate(draft_tokens, draft_probs, verifier_probs, rule, generator) -> None:
-    check_common(rule, draft_tokens=draft_tokens, draft_probs=draft_probs, verifier_probs=verifier_probs)
+    check_common(rule, True, draft_tokens=draft_tokens, draft_probs=draft_probs, verifier_probs=verifier_probs)
     if draft_tokens.ndim != 2:
         raise ValueError(f"draft_tokens must have shape (B, k), got {tuple(draft_tokens.shape)}")
     B, k = draft_tokens.shape
@@ -131,6 +134,7 @@ def verify(
     rule: Rule,
     generator: torch.Generator | None = None,
     check: bool = True,
+    state=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Verify ``k`` drafted tokens per sequence with ``rule``; return emitted tokens and counts.
 
@@ -147,6 +151,11 @@ def verify(
             ``validate.prob_atol``: 1e-4 float32, 1e-2 float16/bfloat16, 1e-6 float64). It costs
             two reductions over each probability tensor (no copy), a fraction of the call
             (``benchmarks/bench_sampler.py`` prints it); ``False`` skips it for trusted callers.
+        state: the per-sequence state of a rule that declares ``stateful`` (``SequenceBudget``: from
+            ``rule.start(B, max_tokens)``), one entry per row, updated in place: before any draw the
+            rule plans each position (``rule.plan``: Cactus's ``delta`` at position ``j`` from the budget
+            left after charging positions ``1..j-1``), then each row is charged the costs of the positions
+            it judged (its accepted drafts and the first rejected one). ``None`` for every other rule.
 
     Returns:
         tokens: ``[B, k + 1]`` int64. The ``a_b`` accepted drafts, then one recovered (or bonus)
@@ -166,15 +175,22 @@ def verify(
     dt = _compute_dtype(draft_probs, verifier_probs)
     n = draft_tokens.long()
     p_all, q_all = draft_probs, verifier_probs  # converted below only where read
+    plan = None
+    if rule.stateful:  # every position's rule is decided now, before any draw
+        state = rule.check_state(state, B)
+        plan = rule.plan(state, p_all, q_all)
+    elif state is not None:
+        raise ValueError(f"state is read only by a stateful rule (rule.stateful); {rule!r} has none: pass state=None")
+    judge = rule if plan is None else plan.rows(*np.indices((B, k)))  # one delta per (row, position)
 
     # acceptance: one probability per position (+ the rule's row stats of q, if any)
     p_n = p_all.gather(-1, n.unsqueeze(-1)).squeeze(-1).to(dt)  # [B, k]
     q_n = q_all[:, :k].gather(-1, n.unsqueeze(-1)).squeeze(-1).to(dt)  # [B, k]
-    if rule.reads_draft_row:  # a statistic of the pair of rows (FSD's divergence)
-        stats = rule.pair_stats_at(p_all.to(dt), q_all[:, :k].to(dt), n)
+    if judge.reads_draft_row:  # a statistic of the pair of rows (FSD's divergence)
+        stats = judge.pair_stats_at(p_all.to(dt), q_all[:, :k].to(dt), n)
     else:
-        stats = rule.stats_at(q_all[:, :k].to(dt), n) if rule.needs_row_stats else ()  # SpS / Cactus: none
-    phi = rule.accept_from(p_n, q_n, *stats)  # [B, k]
+        stats = judge.stats_at(q_all[:, :k].to(dt), n) if judge.needs_row_stats else ()  # SpS / Cactus: none
+    phi = judge.accept_from(p_n, q_n, *stats)  # [B, k]
 
     u = uniforms(generator, B, k + 1, draft_probs.device)  # [B, k + 1] float64
     accepted = u[:, :k] < phi.double()  # [B, k]
@@ -184,7 +200,8 @@ def verify(
     rows = torch.arange(B, device=n.device)
     j = num_accepted.clamp_max(k - 1)
     p_r, q_r, n_r = p_all[rows, j].to(dt), q_all[rows, j].to(dt), n[rows, j]  # [B, V], [B, V], [B]
-    g = rule.residual(p_r, q_r, n_r, check=False)  # [B, V]
+    at = rule if plan is None else plan.rows(rows, j)  # the rule of each row's last judged position
+    g = at.residual(p_r, q_r, n_r, check=False)  # [B, V]
     full = (num_accepted == k).unsqueeze(-1)
     q_bonus = q_all[:, k].to(dt)
     bonus = q_bonus if rule.bonus_from_q else rule.bonus(q_bonus)  # the rule's bonus law (default q)
@@ -196,6 +213,9 @@ def verify(
     n_pad = torch.cat([n, n.new_full((B, 1), -1)], dim=1)
     tokens = torch.where(pos < num_accepted.unsqueeze(-1), n_pad, torch.full_like(n_pad, -1))
     tokens.scatter_(1, num_accepted.unsqueeze(-1), last.unsqueeze(-1))
+    if plan is not None:  # charge the judged positions: the accepted drafts and the first rejected one
+        a = num_accepted.cpu().numpy()
+        state.charge(plan, np.arange(k)[None, :] < np.minimum(a + 1, k)[:, None], a + 1)
     return tokens, num_accepted
 
 
@@ -295,6 +315,8 @@ def verify_flat(
     Not differentiable, as ``verify``: probabilities that require grad are read detached.
     """
     draft_probs, target_probs = _detached(draft_probs), _detached(target_probs)
+    if isinstance(rule, Rule) and rule.stateful:  # even unchecked: the flat layout carries no per-request state
+        refuse_stateful(rule, where="verify_flat (vLLM's flat layout has no per-request state)")
     if check:
         _validate_flat(draft_token_ids, cu_num_draft_tokens, draft_probs, target_probs, bonus_token_ids, rule,
                        generator, max_spec_len)

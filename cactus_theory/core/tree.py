@@ -29,13 +29,14 @@ from .tree_shapes import (
     BudgetTree,
     DynamicTree,
 )
-from .validate import check_int, check_positive_int, check_probs
+from .validate import check_int, check_positive_int, check_probs, check_same_shape, check_token
 
 __all__ = ["SCHEMES", "MODES", "RuleSpec", "set_target", "chain_parents", "branching_parents", "children_lists",
            "top_candidates", "TreeVerifyResult", "verify_tree", "check_scheme", "check_rules", "check_mode",
            "round_rule", "check_parents", "drop_token", "without", "DynamicTree", "BudgetTree", "RERANK_SCHEMES", "BUDGET_DEPTH",
            "BUDGET_TOPK",
-           "check_tree_scheme", "rerank"]
+           "check_tree_scheme", "rerank", "node_parts", "tree_step_law",
+           "node_law_rows"]
 
 RuleSpec = Rule | Sequence[Rule]
 
@@ -48,10 +49,14 @@ def check_scheme(scheme: str) -> None:
 
 
 def check_rules(rule: RuleSpec) -> tuple[Rule, ...]:
-    """A Rule or a non-empty sequence of Rules (one per round) -> tuple of Rules."""
+    """A Rule or a non-empty sequence of Rules (one per round) -> tuple of Rules; a stateful rule
+    (``SequenceBudget``) decides every round of a node itself, so it comes alone."""
     if isinstance(rule, Rule):
         return (rule,)
     if isinstance(rule, (list, tuple)) and rule and all(isinstance(r, Rule) for r in rule):
+        if len(rule) > 1 and any(r.stateful for r in rule):
+            raise ValueError(f"rule: a stateful rule (SequenceBudget) sets every round of a node itself; pass it "
+                             f"alone, not in a sequence of per-round rules, got {rule!r}")
         return tuple(rule)
     raise ValueError(f"rule must be a cactus_theory Rule or a non-empty sequence of Rules (one per round), "
                      f"got {rule!r}")
@@ -64,7 +69,8 @@ def round_rule(rules: tuple[Rule, ...], i: int) -> Rule:
 def check_mode(mode: str, rules: tuple[Rule, ...]) -> None:
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    if mode == "joint" and not (len(rules) == 1 and isinstance(rules[0], ScalingRule)):
+    two_block = len(rules) == 1 and (isinstance(rules[0], ScalingRule) or getattr(rules[0], "two_block_steps", False))
+    if mode == "joint" and not two_block:
         raise ValueError(f"rule: mode='joint' needs one two-block rule (SpS, Cactus: a gamma(q_n)), got {rules!r}")
 
 
@@ -247,6 +253,193 @@ def without(p, removed):
 
 
 
+# -- one node: exact law ------------------------------------------------------------------------
+
+def node_parts(rule: RuleSpec, p, q, num_children: int, scheme: str = "iid",
+               candidates=None, mode: str = "rounds") -> tuple[np.ndarray, np.ndarray]:
+    """One node's verification split by outcome, exactly (float64): ``acc`` (K, V) and ``rej`` (V,).
+
+    ``acc[i, x]`` = P(round ``i`` accepts and its candidate is ``x``), ``rej[y]`` = P(all ``K``
+    candidates rejected and ``y`` emitted); together they sum to 1. With ``L(r, i)`` the law emitted
+    from round ``i`` on, given target ``r``:
+
+        L(r, K) = r,   L(r, i) = sum_x P_i(x) [phi_i(x) e_x + (1 - phi_i(x)) L(g_i(x), i + 1)]
+
+    where ``P_i`` is the law of candidate ``i`` given the earlier ones (``p``; ``p`` without the earlier
+    candidates, renormalised; or a point mass at the deterministic ``candidates[i]``), ``phi_i`` and
+    ``g_i`` are the round's rule on the round's draft law ``p_i`` (see the module docstring; ``"eagle"``
+    recovers by zeroing ``x``). Expanded breadth-first: ``V^K`` states for random candidates.
+
+    ``candidates`` (K,) int: the deterministic schemes' tokens, default ``top_candidates(p, K)``.
+
+    ``mode="joint"``: the node first sets ``r_0 = set_target(rule, q, S)`` with ``S`` the set of its
+    candidate tokens, then runs SpS rounds (the scheme's draft laws; EAGLE's recovery for ``"eagle"``)
+    towards ``r_0``. As ``r_0`` depends on all candidates, the law is summed over whole candidate
+    tuples (``V^K`` for random candidates; without replacement a tuple ends when ``p``'s support is
+    exhausted): ``L = sum_t P(t) L_SpS(r_0(S(t)) | t)``.
+    """
+    rules = check_rules(rule)
+    check_scheme(scheme)
+    check_mode(mode, rules)
+    p = np.asarray(p, dtype=np.float64)
+    q = np.asarray(q, dtype=np.float64)
+    check_probs(p, "p")
+    check_probs(q, "q")
+    check_same_shape(p, q, "p", "q")
+    if p.ndim != 1:
+        raise ValueError(f"p must be one distribution (shape (V,)), got shape {p.shape}")
+    if isinstance(num_children, (bool, np.bool_)) or not (isinstance(num_children, (int, np.integer))
+                                                         and num_children >= 0):
+        raise ValueError(f"num_children must be an integer >= 0, got {num_children!r}")
+    V, K = p.size, int(num_children)
+    det = scheme in ("deterministic", "eagle")
+    if det:
+        if candidates is None:
+            cands = top_candidates(p, K)
+        else:
+            cands = np.asarray(candidates)
+            if not np.issubdtype(cands.dtype, np.integer):
+                raise ValueError(f"candidates must hold integer token ids, got dtype {cands.dtype}")
+            check_token(cands, V, (K,), "candidates")
+    elif candidates is not None:
+        raise ValueError(f"candidates are only read by the deterministic schemes, not by scheme={scheme!r}")
+    if mode == "joint":
+        return _joint_parts(rules[0], p, q, K, scheme, cands if det else None)
+    acc = np.zeros((K, V))
+    W = np.ones(1)  # weights of the live states
+    R = q[None].copy()  # their targets r
+    Rm = np.zeros((1, V), dtype=bool)  # their removed candidates (without replacement)
+    for i in range(K):
+        rl = round_rule(rules, i)
+        M = W.size
+        if det:
+            mi = np.arange(M)
+            x = np.full(M, int(cands[i]))
+            w = W.copy()
+            Pi = np.broadcast_to(np.arange(V) == cands[i], (M, V)).astype(np.float64) if scheme == "deterministic" \
+                else np.broadcast_to(p, (M, V))
+            idle = np.zeros(M, dtype=bool)
+        else:
+            Pi = np.broadcast_to(p, (M, V)) if scheme == "iid" else without(np.broadcast_to(p, (M, V)), Rm)
+            mi, x = np.nonzero(Pi > 0)
+            w = W[mi] * Pi[mi, x]
+            idle = Pi.sum(-1) <= 0  # nothing left to draw: the round does not happen
+        Pp, Rr = np.ascontiguousarray(Pi[mi]), R[mi]
+        phi = rl.accept_prob(Pp, Rr, x, check=False) if mi.size else np.zeros(0)
+        np.add.at(acc[i], x, w * phi)
+        if mi.size:
+            G = drop_token(Rr, x) if scheme == "eagle" else rl.residual(Pp, Rr, x, check=False)
+            skip = Pp[np.arange(mi.size), x] <= 0  # impossible candidate: r unchanged
+            G = np.where(skip[:, None], Rr, G)
+        else:
+            G = np.zeros((0, V))
+        Rm_new = Rm[mi].copy()
+        Rm_new[np.arange(mi.size), x] = True
+        W = np.concatenate([w * (1 - phi), W[idle]])
+        R = np.concatenate([G, R[idle]])
+        Rm = np.concatenate([Rm_new, Rm[idle]])
+        live = W > 0
+        W, R, Rm = W[live], R[live], Rm[live]
+    rej = W @ R if W.size else np.zeros(V)
+    return acc, rej
+
+
+def _candidate_tuples(p: np.ndarray, K: int, scheme: str, cands) -> list[tuple[tuple[int, ...], float]]:
+    """Every candidate tuple with its probability: ``p^K`` (i.i.d.), sequential draws without
+    replacement (a tuple stops early once ``p``'s support is exhausted), or the one deterministic tuple."""
+    if cands is not None:
+        return [(tuple(int(c) for c in cands), 1.0)]
+    support = [int(x) for x in np.flatnonzero(p > 0)]
+    out: list[tuple[tuple[int, ...], float]] = []
+    stack: list[tuple[tuple[int, ...], float]] = [((), 1.0)]
+    while stack:
+        t, w = stack.pop()
+        if len(t) == K:
+            out.append((t, w))
+            continue
+        if scheme == "iid":
+            stack.extend((t + (x,), w * p[x]) for x in support)
+            continue
+        left = [x for x in support if x not in t]
+        mass = float(p[left].sum()) if left else 0.0
+        if mass <= 0:
+            out.append((t, w))
+        else:
+            stack.extend((t + (x,), w * p[x] / mass) for x in left)
+    return out
+
+
+def _joint_parts(rule: ScalingRule, p: np.ndarray, q: np.ndarray, K: int, scheme: str, cands):
+    """``node_parts`` for ``mode="joint"`` (see there)."""
+    V = p.size
+    acc, rej = np.zeros((K, V)), np.zeros(V)
+    sps = SpS()
+    eye = np.eye(V)
+    for t, w in _candidate_tuples(p, K, scheme, cands):
+        if w <= 0:
+            continue
+        S = np.zeros(V, dtype=bool)
+        S[list(t)] = True
+        r = set_target(rule, q, S)
+        m = w
+        for i, x in enumerate(t):
+            if scheme in ("iid", "eagle"):
+                pi = p
+            elif scheme == "without_replacement":
+                pi = without(p, np.isin(np.arange(V), t[:i]))
+            else:
+                pi = eye[x]
+            if pi[x] <= 0:  # impossible candidate: skipped
+                continue
+            phi = float(sps.accept_prob(pi[None], r[None], np.array([x]), check=False)[0])
+            acc[i, x] += m * phi
+            r = drop_token(r[None], np.array([x]))[0] if scheme == "eagle" else \
+                sps.residual(pi[None], r[None], np.array([x]), check=False)[0]
+            m *= 1 - phi
+        rej += m * r
+    return acc, rej
+
+
+def node_law_rows(rule: Rule, p, q, candidates, mode: str = "rounds") -> tuple[np.ndarray, np.ndarray]:
+    """One node's exact law for R nodes at once with deterministic candidates (scheme ``"deterministic"``):
+    ``p``, ``q`` (R, V) float64, ``candidates`` (R, K) distinct token ids, tried in order -> (law (R, V),
+    acceptance (R,) = P(some candidate accepted)). The recursion of ``node_parts`` with the point-mass draft
+    law ``p_i = e_{x_i}`` (one state per node), batched so that ``rule`` may differ per row
+    (``budget.CactusRows``): ``"rounds"``: ``r_0 = q``, round ``i`` accepts ``x_i`` w.p.
+    ``rule.accept_prob(e_{x_i}, r_{i-1}, x_i)``, else ``r_i = rule.residual(...)``; ``"joint"``: the node emits
+    ``r_0 = set_target(rule, q, S)`` exactly (lossless SpS rounds over point masses), accepting w.p. ``r_0(S)``."""
+    p, q = np.asarray(p, dtype=np.float64), np.asarray(q, dtype=np.float64)
+    cands = np.asarray(candidates, dtype=np.int64)
+    R, V = q.shape
+    rows = np.arange(R)
+    if mode == "joint":
+        S = np.zeros((R, V), dtype=bool)
+        S[rows[:, None], cands] = True
+        r0 = set_target(rule, q, S)
+        return r0, np.where(S, r0, 0.0).sum(-1)
+    r, w, law = q.copy(), np.ones(R), np.zeros((R, V))
+    for i in range(cands.shape[1]):
+        x = cands[:, i]
+        e = np.zeros((R, V))
+        e[rows, x] = 1.0
+        phi = rule.accept_prob(e, r, x, check=False)
+        law[rows, x] += w * phi
+        r = rule.residual(e, r, x, check=False)
+        w = w * (1 - phi)
+    return law + w[:, None] * r, 1 - w
+
+
+def tree_step_law(rule: RuleSpec, p, q, num_children: int, scheme: str = "iid",
+                  candidates=None, mode: str = "rounds") -> tuple[np.ndarray, float]:
+    """Exact law ``L(q, 0)`` (V,) of the first token a node with ``num_children`` candidates emits
+    (recursion in ``node_parts``), and its acceptance ``P(some candidate accepted) = sum acc``.
+
+    ``num_children = 1`` with ``"iid"`` is ``exact.induced_distribution``; ``num_children = 0`` is ``q``.
+    """
+    acc, rej = node_parts(rule, p, q, num_children, scheme, candidates, mode)
+    return acc.sum(0) + rej, float(acc.sum())
+
+
 # -- batched sampler ------------------------------------------------------------------------------
 
 class TreeVerifyResult(NamedTuple):
@@ -345,6 +538,7 @@ def verify_tree(
     generator: torch.Generator | None = None,
     check: bool = True,
     mode: str = "rounds",
+    state=None,
 ) -> TreeVerifyResult:
     """Verify a batch of drafted trees with ``rule``; walk from the root, emit one accepted path + 1 token.
 
@@ -371,13 +565,22 @@ def verify_tree(
         mode: ``"rounds"`` (each round applies ``rule`` to the previous round's residual) or
             ``"joint"`` (at each node ``r_0 = set_target(rule, q, S)``, ``S`` the node's candidate
             tokens, then SpS rounds towards ``r_0``; ``rule`` one two-block rule such as ``Cactus``).
+        state: the per-sequence state of a stateful rule (``SequenceBudget``: ``rule.start(B, max_tokens)``),
+            updated in place: before any draw the rule plans every node (``rule.plan_tree``: Cactus's
+            ``delta`` at a node from the budget left after charging its ancestors), then each row is charged
+            the nodes of its accepted path (the root and every accepted node). ``None`` for other rules.
 
     Returns:
         ``TreeVerifyResult(tokens [B, N + 1], num_accepted [B], accepted_nodes [B, N])``.
 
     At each node, round ``i`` accepts child ``x_i`` w.p. ``phi_i = rule.accept_prob(p_i, r_{i-1}, x_i)``
     (``r_0 = q`` of the node), else ``r_i = rule.residual(p_i, r_{i-1}, x_i)``; an accepted child
-    becomes the node; all children rejected: emit from ``r_K``; no children: emit from ``q``.
+    becomes the node; all children rejected: emit from ``r_K``; no children: emit the bonus token from the
+    node's ``q``, by the first round's rule's bonus law (``q`` itself unless the rule declares
+    ``bonus_from_q = False``: Medusa's ``argmax q``), as ``sampler.verify`` draws a chain's bonus token.
+    A child its scheme could not have drawn (``p_i(x_i) = 0``: a repeated candidate without replacement, a
+    zero-mass candidate) is skipped: never accepted, ``r`` unchanged, whatever the rule's ``convention``
+    (the authors' convention judges a zero-mass draft of a chain, which has no scheme to say it is impossible).
     float16 / bfloat16 are computed in float32.
     """
     rules = check_rules(rule)
@@ -393,16 +596,36 @@ def verify_tree(
     tok = tokens.to(dev).long()
     table = _children_table(tok, parents.to(dev))
     kmax = table.shape[-1]
+    plan = None
+    if rules[0].stateful:  # every node's rule is decided now, before any draw
+        state = rules[0].check_state(state, B)
+        plan = rules[0].plan_tree(state, tok, parents, draft_probs, verifier_probs, scheme, mode)
+    elif state is not None:
+        raise ValueError(f"state is read only by a stateful rule (rule.stateful); {rules[0]!r} has none: pass "
+                         "state=None")
+
+    def node_rule(rows, slots, rl):  # the rule at each row's current node: its own delta under a budget
+        return rl if plan is None else plan.rows(rows, slots)
+
     u = uniforms(generator, B, N + 1, dev)  # [B, N + 1] float64
 
     rows_all = torch.arange(B, device=dev)
     cur = torch.zeros(B, dtype=torch.long, device=dev)  # slot: 0 root, j + 1 node j
     rnd = torch.zeros(B, dtype=torch.long, device=dev)  # round at the current node
     r = verifier_probs[:, 0].to(dt).clone()  # [B, V] current target
+    bonus_rule = rules[0]  # a node without children emits its bonus token by this rule's bonus law
+
+    def emit(e: torch.Tensor) -> torch.Tensor:
+        """The emitted token of rows ``e``: from ``r`` after rejected children, the bonus law at a childless node."""
+        law = r[e]
+        if not bonus_rule.bonus_from_q:
+            law = torch.where((rnd[e] == 0).unsqueeze(-1), bonus_rule.bonus(law).to(law.dtype), law)
+        return sample_rows(law, u[e, N])
+
     joint = mode == "joint"
     if joint:  # the rule sets each node's target from its candidate set; rounds are SpS
         set_rule, rules = rules[0], (SpS(),)
-        r = _joint_target(set_rule, r, tok, table, rows_all, cur, V)
+        r = _joint_target(node_rule(rows_all, cur, set_rule), r, tok, table, rows_all, cur, V)
     removed = torch.zeros((B, V), dtype=torch.bool, device=dev)
     done = torch.zeros(B, dtype=torch.bool, device=dev)
     depth = torch.zeros(B, dtype=torch.long, device=dev)
@@ -413,7 +636,7 @@ def verify_tree(
         ending = ~done & (child < 0)
         if ending.any():
             e = torch.nonzero(ending).squeeze(-1)
-            last[e] = sample_rows(r[e], u[e, N])
+            last[e] = emit(e)
             done |= ending
         trying = torch.nonzero(~done & (child >= 0)).squeeze(-1)
         if trying.numel() == 0:
@@ -424,6 +647,8 @@ def verify_tree(
         for i in torch.unique(rnd_now).tolist() if len(rules) > 1 else [None]:
             idx = trying if i is None else trying[rnd_now == i]
             rl = rules[0] if i is None else round_rule(rules, int(i))
+            if not joint:
+                rl = node_rule(idx, cur[idx], rl)
             c = child[idx]
             x = tok[idx, c]
             p_row = draft_probs[idx, c].to(dt)
@@ -435,9 +660,9 @@ def verify_tree(
                 p_i = torch.nn.functional.one_hot(x, V).to(dt)
             r_i = r[idx]
             phi = rl.accept_prob(p_i, r_i, x, check=False)
-            acc = u[idx, c] < phi.double()
+            skip = p_i.gather(-1, x.unsqueeze(-1)).squeeze(-1) <= 0  # impossible candidate: skipped
+            acc = (u[idx, c] < phi.double()) & ~skip
             g = drop_token(r_i, x) if scheme == "eagle" else rl.residual(p_i, r_i, x, check=False)
-            skip = p_i.gather(-1, x.unsqueeze(-1)).squeeze(-1) <= 0
             g = torch.where(skip.unsqueeze(-1), r_i, g.to(dt))
             a, ca = idx[acc], c[acc]
             path[a, depth[a]] = ca
@@ -446,7 +671,8 @@ def verify_tree(
             rnd[a] = 0
             r[a] = verifier_probs[a, ca + 1].to(dt)
             if joint and a.numel():
-                r[a] = _joint_target(set_rule, r[a], tok[a], table[a], torch.arange(a.numel(), device=dev), cur[a], V)
+                r[a] = _joint_target(node_rule(a, cur[a], set_rule), r[a], tok[a], table[a],
+                                     torch.arange(a.numel(), device=dev), cur[a], V)
             removed[a] = False
             rj, xj = idx[~acc], x[~acc]
             r[rj] = g[~acc]
@@ -455,10 +681,17 @@ def verify_tree(
     ending = ~done  # a row may end exactly on the last pass
     if ending.any():
         e = torch.nonzero(ending).squeeze(-1)
-        last[e] = sample_rows(r[e], u[e, N])
+        last[e] = emit(e)
     path = path[:, :N]
     out = torch.full((B, N + 1), -1, dtype=torch.long, device=dev)
     if N:
         out[:, :N] = torch.where(path >= 0, tok.gather(1, path.clamp_min(0)), torch.full_like(path, -1))
     out.scatter_(1, depth.unsqueeze(-1), last.unsqueeze(-1))
+    if plan is not None:  # charge the nodes of each accepted path: the root, then every accepted node
+        pa = path.cpu().numpy()
+        judged = np.zeros((B, N + 1), dtype=bool)
+        judged[:, 0] = True
+        b, i = np.nonzero(pa >= 0)
+        judged[b, pa[b, i] + 1] = True
+        state.charge(plan, judged, depth.cpu().numpy() + 1)
     return TreeVerifyResult(out, depth, path)

@@ -15,18 +15,36 @@ an engine added later is one function and one entry.
                     causal LM with the verifier's tokenizer: its first ``assistant_layers`` decoder layers with
                     its final norm and LM head (``first_layers``), made on the fly. transformers' assisted
                     generation takes one sequence at a time, so the assisted side runs ``n`` calls per prompt.
+  ``vllm``          vLLM's offline ``LLM.generate`` with speculative decoding (``spec``: vLLM's n-gram lookup, or
+                    EAGLE-3 with the project's draft exported for vLLM) against the same vLLM without it, on the
+                    verifier (default: the embedded SmolLM2, exported once to a float32 folder). vLLM is imported
+                    only here, so the rest of the table runs without it. Each decode is its own request with its
+                    own seed (``SamplingParams.seed``, from ``request_seeds``): decodes are independent and a
+                    decode's tokens depend on its seed only.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import hashlib
+import importlib.util
+import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..core.rules import Rule, SpS
 from ..core.sampling import SAMPLING
 
-__all__ = ["EngineOptions", "EngineRun", "ENGINES", "loop_engine", "transformers_engine", "first_layers"]
+__all__ = ["EngineOptions", "EngineRun", "ENGINES", "loop_engine", "transformers_engine", "vllm_engine", "first_layers",
+           "request_seeds", "vllm_problem", "vllm_speculative_config", "VLLM_SPECS", "VLLM_PLUGIN_MODES", "VLLM_HINT"]
+
+VLLM_HINT = "run `make vllm-env` and use .venv-vllm/bin/cactus-theory"
+VLLM_SPECS = ("ngram", "eagle3")
+VLLM_PLUGIN_MODES = ("none", "fixes")
+VLLM_NGRAM_LOOKUP = (1, 4)  # prompt_lookup_min, prompt_lookup_max (benchmarks/vllm_engine.py's NGRAM)
+PROJECT_PLUGIN = "cactus_theory"  # the project's vllm.general_plugins entry point (integrations.vllm)
 
 
 @dataclass(frozen=True)
@@ -36,7 +54,10 @@ class EngineOptions:
     ``tree_generate``, e.g. ``core.tree.BudgetTree(8, 4, 2)``, with ``tree_scheme``), ``max_new_tokens``, the
     sampling transforms, ``batch_size`` (decodes run together; transformers' assisted side runs one at a time),
     ``chat`` (wrap text prompts in the chat template), ``assistant_layers`` (transformers: the assistant's
-    depth)."""
+    depth); vLLM: ``spec`` (``"ngram"`` or ``"eagle3"``), ``draft_sampling`` (EAGLE-3's
+    ``draft_sample_method``: vLLM's default ``"greedy"``, argmax drafts, or ``"probabilistic"``) and
+    ``vllm_plugin`` (``"none"``: vLLM as shipped, the project's plugin not loaded; ``"fixes"``: the project's
+    plugin loaded without a rule, i.e. vLLM's own rejection sampling with the plugin's CPU fixes, docs/vllm.md)."""
 
     rule: Rule = field(default_factory=SpS)
     k: int = 4
@@ -49,18 +70,23 @@ class EngineOptions:
     batch_size: int = 32
     chat: bool = True
     assistant_layers: int = 4
+    spec: str | None = None
+    draft_sampling: str = "greedy"
+    vllm_plugin: str = "none"
 
 
 @dataclass
 class EngineRun:
     """Two generators for ``check_generation`` and what they are: ``label_a`` / ``label_b`` and ``notes``
-    (models built on the fly, settings that differ from the options)."""
+    (models built on the fly, settings that differ from the options); ``close`` (if any) releases what the
+    generators hold (vLLM's engine processes)."""
 
     generate_a: Callable
     generate_b: Callable
     label_a: str
     label_b: str
     notes: list = field(default_factory=list)
+    close: Callable | None = None
 
 
 def _expand(prompts, n: int) -> list:
@@ -176,10 +202,220 @@ def transformers_engine(opts: EngineOptions, model=None, tokenizer=None, assista
                         out += [_cut(r[len(p):].tolist(), eos) for r in seq]
         return out
 
+    import transformers
+
+    notes.append(f"transformers {transformers.__version__}, torch {torch.__version__}")
     notes.append(f"k = {opts.k} assistant tokens per step (constant schedule, no confidence stop); sampling "
                  f"temperature {opts.temperature}, top-k {opts.top_k}, top-p {opts.top_p} on both sides")
     return EngineRun(lambda p, n, s: run(p, n, s, True), lambda p, n, s: run(p, n, s, False),
                      "transformers generate(assistant_model=...)", "transformers generate", notes)
 
 
-ENGINES = {"loop": loop_engine, "transformers": transformers_engine}
+def vllm_problem() -> str | None:
+    """Why ``--engine vllm`` cannot run in this Python (one line naming the fix), or None. Finds the package
+    without importing it (vLLM's import takes seconds)."""
+    try:
+        found = importlib.util.find_spec("vllm") is not None
+    except (ImportError, ValueError):  # a module entry of None (blocked), or a broken package
+        found = False
+    if found:
+        return None
+    return f"--engine vllm needs vLLM, which this Python ({sys.executable}) cannot import: {VLLM_HINT}"
+
+
+def request_seeds(seed: int, count: int) -> list[int]:
+    """The ``SamplingParams.seed`` of each of a call's ``count`` requests: ``seed * count + i``.
+
+    vLLM draws a seeded request's tokens from its own ``torch.Generator`` seeded with it, and torch's CPU
+    generator keeps only the low 32 bits of a seed (``manual_seed(2**32 + s)`` draws what ``manual_seed(s)``
+    does). So the seeds of one call must differ modulo ``2**32``, and so must those of the two sides of
+    ``check_generation`` (seeds ``2 s`` and ``2 s + 1``, same ``count``): ``seed * count + i`` are distinct for
+    every ``seed`` and ``i < count`` while ``(seed + 1) * count <= 2**32``, refused beyond."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ValueError(f"count must be an integer >= 1, got {count!r}")
+    if (seed + 1) * count > 2**32:
+        raise ValueError(f"seed {seed} with {count} requests: the request seeds seed * count + i must stay below 2**32 "
+                         f"(torch's CPU generator keeps 32 bits of a seed); use a seed below {2**32 // count}")
+    return [seed * count + i for i in range(count)]
+
+
+def vllm_speculative_config(opts: EngineOptions, draft_dir: str | None = None) -> dict:
+    """vLLM's ``speculative_config`` for ``opts.spec``: n-gram lookup (``prompt_lookup_min`` 1, ``max`` 4, as
+    benchmarks/vllm_engine.py) or EAGLE-3 from ``draft_dir`` with ``draft_sample_method=opts.draft_sampling``;
+    ``opts.k`` drafted tokens per step."""
+    if opts.spec == "ngram":
+        lo, hi = VLLM_NGRAM_LOOKUP
+        return {"method": "ngram", "num_speculative_tokens": opts.k, "prompt_lookup_min": lo, "prompt_lookup_max": hi}
+    if opts.spec == "eagle3":
+        if not draft_dir:
+            raise ValueError("spec 'eagle3' needs the draft's EAGLE-3 folder")
+        if opts.draft_sampling not in ("greedy", "probabilistic"):
+            raise ValueError(f"draft_sampling must be 'greedy' or 'probabilistic', got {opts.draft_sampling!r}")
+        return {"method": "eagle3", "model": draft_dir, "num_speculative_tokens": opts.k,
+                "draft_sample_method": opts.draft_sampling}
+    raise ValueError(f"the vllm engine needs spec in {VLLM_SPECS}, got {opts.spec!r}")
+
+
+def _vllm_verifier(verifier: str) -> str:
+    """A folder vLLM loads: the embedded SmolLM2 or a .gguf file exported once (``vllm_models.export_verifier``,
+    reused while its source is unchanged) into the project's cache; a folder or hub id as given."""
+    from ..lm.draft import cache_dir, verifier_tag
+    from .vllm_models import export_verifier
+
+    if verifier == "smollm2" or verifier.endswith(".gguf"):
+        return export_verifier(os.path.join(cache_dir(), "vllm", verifier_tag(verifier)), model=verifier)
+    return verifier
+
+
+def _vllm_draft(draft: str, verifier: str) -> str:
+    """The EAGLE-3 folder of ``draft``: ``"embedded"`` (the project's draft for SmolLM2) or a draft file
+    (``.pt``), exported once into the project's cache (``vllm_models.export_draft``, float32); a folder
+    holding ``config.json`` as given (an EAGLE-3 folder for ``verifier``)."""
+    from ..lm.draft import MissingDraftError, cache_dir
+    from ..lm.pair import embedded_draft_path
+    from .vllm_models import export_draft
+
+    if os.path.isdir(draft):
+        if not os.path.isfile(os.path.join(draft, "config.json")):
+            raise ValueError(f"--draft {draft!r}: an EAGLE-3 folder needs a config.json")
+        return draft
+    if verifier != "smollm2":
+        raise ValueError(f"--draft {draft!r}: the project's drafts are exported for the embedded SmolLM2 only; for "
+                         f"--verifier {verifier!r} give an EAGLE-3 folder")
+    path = embedded_draft_path() if draft == "embedded" else draft
+    if not os.path.isfile(path):
+        if draft == "embedded":
+            raise MissingDraftError.not_built(path)
+        raise ValueError(f"--draft {draft!r}: no such draft file")
+    tag = hashlib.sha1(os.path.abspath(path).encode()).hexdigest()[:8]
+    return export_draft(path, os.path.join(cache_dir(), "vllm", f"eagle3-{tag}"))
+
+
+@contextlib.contextmanager
+def _environment(set_: dict, unset: tuple = ()):
+    """``os.environ`` with ``set_`` and without ``unset`` while vLLM starts its processes (they inherit it)."""
+    saved = {k: os.environ.get(k) for k in (*set_, *unset)}
+    try:
+        for k in unset:
+            os.environ.pop(k, None)
+        os.environ.update(set_)
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _plugin_environment(mode: str) -> dict:
+    """``VLLM_PLUGINS`` for ``mode``: every installed ``vllm.general_plugins`` entry point, less the project's
+    (``"none"``) or with it (``"fixes"``, refused when it is not installed)."""
+    from importlib.metadata import entry_points
+
+    names = sorted({e.name for e in entry_points(group="vllm.general_plugins")})
+    if mode == "fixes" and PROJECT_PLUGIN not in names:
+        raise ValueError(f"--vllm-plugin fixes needs the project's vLLM plugin (entry point {PROJECT_PLUGIN!r}), which "
+                         f"is not installed in this Python: {VLLM_HINT}")
+    return {"VLLM_PLUGINS": ",".join(n for n in names if mode == "fixes" or n != PROJECT_PLUGIN)}
+
+
+def vllm_engine(opts: EngineOptions, verifier: str = "smollm2", draft: str = "embedded", dtype: str = "float32",
+                threads: int | None = None) -> EngineRun:
+    """vLLM's ``LLM.generate`` with ``opts.spec`` speculative decoding (``vllm_speculative_config``) against the
+    same engine without speculation, both with the options' sampling (``SamplingParams`` temperature, top-k,
+    top-p; temperature 0 is vLLM's greedy decoding), ``max_tokens = opts.max_new_tokens``, vLLM's own EOS
+    stop (the EOS token is in ``token_ids``). ``verifier``: ``"smollm2"`` (the embedded model) or a .gguf file,
+    exported once; a folder or hub id as given. ``draft`` (EAGLE-3): ``"embedded"``, a draft file or an EAGLE-3
+    folder. ``opts.vllm_plugin`` chooses whether the project's plugin loads (``_plugin_environment``);
+    ``threads``: vLLM's CPU worker runs that many OpenMP threads, unpinned
+    (``VLLM_CPU_OMP_THREADS_BIND=nobind``); ``VLLM_CPU_KVCACHE_SPACE`` defaults to 1 (GiB) per engine.
+
+    Each engine starts on its generator's first call (a few seconds to a minute on CPU; its token budget per
+    step holds every running request's whole prompt, since vLLM's CPU build cannot split a seeded request's
+    prefill: docs/vllm.md limitation 9) and stays up until ``close``. Each decode is its own request: decode
+    ``j`` of prompt ``i`` has seed ``request_seeds(seed, len(prompts) * n)[i * n + j]``."""
+    problem = vllm_problem()
+    if problem:
+        raise ValueError(problem)
+    if not isinstance(opts.rule, SpS):
+        raise ValueError(f"the vllm engine verifies with its own rejection sampling (SpS); got rule {opts.rule!r}")
+    if opts.tree is not None:
+        raise ValueError("the vllm engine drafts chains only: no tree")
+    if opts.vllm_plugin not in VLLM_PLUGIN_MODES:
+        raise ValueError(f"vllm_plugin must be one of {VLLM_PLUGIN_MODES}, got {opts.vllm_plugin!r}")
+    if opts.spec not in VLLM_SPECS:
+        raise ValueError(f"the vllm engine needs spec in {VLLM_SPECS}, got {opts.spec!r}")
+    try:
+        import vllm
+        from vllm import LLM, SamplingParams
+    except ImportError as e:
+        raise ValueError(f"--engine vllm: importing vLLM failed ({e}): {VLLM_HINT}") from None
+    from transformers import AutoTokenizer
+
+    env = _plugin_environment(opts.vllm_plugin)
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
+    if threads:
+        env.update(VLLM_CPU_OMP_THREADS_BIND="nobind", OMP_NUM_THREADS=str(threads))
+    model_dir = _vllm_verifier(verifier)
+    draft_dir = _vllm_draft(draft, verifier) if opts.spec == "eagle3" else None
+    spec = vllm_speculative_config(opts, draft_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    engines: dict = {}
+
+    def engine(which: str, ids: list[list[int]]):
+        longest = max(len(p) for p in ids)
+        if which in engines:
+            llm, budget = engines[which]
+            if longest > budget:
+                raise ValueError(f"a prompt of {longest} tokens is longer than the {budget} this engine was started "
+                                 f"for (its first call's longest); start a new engine")
+            return llm
+        per_request = longest + 2 * opts.k + 2
+        kw = dict(model=model_dir, dtype=dtype, enforce_eager=True, seed=0, disable_log_stats=True,
+                  max_model_len=longest + opts.max_new_tokens + 2 * opts.k + 8, max_num_seqs=opts.batch_size,
+                  max_num_batched_tokens=max(4096, opts.batch_size * per_request))
+        if which == "spec":
+            kw["speculative_config"] = spec
+        with _environment(env, unset=("CACTUS_THEORY_RULE",)):
+            llm = LLM(**kw)
+        engines[which] = (llm, longest)
+        return llm
+
+    top_k = opts.top_k if opts.top_k and opts.top_k > 0 else -1
+
+    def run(prompts, n, seed, which):
+        ids = _encode(tokenizer, prompts, opts.chat)
+        expanded = _expand(ids, n)
+        llm = engine(which, ids)
+        params = [SamplingParams(temperature=opts.temperature, top_k=top_k, top_p=opts.top_p,
+                                 max_tokens=opts.max_new_tokens, seed=s)
+                  for s in request_seeds(int(seed), len(expanded))]
+        outs = llm.generate([{"prompt_token_ids": p} for p in expanded], params, use_tqdm=False)
+        return [[int(t) for t in o.outputs[0].token_ids] for o in outs]
+
+    def close():
+        for llm, _ in engines.values():
+            with contextlib.suppress(Exception):  # best effort: the engine process may be gone already
+                llm.llm_engine.engine_core.shutdown()
+        engines.clear()
+
+    what = ("n-gram lookup" if opts.spec == "ngram" else f"EAGLE-3 ({opts.draft_sampling} drafts)")
+    plugin = ("as shipped (the project's plugin not loaded)" if opts.vllm_plugin == "none" else
+              "with the project's plugin loaded without a rule (vLLM's own rejection sampling, the plugin's CPU fixes)")
+    notes = [f"vLLM {vllm.__version__}, {plugin}; VLLM_PLUGINS={env['VLLM_PLUGINS']!r}",
+             f"speculative_config {spec}" + (f" (draft {draft!r})" if draft_dir else ""),
+             f"verifier folder {model_dir} ({dtype}); up to {opts.batch_size} requests per step; one request per decode, "
+             f"seeds request_seeds(seed, len(prompts) * n)",
+             f"sampling temperature {opts.temperature}, top-k {opts.top_k}, top-p {opts.top_p} on both sides"]
+    if opts.spec == "eagle3" and opts.draft_sampling == "probabilistic":
+        notes.append("vLLM draws sampled drafts without the request's generator (docs/vllm.md limitation 7): the "
+                     "speculative side's decodes are independent but not reproducible from their seeds")
+    return EngineRun(lambda p, n, s: run(p, n, s, "spec"), lambda p, n, s: run(p, n, s, "plain"),
+                     f"vLLM {vllm.__version__} {what}, k = {opts.k}", f"vLLM {vllm.__version__} without speculation",
+                     notes, close)
+
+
+ENGINES = {"loop": loop_engine, "transformers": transformers_engine, "vllm": vllm_engine}

@@ -99,6 +99,15 @@ def _step_rule(rule: Rule | None, weight) -> Rule:
         f"rule {rule!r} was given: pass one of them (use_rule({asked!r}) is the weight's rule)")
 
 
+def _check_no_head(rule: Rule) -> None:
+    """A rule that declares ``reads_head`` (DropMatch) needs the verifier's LM-head input at each step, which
+    transformers' hook never sees (it gets the logits only): refused by that declared capability."""
+    if rule.reads_head:
+        raise ValueError(f"{rule!r} reads the verifier's LM head (its dropout paths), but transformers' "
+                         "_speculative_sampling receives only the logits: decode it with "
+                         "cactus_theory.lm.speculative_generate, which taps the LM head")
+
+
 def speculative_sampling(rule: Rule | None, candidate_input_ids: torch.Tensor, candidate_logits: torch.Tensor,
                          candidate_length: int, new_logits: torch.Tensor,
                          assistant_ensemble_weight: float | None = None,
@@ -126,6 +135,7 @@ def speculative_sampling(rule: Rule | None, candidate_input_ids: torch.Tensor, c
     if rule is not None:
         check_rule(rule)
     rule = _step_rule(rule, assistant_ensemble_weight)
+    _check_no_head(rule)
     for name, t in (("candidate_input_ids", candidate_input_ids), ("candidate_logits", candidate_logits),
                     ("new_logits", new_logits)):
         if not isinstance(t, torch.Tensor):
@@ -152,11 +162,12 @@ def speculative_sampling(rule: Rule | None, candidate_input_ids: torch.Tensor, c
     q = new_logits.detach().float().softmax(-1)  # [1, k + 1, V]
     if not bool(torch.isfinite(q).all()):
         raise ValueError("new_logits has NaN, +inf, or a row with no finite logit: no verifier law to sample from")
-    if k == 0:
+    if k == 0:  # no candidates: the token after them is the bonus token, from the rule's bonus law (default q)
         u = torch.rand(1, generator=generator, dtype=torch.float64, device=q.device)
         from ..core.sampler import sample_rows
 
-        return sample_rows(q[:, 0], u).view(1, 1), torch.zeros((), dtype=torch.long)
+        law = q[:, 0] if rule.bonus_from_q else rule.bonus(q[:, 0])
+        return sample_rows(law, u).view(1, 1), torch.zeros((), dtype=torch.long)
     p = candidate_logits.detach().to(q.device).float().softmax(-1)  # [1, k, V]
     if not bool(torch.isfinite(p).all()):
         raise ValueError("candidate_logits has NaN, +inf, or a row with no finite logit: no draft law")
@@ -178,6 +189,9 @@ def use_rule(rule: Rule | None = None, generator: torch.Generator | None = None)
     """
     if rule is not None and not isinstance(rule, Rule):
         raise ValueError(f"rule must be a cactus_theory Rule (ct.SpS(), ct.Cactus(0.5), ...), got {rule!r}")
+    if rule is not None:
+        check_rule(rule)  # a stateful rule (SequenceBudget) is refused: transformers' assisted loop carries no state
+        _check_no_head(rule)
     if generator is not None and not isinstance(generator, torch.Generator):
         raise ValueError(f"generator must be a torch.Generator or None, got {generator!r}")
 

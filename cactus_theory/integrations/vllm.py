@@ -80,7 +80,7 @@ import torch
 
 from ..core._array import xp_of
 from ..core.registry import RULES, spec
-from ..core.rules import Rule, SpS
+from ..core.rules import Rule, SpS, refuse_stateful
 from ..core.sampler import PLACEHOLDER_TOKEN_ID, sample_rows, verify_flat
 
 __all__ = ["register", "unregister", "rule_from_spec", "resolve_rule", "rejection_sample", "rejection_sample_v2",
@@ -171,6 +171,14 @@ class VllmSynthetic(Rule):
         return SpS().residual(p, q, n, check=check)
 
 
+def _check_no_head(rule: Rule) -> None:
+    """A rule that declares ``reads_head`` (DropMatch) needs the verifier's LM-head input at the drafted
+    positions, which vLLM's rejection step never receives: refused by that declared capability."""
+    if rule.reads_head:
+        raise ValueError(f"cactus_theory: rule {rule!r} reads the verifier's LM head (its dropout paths), which "
+                         "vLLM's rejection step does not receive; refused")
+
+
 def _select(requests: torch.Tensor, starts: torch.Tensor, counts: torch.Tensor):
     """Token indices of ``requests`` (in order) in the flat layout, and their new cumulative counts."""
     idx = [torch.arange(int(starts[b]), int(starts[b] + counts[b]), device=starts.device) for b in requests.tolist()]
@@ -208,6 +216,7 @@ def rejection_sample(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_dra
         if own:  # refused at engine start and by set_rule; never dropped silently here either
             raise ValueError(f"cactus_theory: rule {rule!r} cannot run together with vLLM's own "
                              f"rejection_sample_method={own[0]!r}: choose one of them")
+        _check_no_head(rule)
     if rule is None or sampling_metadata.all_greedy:
         if original is None:
             from vllm.v1.sample import rejection_sampler as rs
@@ -238,10 +247,11 @@ def rejection_sample(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_dra
             continue
         tok, sub_cu = _select(reqs, starts, counts)
         q = target_probs[tok]
-        if is_greedy:  # vLLM's greedy semantics: accept while the draft is the argmax
+        if is_greedy:  # vLLM's greedy semantics: accept while the draft is the argmax (whatever the draft's law)
             q = torch.nn.functional.one_hot(target_logits[tok].argmax(-1), q.shape[-1]).to(q.dtype)
         sub_gens = {i: gens[int(b)] for i, b in enumerate(reqs.tolist()) if int(b) in gens}
-        out[reqs] = verify_flat(draft_token_ids[tok], sub_cu, None if draft_probs is None else draft_probs[tok],
+        p = None if draft_probs is None or is_greedy else draft_probs[tok]  # greedy: one-hot drafts, SpS = argmax match
+        out[reqs] = verify_flat(draft_token_ids[tok], sub_cu, p,
                                 q, bonus_token_ids[reqs], SpS() if is_greedy else rule, sub_gens or None,
                                 max_spec_len=max_spec_len, check=False)
     return out
@@ -397,6 +407,7 @@ def rejection_sample_v2(*args, rule: Rule | None = None, **kwargs):
     if own:  # refused at engine start and by set_rule; never dropped silently here either
         raise ValueError(f"cactus_theory: rule {rule!r} cannot run together with vLLM's own {own[0]} verification: "
                          "choose one of them")
+    _check_no_head(rule)
     if not _announced and a["draft_sampled"].shape[0] > a["cu_num_logits"].shape[0] - 1:
         _announced.append(True)
         logger.warning("cactus_theory: first speculative step verified by %r (Model Runner V2, %d requests)", rule,
@@ -471,12 +482,15 @@ def hook_problem(sampler, runner=None) -> str | None:
 
 
 def check_rule(runner, rule: Rule) -> None:
-    """Refuse ``rule`` on ``runner`` (``ValueError``: the rule draws its own bonus token, or vLLM's own
-    lossy / block settings are on;
+    """Refuse ``rule`` on ``runner`` (``ValueError``: the rule reads the verifier's LM head, or draws its own
+    bonus token, or vLLM's own lossy / block settings are on;
     ``RuntimeError``: the running sampler does not call the plugin's hook)."""
     spec_config = getattr(runner, "speculative_config", None)
     if spec_config is None:
         spec_config = getattr(getattr(runner, "vllm_config", None), "speculative_config", None)
+    _check_no_head(rule)
+    if rule.stateful:
+        refuse_stateful(rule, where="the vLLM plugin (its rejection step carries no per-request state)")
     if not rule.bonus_from_q:
         raise ValueError(f"cactus_theory: rule {rule!r} draws its bonus token its own way (Rule.bonus), but vLLM "
                          "draws the bonus token itself from the target's law; refused rather than run with vLLM's "

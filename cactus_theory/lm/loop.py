@@ -220,6 +220,7 @@ def _speculative_rows(draft, verifier, prompts, rule, k, max_new, sampling, gen,
     dev, drafter, target, out, rows = _start(draft, verifier, prompts, k, max_new, sampling, gen, stats, per_seq, eos,
                                              obs)
     tap = HeadTap(verifier) if rule.reads_head else None  # the head's input, only for a rule that reads it
+    state = _budget_state(rule, rows, out, max_new)
     while rows:
         t0 = time.perf_counter()
         drafts, p = drafter.propose(k, sampling, gen)  # (n, k), (n, k, V)
@@ -229,7 +230,7 @@ def _speculative_rows(draft, verifier, prompts, rule, k, max_new, sampling, gen,
         q = sampling_probs(logits, *sampling)
         t2 = time.perf_counter()
         step = VerifierStep(k, sampling, gen, logits, tap)
-        tokens, a = verify(drafts, p, q, rule.bind(step), generator=gen, check=False)
+        tokens, a = verify(drafts, p, q, rule.bind(step), generator=gen, check=False, **_carry(state))
         t3 = time.perf_counter()
         if obs is not None:
             obs.chain(rows, drafts, p, q, tokens, a)
@@ -243,10 +244,28 @@ def _speculative_rows(draft, verifier, prompts, rule, k, max_new, sampling, gen,
         stats.draft_calls += k
         stats.verifier_calls += 1
         t4 = time.perf_counter()
-        _count(stats, per_seq, rows, a.tolist(), kept, k, logits, tokens, p, q, rule, track_kl)
+        _count(stats, per_seq, rows, a.tolist(), kept, k, logits, tokens, p, q, rule, track_kl, state)
         stats.metric_seconds += time.perf_counter() - t4
-        rows = _drop_finished(alive, rows, [target, drafter, *_per_row(gen)], dev)
+        rows = _drop_finished(alive, rows, [target, drafter, *_per_row(gen), *_carried(state)], dev)
     return out
+
+
+def _budget_state(rule, rows: list[int], out: list[list[int]], max_new: int):
+    """A stateful rule's per-sequence state (``SequenceBudget``) for the rows still running, each of which may
+    emit ``max_new`` minus what it has emitted (its first token, from the verifier); None for other rules."""
+    if not rule.stateful:
+        return None
+    return rule.start(len(rows), [max_new - len(out[b]) for b in rows])
+
+
+def _carry(state) -> dict:
+    """``state=`` for the samplers only under a stateful rule (a sampler written for stateless rules needs none)."""
+    return {} if state is None else {"state": state}
+
+
+def _carried(state) -> list:
+    """A budget state leaves the batch with its rows (``_drop_finished``)."""
+    return [] if state is None else [state]
 
 
 @dataclass
@@ -284,9 +303,10 @@ class VerifierStep:
         return self._head().bias
 
 
-def _count(stats, per_seq, rows, a, kept, k, logits, tokens, p, q, rule, track_kl) -> None:
+def _count(stats, per_seq, rows, a, kept, k, logits, tokens, p, q, rule, track_kl, state=None) -> None:
     """Counters of one step: AL / acceptance counts, the verifier NLL of kept tokens and, if
-    ``track_kl``, the exact step KL at every judged position whose output was kept."""
+    ``track_kl``, the exact step KL at every judged position whose output was kept (under a stateful rule,
+    of the Cactus each position was judged with, recomputed from ``(p, q)``: ``state.last.at``)."""
     nll = nll_of(logits, tokens).tolist()
     P = Q = None
     if track_kl:
@@ -302,7 +322,7 @@ def _count(stats, per_seq, rows, a, kept, k, logits, tokens, p, q, rule, track_k
         c.nll_count += kept[i]
         if track_kl:
             for j in range(min(judged, kept[i])):
-                v = step_kl(rule, P[i, j], Q[i, j])
+                v = step_kl(rule if state is None else state.last.at(i, j), P[i, j], Q[i, j])
                 if v is None:
                     stats.kl_skipped += 1
                 else:
@@ -484,6 +504,7 @@ def _tree_rows(draft, verifier, prompts, rules, tree, scheme, mode, max_new, sam
                                              per_seq, eos, obs)
     # draft forwards per step: the pending tokens, then each level but the last
     levels = tree.depth if isinstance(tree, (DynamicTree, BudgetTree)) else 1 + max(_depths(tree))
+    state = _budget_state(rules[0], rows, out, max_new)
     while rows:
         t0 = time.perf_counter()
         tokens, par, p = drafter.propose_tree(tree, scheme, sampling, gen)  # (n, N), (n, N), (n, N, V)
@@ -491,7 +512,7 @@ def _tree_rows(draft, verifier, prompts, rules, tree, scheme, mode, max_new, sam
         logits, feats = target.score_tree(tokens, par)  # (n, N + 1, V)
         q = sampling_probs(logits, *sampling)
         t2 = time.perf_counter()
-        res = verify_tree(tokens, par, p, q, rules, scheme, generator=gen, check=False, mode=mode)
+        res = verify_tree(tokens, par, p, q, rules, scheme, generator=gen, check=False, mode=mode, **_carry(state))
         t3 = time.perf_counter()
         if obs is not None:
             obs.tree(rows, tokens, par, p, q, res)
@@ -509,6 +530,7 @@ def _tree_rows(draft, verifier, prompts, rules, tree, scheme, mode, max_new, sam
         # the verifier's logits along the path: column 0 (pending), then after each accepted node
         cols = torch.cat([torch.zeros_like(a)[:, None], torch.where(path >= 0, path + 1, 0)], 1)
         nll = nll_of(logits.gather(1, cols[:, :, None].expand(-1, -1, logits.shape[-1])), res.tokens).tolist()
+        slots = torch.cat([torch.zeros_like(a)[:, None], path + 1], 1).tolist()  # the judged nodes, root first
         for i, b in enumerate(rows):
             c = per_seq[b]
             c.steps += 1
@@ -517,8 +539,12 @@ def _tree_rows(draft, verifier, prompts, rules, tree, scheme, mode, max_new, sam
             c.judged += int(a[i]) + 1
             c.nll_sum += sum(nll[i][:kept[i]])
             c.nll_count += kept[i]
+            if state is not None:  # a budget's exact node costs along the path, as charged (the certificate's sum)
+                for d in range(min(int(a[i]) + 1, kept[i])):
+                    c.kl_sum += float(state.last.cost[i, slots[i][d]])
+                    c.kl_count += 1
         stats.metric_seconds += time.perf_counter() - t4
-        rows = _drop_finished(alive, rows, [target, drafter, *_per_row(gen)], dev)
+        rows = _drop_finished(alive, rows, [target, drafter, *_per_row(gen), *_carried(state)], dev)
     return out
 
 

@@ -710,8 +710,9 @@ def check_sampler(sampler, P, Q, *, rule: Rule | None = None, tv: float = 0.02, 
     k, V = _check_rows(P, Q)
     rule = SpS() if rule is None else rule
     check_rule(rule)
-    if rule.reads_head:
-        raise ValueError(f"rule {rule!r} reads the verifier's LM head (reads_head): its law is not fixed by (P, Q)")
+    if rule.reads_head and getattr(rule, "hit", None) is None:  # bound to its hits (rule.at(hit)), its law is fixed
+        raise ValueError(f"rule {rule!r} reads the verifier's LM head (reads_head): its law is not fixed by (P, Q); "
+                         "pass it bound to the hits of the rows P, rule.at(hit) with hit of shape (k, V)")
     tv = check_number(tv, "tv", low=0.0, high=1.0, low_open=True, what="in (0, 1]")
     alpha = check_number(alpha, "alpha", low=0.0, high=1.0, low_open=True, high_open=True, what="in (0, 1)")
     power = check_number(power, "power", low=0.0, high=1.0, low_open=True, high_open=True, what="in (0, 1)")

@@ -7,22 +7,32 @@ where the reference has ``>``, a missing factor 2) makes the two disagree.
 
 ``reference_law(rule, p, q)`` is ``h_alg(y) = sum_n p_n [phi_n 1(y = n) + (1 - phi_n) g_n(y)]`` for one
 row ``p``, ``q`` (float64, shape (V,)). ``reference_gamma(q_n, delta, divergence)`` is Theorem 2's
-root by Brent's method on the two-point divergence. Slow (O(V^2)); for small vocabularies.
+root by Brent's method on the two-point divergence; ``reference_rule_gamma(rule, q_n)`` a two-block
+rule's ``gamma``; ``reference_bonus(rule, q)`` the law of the bonus token. Slow (O(V^2)); for small
+vocabularies. Every registry rule is covered (``COVERED``; the conformance harness in
+``tests/conformance`` refuses a registry rule without a reference here).
+
+The production rules (SGLang's threshold, relaxed acceptance, Medusa's typical acceptance, vLLM's FLy)
+are written from their upstream kernels' conditions as ``rules.py``'s docstrings quote them: plain
+Python sorts for ranks, ``math.log`` loops for entropies. So are issue 27's (vLLM-Ascend's entropy verification,
+Fast-HSD's lenience, min-p and eta, FSD's test on the pair of rows, its divergences from scipy's ``rel_entr``).
 """
 
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 import numpy as np
 from scipy.optimize import brentq
 from scipy.special import rel_entr
 from scipy.stats import entropy as scipy_entropy
 
-__all__ = ["reference_law", "reference_step", "reference_gamma", "bernoulli_divergence", "COVERED"]
+__all__ = ["reference_law", "reference_step", "reference_gamma", "reference_rule_gamma", "reference_bonus",
+           "bernoulli_divergence", "COVERED"]
 
-COVERED = ("SpS", "Cactus", "TAS", "TopK", "Interpolation", "EARS", "DropMatch", "Ensemble", "EntropyVerify",
-           "Lenience", "MinP", "Eta", "FSD")
+COVERED = ("SpS", "Cactus", "TAS", "TopK", "Interpolation", "EARS", "DropMatch", "Ensemble", "SGLangThreshold",
+           "RelaxedAcceptance", "MedusaTypical", "FLy", "EntropyVerify", "Lenience", "MinP", "Eta", "FSD")
 TINY32 = float(np.finfo(np.float32).tiny)  # float32's smallest normal number (vLLM 0.7.3's floor, transformers' "zero")
 
 
@@ -47,9 +57,10 @@ def bernoulli_divergence(g: float, q: float, divergence: str) -> float:
     raise ValueError(f"divergence must be one of kl, reverse_kl, chi2, tv, hellinger, js, got {divergence!r}")
 
 
+@lru_cache(maxsize=1 << 16)
 def reference_gamma(q_n: float, delta: float, divergence: str = "kl") -> float:
     """Theorem 2: the largest ``gamma`` in ``[q_n, 1]`` with ``D((gamma, 1 - gamma) || (q_n, 1 - q_n)) <= delta``,
-    by ``scipy.optimize.brentq`` (``xtol`` 1e-15); 1 when the budget allows 1, ``q_n`` when ``delta = 0``."""
+    by ``scipy.optimize.brentq`` (relative precision 4 eps); 1 when the budget allows 1, ``q_n`` when ``delta = 0``."""
     q_n = float(q_n)
     if delta == 0 or q_n >= 1:
         return q_n
@@ -58,7 +69,7 @@ def reference_gamma(q_n: float, delta: float, divergence: str = "kl") -> float:
         return 1.0
     if q_n == 0 and not math.isfinite(d(1e-300)):
         return 0.0  # KL / chi-square: any mass where q_n = 0 costs infinity
-    return brentq(d, q_n, 1.0, xtol=1e-15, rtol=4 * np.finfo(float).eps, maxiter=500)
+    return brentq(d, q_n, 1.0, xtol=1e-300, rtol=4 * np.finfo(float).eps, maxiter=500)  # relative precision: tiny q_n too
 
 
 def _normalised_pos(r: np.ndarray, fallback: np.ndarray, authors: str = "") -> np.ndarray:
@@ -77,7 +88,11 @@ def _authors(rule, how: str) -> str:
 
 
 def _target_step(h: np.ndarray, p: np.ndarray, n: int, authors: str = "") -> tuple[float, np.ndarray]:
-    """Theorem 1 towards target ``h``: accept w.p. ``min(1, h_n / p_n)``, recover from ``(h - p)_+``."""
+    """Theorem 1 towards target ``h``: accept w.p. ``min(1, h_n / p_n)``, recover from ``(h - p)_+``. Where
+    ``p_n = 0`` the ratio is ``h_n / 0``: infinite (accepted) if ``h_n > 0`` in the authors' code (``authors`` set),
+    never accepted in ours."""
+    if p[n] <= 0:
+        return (1.0 if authors and h[n] > 0 else 0.0), _normalised_pos(h - p, h, authors)
     return min(1.0, h[n] / p[n]), _normalised_pos(h - p, h, authors)
 
 
@@ -92,6 +107,49 @@ def _grid_accept(ratio: float, bits: int) -> float:
     return float(min(Fraction(1), Fraction(math.floor(Fraction(min(ratio, 1.0)) * 2**bits) + 1, 2**bits)))
 
 
+_STATS: dict = {}  # per-row statistics of q, keyed by (name, parameters, q's bytes): one computation per row
+
+
+def _row_stat(name: str, q: np.ndarray, params: tuple, fn):
+    """``fn(q)`` memoised on the row's bytes (a rule's statistic is the same for every drafted ``n``)."""
+    key = (name, params, q.tobytes())
+    if key not in _STATS:
+        if len(_STATS) > 4096:
+            _STATS.clear()
+        _STATS[key] = fn(q)
+    return _STATS[key]
+
+
+def _one_hot(V: int, i: int) -> np.ndarray:
+    e = np.zeros(V)
+    e[i] = 1.0
+    return e
+
+
+def _first_argmax(q: np.ndarray) -> int:
+    """The lowest id among the largest entries of ``q`` (a plain loop over the row)."""
+    def scan(q):
+        best = 0
+        for i, x in enumerate(q.tolist()):
+            if x > q[best]:
+                best = i
+        return best
+
+    return _row_stat("argmax", q, (), scan)
+
+
+def _without(q: np.ndarray, n: int) -> np.ndarray:
+    """``q`` with token ``n`` removed, renormalised; ``q`` itself when nothing else is left."""
+    rest = q.copy()
+    rest[n] = 0.0
+    return rest / rest.sum() if rest.sum() > 0 else q.copy()
+
+
+def _medusa_entropy(q: np.ndarray, eps: float) -> float:
+    """``-sum_{q_i > 0} q_i log(q_i + eps)``, term by term."""
+    return -math.fsum(float(x) * math.log(float(x) + eps) for x in q if x > 0)
+
+
 def _two_block(q: np.ndarray, n: int, gamma: float) -> np.ndarray:
     """``h_n = gamma``, ``h_i = q_i (1 - gamma) / (1 - q_n)`` (``h = q`` when ``q_n = 1``)."""
     if q[n] >= 1:
@@ -101,41 +159,76 @@ def _two_block(q: np.ndarray, n: int, gamma: float) -> np.ndarray:
     return h
 
 
+def _kind(rule) -> str | None:
+    return next((c.__name__ for c in type(rule).__mro__ if c.__name__ in COVERED), None)
+
+
+def reference_rule_gamma(rule, q_n: float) -> float:
+    """``gamma(q_n)`` of a two-block rule (SpS: ``q_n``; Cactus: Corollary 5 or Theorem 2's root), ``q_n``
+    first clipped to [0, 1]."""
+    q_n = min(max(float(q_n), 0.0), 1.0)
+    kind = _kind(rule)
+    if kind == "SpS":
+        return q_n
+    if kind == "Cactus":
+        if rule.solver == "taylor":  # Corollary 5
+            return min(q_n + math.sqrt(2 * q_n * (1 - q_n) * rule.delta), 1.0)  # q(1 - q) first: no inf * 0
+        return reference_gamma(q_n, rule.delta, rule.divergence)
+    raise NotImplementedError(f"no reference gamma for {rule!r} (two-block rules: SpS, Cactus)")
+
+
+def reference_bonus(rule, q) -> np.ndarray:
+    """Law of the bonus token after every draft of a block is accepted: ``q``, except Medusa's
+    ``e_{argmax q}`` (its next candidate is the verifier's argmax, first maximum on ties)."""
+    q = np.asarray(q, dtype=np.float64)
+    if _kind(rule) == "MedusaTypical":
+        return _one_hot(q.size, _first_argmax(q))
+    if _kind(rule) is None:
+        raise NotImplementedError(f"no reference implementation for {rule!r} (covered: {', '.join(COVERED)})")
+    return q.copy()
+
+
 def reference_step(rule, p: np.ndarray, q: np.ndarray, n: int) -> tuple[float, np.ndarray]:
-    """``(phi_n, g_n)`` of ``rule`` for drafted token ``n`` (needs ``p_n > 0``), from the formulas.
+    """``(phi_n, g_n)`` of ``rule`` for drafted token ``n``, from the formulas (``phi_n = 0`` where
+    ``p_n = 0``: the draft could not have drawn ``n``; under ``convention="authors"`` the rule's own test there,
+    as the authors' code judges it).
 
     The rule's parameters are read from its attributes; its methods are never called."""
-    kind = next((c.__name__ for c in type(rule).__mro__ if c.__name__ in COVERED), None)
-    if kind == "SpS":
-        bits = getattr(rule, "rand_bits", None)
-        if bits is None:
-            return _target_step(q, p, n)
-        return _grid_accept(q[n] / p[n], bits), _normalised_pos(q - p, q)  # transformers <= 5.24: r <= q_n / p_n
+    p, q = np.asarray(p, dtype=np.float64), np.asarray(q, dtype=np.float64)
+    phi, g = _reference_step(rule, p, q, int(n))
+    zero_draft_tested = getattr(rule, "convention", "ours") == "authors"
+    return (0.0 if p[n] <= 0 and not zero_draft_tested else float(min(max(phi, 0.0), 1.0))), g
+
+
+def _reference_step(rule, p: np.ndarray, q: np.ndarray, n: int) -> tuple[float, np.ndarray]:
+    kind = _kind(rule)
+    if kind == "SpS" and getattr(rule, "rand_bits", None) is not None:  # transformers <= 5.24: r <= q_n / p_n
+        return (_grid_accept(q[n] / p[n], rule.rand_bits) if p[n] > 0 else 0.0), _normalised_pos(q - p, q)
     if kind == "Ensemble":  # transformers: 1 - w + w q_n / p_n; (q - p)_+, or q where it sums to <= float32's tiny
         w = rule.weight
         r = np.maximum(q - p, 0.0)
-        return min(1.0, 1 - w + w * q[n] / p[n]), (r / r.sum() if r.sum() > TINY32 else q.copy())
-    if kind == "Cactus":
-        if rule.solver == "taylor":  # Corollary 5
-            gamma = min(q[n] + math.sqrt(2 * q[n] * (1 - q[n]) * rule.delta), 1.0)  # q(1 - q) first: no inf * 0
-        else:
-            gamma = reference_gamma(q[n], rule.delta, rule.divergence)
-        return _target_step(_two_block(q, n, gamma), p, n, _authors(rule, "token0"))
+        phi = min(1.0, 1 - w + w * q[n] / p[n]) if p[n] > 0 else 0.0
+        return phi, (r / r.sum() if r.sum() > TINY32 else q.copy())
+    if kind in ("SpS", "Cactus"):
+        return _target_step(_two_block(q, n, reference_rule_gamma(rule, q[n])), p, n, _authors(rule, "token0"))
     if kind == "Interpolation":
         return _target_step(rule.alpha * p + (1 - rule.alpha) * q, p, n, _authors(rule, "floor"))
     if kind == "TAS":  # vLLM: accept iff q_n > min(eps, alpha exp(-H)), H = -sum q log(q + entropy_eps)
         eps = getattr(rule, "entropy_eps", 0.0)
-        H = float(scipy_entropy(q)) if eps == 0 else float(-np.sum(np.where(q > 0, q * np.log(q + eps), 0.0)))
+        H = _row_stat("tas-entropy", q, (eps,), lambda q: float(scipy_entropy(q)) if eps == 0 else float(
+            -np.sum(np.where(q > 0, q * np.log(q + eps), 0.0))))
         accept = q[n] > min(rule.epsilon, rule.alpha * math.exp(-H))
-        return float(accept), np.eye(q.size)[int(np.argmax(q))]
+        return float(accept), _one_hot(q.size, int(np.argmax(q)))
     if kind == "TopK":
-        kth = np.sort(q)[::-1][rule.k - 1]
+        kth = _row_stat("kth", q, (rule.k,), lambda q: np.sort(q)[::-1][rule.k - 1])
         accept = float(q[n] >= kth)
         if getattr(rule, "recovery", "q") == "q":
             return accept, q.copy()
         top = (q >= kth).astype(float)  # the authors': (1[q >= q_(k)] - p)_+, normalised
         return accept, _normalised_pos(top - p, top / top.sum(), _authors(rule, "token0"))
     if kind == "EARS":  # accept iff u < min(1, q_n / p_n + beta (1 - max q)); recover from (q - p)_+
+        if p[n] <= 0:
+            return 0.0, _normalised_pos(q - p, q)
         return min(1.0, q[n] / p[n] + rule.beta * (1 - q.max())), _normalised_pos(q - p, q)
     if kind == "DropMatch":  # bound to one row's hit (V,): accept if the base test passes or n is on a dropout path
         hit = float(np.asarray(rule.hit)[n])
@@ -145,22 +238,50 @@ def reference_step(rule, p: np.ndarray, q: np.ndarray, n: int) -> tuple[float, n
             rest[n] = 0.0
             g = rest / rest.sum() if rest.sum() > 0 else q.copy()
         else:  # SpS's test, recovery from (q - p)_+
-            base = min(1.0, q[n] / p[n])
+            base = min(1.0, q[n] / p[n]) if p[n] > 0 else 0.0
             g = _normalised_pos(q - p, q)
         return base + (1 - base) * hit, g
+    if kind == "SGLangThreshold":  # the kernel: accept iff q_n > 0 and (q_n >= t_single or u < q_n / t_acc)
+        if q[n] <= 0:
+            phi = 0.0
+        elif q[n] >= rule.threshold_single:
+            phi = 1.0
+        else:
+            phi = min(1.0, q[n] / rule.threshold_acc)
+        return phi, _without(q, n)  # relu(q - p') with p' = q_n e_n
+    if kind == "RelaxedAcceptance":  # top_k ids (value descending, lower id first) and q_n >= max q - delta
+        top = _row_stat("top-ids", q, (int(rule.topk),), lambda q: set(
+            sorted(range(q.size), key=lambda i: (-float(q[i]), i))[:int(rule.topk)]))
+        accept = n in top and q[n] >= float(np.max(q)) - rule.delta
+        return float(accept), _one_hot(q.size, _first_argmax(q))
+    if kind == "MedusaTypical":  # accept iff q_n > min(epsilon, alpha exp(-H_eps(q))); emit argmax q
+        H = _row_stat("medusa-entropy", q, (rule.entropy_eps,), lambda q: _medusa_entropy(q, rule.entropy_eps))
+        tau = min(rule.epsilon, rule.alpha * math.exp(-H))
+        return float(q[n] > tau), _one_hot(q.size, _first_argmax(q))
+    if kind == "FLy":  # native ratio test; a rejection deferred w.p. f where the top-k entropy is high and q_n > 0
+        h_k = _row_stat("fly-entropy", q, (int(rule.entropy_top_k),), lambda q: -math.fsum(
+            x * math.log(x) for x in sorted(q.tolist(), reverse=True)[:int(rule.entropy_top_k)] if x > 0))
+        a = min(1.0, q[n] / p[n]) if p[n] > 0 else 0.0
+        defer = rule.window_accept if (h_k >= rule.entropy_threshold and q[n] > 0) else 0.0
+        return a + (1 - a) * defer, _normalised_pos(q - p, q)
     if kind in ("EntropyVerify", "Lenience"):  # vLLM-Ascend / Fast-HSD: accept iff q_n / p_n >= c u; recover (q - p)_+
         if kind == "Lenience":
             c = rule.lenience
         else:  # c = min(posterior_threshold, exp(-posterior_alpha * H)), H = -sum q log(q + eps)
-            H = -sum(float(x) * math.log(float(x) + rule.entropy_eps) for x in q if x > 0)
+            H = _row_stat("ascend-entropy", q, (rule.entropy_eps,), lambda q: -math.fsum(
+                float(x) * math.log(float(x) + rule.entropy_eps) for x in q if x > 0))
             c = min(rule.threshold, math.exp(-rule.alpha * H))
+        if p[n] <= 0:  # the draft could not have drawn n (reference_step: phi = 0)
+            return 0.0, _normalised_pos(q - p, q)
         phi = 1.0 if c == 0 else min(1.0, q[n] / p[n] / c)
         return phi, _normalised_pos(q - p, q)
     if kind in ("MinP", "Eta"):  # target-only tests; a rejected n is zeroed in q, which is renormalised
         if kind == "MinP":
             accept = float(q[n] >= rule.min_p * q.max())
         else:
-            tau = min(rule.epsilon, rule.delta * math.exp(-float(scipy_entropy(q))))
+            H = _row_stat("eta-entropy", q, (), lambda q: -math.fsum(  # the row as given (scipy's entropy would
+                float(x) * math.log(float(x)) for x in q if x > 0))  # renormalise it first)
+            tau = min(rule.epsilon, rule.delta * math.exp(-H))
             accept = min(1.0, q[n] / tau) if rule.soft else float(q[n] >= tau)
         rest = q.copy()
         rest[n] = 0.0

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..core.exact import bonus_distribution
+from ..core.exact import bonus_distribution, step_divergence
 from ..core.rules import Rule
 from ..core.sampler import sample_rows, verify
 from ..core.validate import check_positive_int, check_probs
@@ -35,7 +35,7 @@ from ..core.validate import check_positive_int, check_probs
 __all__ = [
     "Cond", "NGram", "random_ngram", "perturbed", "random_pair", "step_parts",
     "speculative_decode", "DecodeResult", "sequence_law", "autoregressive_law", "one_step_test",
-    "sequence_test", "Cached", "memoised", "autoregressive_decode", "toy_generate",
+    "sequence_test", "Cached", "memoised", "autoregressive_decode", "toy_generate", "BudgetLaw", "budget_law",
 ]
 
 Cond = Callable[[tuple], np.ndarray]
@@ -152,11 +152,13 @@ class _Trie:
 @dataclass(frozen=True)
 class DecodeResult:
     """``tokens`` (B, T) the first T emitted tokens; ``blocks`` (B,) verification steps used;
-    ``accepted`` (B,) accepted drafts in those steps (bonus tokens not counted)."""
+    ``accepted`` (B,) accepted drafts in those steps (bonus tokens not counted); ``spent`` (B,) the nats a
+    stateful rule (``SequenceBudget``) charged each sequence (None for other rules)."""
 
     tokens: np.ndarray
     blocks: np.ndarray
     accepted: np.ndarray
+    spent: np.ndarray | None = None
 
 
 def speculative_decode(
@@ -169,7 +171,8 @@ def speculative_decode(
     All sequences advance together: each step drafts ``k`` tokens per sequence (inverse-CDF draws
     from ``generator``) and calls ``sampler(draft_tokens, p, q, rule, generator=generator)``
     (default ``sampler.verify``) once for the whole batch. Conditionals are evaluated once per
-    distinct prefix.
+    distinct prefix. A stateful ``rule`` (``SequenceBudget``) gets one state per sequence
+    (``rule.start(num_sequences, max_tokens=T)``), handed to the sampler as ``state=``.
     """
     check_positive_int(k, "k")
     check_positive_int(T, "T")
@@ -185,6 +188,7 @@ def speculative_decode(
     blocks = np.zeros(B, dtype=np.int64)
     accepted = np.zeros(B, dtype=np.int64)
     dev = generator.device if generator is not None else torch.device("cpu")
+    state = rule.start(B, max_tokens=T) if rule.stateful else None
     while True:
         act = np.flatnonzero(lens < T)
         if act.size == 0:
@@ -201,7 +205,10 @@ def speculative_decode(
             c = trie.step(c, n)
         qs.append(trie.rows(Q, c))
         p_t, q_t = torch.from_numpy(np.stack(ps, 1)), torch.from_numpy(np.stack(qs, 1))
-        tokens, na = sampler(torch.from_numpy(np.stack(ns, 1)), p_t, q_t, rule, generator=generator)
+        kw = {} if state is None else {"state": state.subset(act)}
+        tokens, na = sampler(torch.from_numpy(np.stack(ns, 1)), p_t, q_t, rule, generator=generator, **kw)
+        if state is not None:
+            state.update(act, kw["state"])
         tokens, m = tokens.cpu().numpy(), na.cpu().numpy() + 1
         c = nodes[act]
         for j in range(k + 1):
@@ -212,7 +219,7 @@ def speculative_decode(
         lens[act] += m
         blocks[act] += 1
         accepted[act] += m - 1
-    return DecodeResult(out[:, :T].copy(), blocks, accepted)
+    return DecodeResult(out[:, :T].copy(), blocks, accepted, None if state is None else state.spent.copy())
 
 
 def autoregressive_decode(cond: Cond, T: int, *, num_sequences: int = 1, prompt: tuple = (),
@@ -289,9 +296,15 @@ def sequence_law(draft: Cond | None, verifier: Cond, rule: Rule, k: int, T: int,
     feature-level draft reads the verifier's features up to the block start and its own after):
     the law of the next draft given the context at the block start and the drafts so far; it
     replaces ``draft``.
+
+    A stateful ``rule`` (``SequenceBudget``): ``budget_law(...).law``, the programme with the budget spent
+    along each path in its state.
     """
     check_positive_int(k, "k")
     check_positive_int(T, "T")
+    if rule.stateful:
+        return budget_law(draft, verifier, rule, k, T, prompt=prompt, verifier_first=verifier_first,
+                          draft_in_block=draft_in_block).law
     if (draft is None) == (draft_in_block is None):
         raise ValueError("give exactly one of draft and draft_in_block")
     Q = Cached(verifier, "verifier")
@@ -344,6 +357,121 @@ def sequence_law(draft: Cond | None, verifier: Cond, rule: Rule, k: int, T: int,
                 for n in np.flatnonzero(acc > 0):
                     stack.append((d + (int(n),), wd * acc[n]))
     return law
+
+
+@dataclass(frozen=True)
+class BudgetLaw:
+    """The exact law of a ``SequenceBudget`` decode's first ``T`` tokens (``budget_law``) and what it spent.
+
+    ``law`` (V,) * T; ``spent`` ``{nats charged along a path: probability}`` over the decode's paths (block
+    boundaries, accepts and rejections, not only tokens); ``expected_spent`` ``E[sum of charged costs]``, the
+    chain rule's upper bound on ``KL(law || verifier's law)``; ``max_spent`` the largest charged sum of any path
+    and ``max_exact`` the largest sum along a path of the same positions' costs recomputed independently
+    (``exact.step_divergence`` of ``Cactus(delta_t)`` on the full rows, the O(V log V) path)."""
+
+    law: np.ndarray
+    spent: dict
+    expected_spent: float
+    max_spent: float
+    max_exact: float
+
+
+def budget_law(draft: Cond | None, verifier: Cond, rule: Rule, k: int, T: int, *, prompt: tuple = (),
+               verifier_first: bool = False,
+               draft_in_block: Callable[[tuple, tuple], np.ndarray] | None = None) -> BudgetLaw:
+    """Exact law of the first ``T`` tokens of ``speculative_decode`` with a stateful ``rule`` (``SequenceBudget``),
+    and what it spent (``BudgetLaw``).
+
+    ``sequence_law``'s programme over block boundaries with the rule's state in it: ``frontier[len(s)]`` maps
+    ``(s, state)`` to the probability that a block starts after prefix ``s`` with the state ``state`` (the budget
+    spent so far, the tokens left). The rule is driven only through what the sampler calls, so the programme
+    follows any controller: at drafted position ``j`` of a block (drafts ``d_1..d_{j-1}`` accepted) the decision is
+    ``rule.plan(state, p_1..p_j, q_1..q_j)`` at ``j`` (a plan decides position ``j`` from rows ``1..j`` only), the
+    position is judged by ``plan.at(0, j)`` (``step_parts`` of it gives the accept / reject split), and where the
+    block ends the state is charged as ``verify`` charges it (``state.charge``: the judged positions, the emitted
+    tokens). ``verifier_first``: the first token from ``q`` (as ``lm.speculative_generate``), the state starting
+    after it with ``T - 1`` tokens to emit."""
+    check_positive_int(k, "k")
+    check_positive_int(T, "T")
+    if not rule.stateful:
+        raise ValueError(f"budget_law needs a stateful rule (SequenceBudget), got {rule!r}: use sequence_law")
+    if (draft is None) == (draft_in_block is None):
+        raise ValueError("give exactly one of draft and draft_in_block")
+    Q = Cached(verifier, "verifier")
+    P = Cached(draft, "draft") if draft is not None else None
+    prompt = tuple(int(t) for t in prompt)
+    V = Q(prompt).size
+    law = np.zeros((V,) * T)
+    spent_law: dict[float, float] = {}
+    tot = {"mean": 0.0, "max": 0.0, "exact": 0.0}
+    states: dict[tuple, object] = {}  # key -> the state object it stands for
+    frontier: list[dict[tuple, float]] = [{} for _ in range(T)]
+    first = rule.start(1, max_tokens=T - 1 if verifier_first else T)
+
+    def key_of(state, exact: float) -> tuple:
+        key = (float(state.spent[0]), float(state.left[0]), float(state.spread[0]), exact)
+        states.setdefault(key, state)
+        return key
+
+    def emit(t: tuple, key: tuple, w: float) -> None:
+        if len(t) >= T:
+            law[t[:T]] += w
+            spent = key[0]
+            spent_law[spent] = spent_law.get(spent, 0.0) + w
+            tot["mean"] += w * spent
+            tot["max"], tot["exact"] = max(tot["max"], spent), max(tot["exact"], key[3])
+        else:
+            frontier[len(t)][(t, key)] = frontier[len(t)].get((t, key), 0.0) + w
+
+    if verifier_first:
+        q0 = Q(prompt)
+        for y in np.flatnonzero(q0 > 0):
+            emit((int(y),), key_of(first, 0.0), float(q0[y]))
+    else:
+        frontier[0][((), key_of(first, 0.0))] = 1.0
+
+    def after(state, plan, j: int, emitted: int):
+        """A copy of ``state`` charged for a block that judged positions ``0..j`` and emitted ``emitted`` tokens."""
+        st = state.subset(np.arange(1))
+        st.charge(plan, (np.arange(plan.delta.shape[1]) <= j)[None], np.array([emitted]))
+        return st
+
+    rows: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+    for length in range(T):
+        for (s, key), w in frontier[length].items():
+            state, exact = states[key], key[3]
+            stack = [((), w, [], [], 0.0, None)]  # accepted drafts, weight, their rows p, q, recomputed costs, plan
+            while stack:
+                d, wd, ps, qs, cum_x, last = stack.pop()
+                if len(s) + len(d) >= T:  # the first T tokens are out (what follows is cut): charge what was judged
+                    emit(s + d, key_of(state if not d else after(state, last, len(d) - 1, len(d)), exact + cum_x), wd)
+                    continue
+                c = prompt + s + d
+                if len(d) == k:  # all k drafts accepted: the bonus token, from q (cost 0)
+                    st = after(state, last, k - 1, k + 1)  # the plan of position k covers 1..k
+                    b = Q(c)
+                    for y in np.flatnonzero(b > 0):
+                        emit(s + d + (int(y),), key_of(st, exact + cum_x), wd * b[y])
+                    continue
+                rk = c if P is not None else (prompt + s, d)
+                if rk not in rows:
+                    p = P(c) if P is not None else np.asarray(draft_in_block(prompt + s, d), dtype=np.float64)
+                    if p.size != V:
+                        raise ValueError(f"draft and verifier must share one vocabulary, got sizes {p.size} and {V}")
+                    rows[rk] = (p, Q(c))
+                p, q = rows[rk]
+                j = len(d)
+                plan = rule.plan(state.subset(np.arange(1)), np.stack(ps + [p])[None], np.stack(qs + [q])[None])
+                judge = plan.at(0, j)
+                cost_x = float(step_divergence(judge, p, q, check=False)) if judge.delta > 0 else 0.0
+                a, rej = step_parts(judge, p, q)
+                if (rej > 0).any():
+                    st = after(state, plan, j, j + 1)
+                    for y in np.flatnonzero(rej > 0):
+                        emit(s + d + (int(y),), key_of(st, exact + cum_x + cost_x), wd * rej[y])
+                for n in np.flatnonzero(a > 0):
+                    stack.append((d + (int(n),), wd * a[n], ps + [p], qs + [q], cum_x + cost_x, plan))
+    return BudgetLaw(law, spent_law, tot["mean"], tot["max"], tot["exact"])
 
 
 def autoregressive_law(cond: Cond, T: int, *, prompt: tuple = ()) -> np.ndarray:

@@ -14,7 +14,8 @@ rule's own code and the round's draft law ``p_i``:
     on rejection r_i = rule.residual(p_i, r_{i-1}, x_i);   all K rejected: emit y ~ r_K.
 
 An accepted child is entered (its verifier row becomes the new ``q``); a node without children emits
-the bonus token from its ``q``. How the candidates were drawn fixes ``p_i`` (``scheme``):
+the bonus token from its ``q`` (by the first round's rule's bonus law: ``q`` itself unless the rule
+declares ``bonus_from_q = False``, as Medusa's ``argmax q``). How the candidates were drawn fixes ``p_i`` (``scheme``):
 
   ``"iid"``                  siblings i.i.d. from ``p`` (SpecTr / recursive rejection sampling):
                              ``p_i = p``.
@@ -106,7 +107,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from ..core.rules import Rule, ScalingRule, SpS
+from ..core.exact import bonus_distribution
+from ..core.rules import Cactus, Rule, SpS
 from ..core.sampler import check_common, sample_rows
 from ..core.tree import (  # the shapes, schemes and the batched sampler live in core (the runtime uses them)
     MODES,
@@ -122,183 +124,25 @@ from ..core.tree import (  # the shapes, schemes and the batched sampler live in
     check_scheme,
     check_tree_scheme,
     children_lists,
-    drop_token,
-    round_rule,
+    node_parts,
     set_target,
     top_candidates,
+    tree_step_law,
     verify_tree,
     without,
 )
-from ..core.validate import check_positive_int, check_probs, check_same_shape, check_token
-from .toy import DecodeResult, memoised
+from ..core.validate import check_positive_int, check_probs, check_token
+from .toy import BudgetLaw, DecodeResult, memoised
 
 __all__ = [
     "SCHEMES", "MODES", "set_target", "chain_parents", "branching_parents", "children_lists", "top_candidates",
     "node_parts", "tree_step_law", "TreeVerifyResult", "verify_tree",
     "tree_block_law", "tree_sequence_law", "expected_length", "draft_tree", "tree_speculative_decode",
-    "verify_block", "block_verification_law", "block_sequence_law", "BudgetTree", "budget_tree",
+    "verify_block", "block_verification_law", "block_sequence_law", "BudgetTree", "budget_tree", "tree_budget_law",
     "verify_block_ascend", "ascend_block_law", "ascend_block_sequence_law", "last_legal_law",
 ]
 
 Cond = Callable[[tuple], np.ndarray]
-
-
-# -- one node: exact law ------------------------------------------------------------------------
-
-def node_parts(rule: RuleSpec, p, q, num_children: int, scheme: str = "iid",
-               candidates=None, mode: str = "rounds") -> tuple[np.ndarray, np.ndarray]:
-    """One node's verification split by outcome, exactly (float64): ``acc`` (K, V) and ``rej`` (V,).
-
-    ``acc[i, x]`` = P(round ``i`` accepts and its candidate is ``x``), ``rej[y]`` = P(all ``K``
-    candidates rejected and ``y`` emitted); together they sum to 1. With ``L(r, i)`` the law emitted
-    from round ``i`` on, given target ``r``:
-
-        L(r, K) = r,   L(r, i) = sum_x P_i(x) [phi_i(x) e_x + (1 - phi_i(x)) L(g_i(x), i + 1)]
-
-    where ``P_i`` is the law of candidate ``i`` given the earlier ones (``p``; ``p`` without the earlier
-    candidates, renormalised; or a point mass at the deterministic ``candidates[i]``), ``phi_i`` and
-    ``g_i`` are the round's rule on the round's draft law ``p_i`` (see the module docstring; ``"eagle"``
-    recovers by zeroing ``x``). Expanded breadth-first: ``V^K`` states for random candidates.
-
-    ``candidates`` (K,) int: the deterministic schemes' tokens, default ``top_candidates(p, K)``.
-
-    ``mode="joint"``: the node first sets ``r_0 = set_target(rule, q, S)`` with ``S`` the set of its
-    candidate tokens, then runs SpS rounds (the scheme's draft laws; EAGLE's recovery for ``"eagle"``)
-    towards ``r_0``. As ``r_0`` depends on all candidates, the law is summed over whole candidate
-    tuples (``V^K`` for random candidates; without replacement a tuple ends when ``p``'s support is
-    exhausted): ``L = sum_t P(t) L_SpS(r_0(S(t)) | t)``.
-    """
-    rules = check_rules(rule)
-    check_scheme(scheme)
-    check_mode(mode, rules)
-    p = np.asarray(p, dtype=np.float64)
-    q = np.asarray(q, dtype=np.float64)
-    check_probs(p, "p")
-    check_probs(q, "q")
-    check_same_shape(p, q, "p", "q")
-    if p.ndim != 1:
-        raise ValueError(f"p must be one distribution (shape (V,)), got shape {p.shape}")
-    if isinstance(num_children, (bool, np.bool_)) or not (isinstance(num_children, (int, np.integer))
-                                                         and num_children >= 0):
-        raise ValueError(f"num_children must be an integer >= 0, got {num_children!r}")
-    V, K = p.size, int(num_children)
-    det = scheme in ("deterministic", "eagle")
-    if det:
-        if candidates is None:
-            cands = top_candidates(p, K)
-        else:
-            cands = np.asarray(candidates)
-            if not np.issubdtype(cands.dtype, np.integer):
-                raise ValueError(f"candidates must hold integer token ids, got dtype {cands.dtype}")
-            check_token(cands, V, (K,), "candidates")
-    elif candidates is not None:
-        raise ValueError(f"candidates are only read by the deterministic schemes, not by scheme={scheme!r}")
-    if mode == "joint":
-        return _joint_parts(rules[0], p, q, K, scheme, cands if det else None)
-    acc = np.zeros((K, V))
-    W = np.ones(1)  # weights of the live states
-    R = q[None].copy()  # their targets r
-    Rm = np.zeros((1, V), dtype=bool)  # their removed candidates (without replacement)
-    for i in range(K):
-        rl = round_rule(rules, i)
-        M = W.size
-        if det:
-            mi = np.arange(M)
-            x = np.full(M, int(cands[i]))
-            w = W.copy()
-            Pi = np.broadcast_to(np.arange(V) == cands[i], (M, V)).astype(np.float64) if scheme == "deterministic" \
-                else np.broadcast_to(p, (M, V))
-            idle = np.zeros(M, dtype=bool)
-        else:
-            Pi = np.broadcast_to(p, (M, V)) if scheme == "iid" else without(np.broadcast_to(p, (M, V)), Rm)
-            mi, x = np.nonzero(Pi > 0)
-            w = W[mi] * Pi[mi, x]
-            idle = Pi.sum(-1) <= 0  # nothing left to draw: the round does not happen
-        Pp, Rr = np.ascontiguousarray(Pi[mi]), R[mi]
-        phi = rl.accept_prob(Pp, Rr, x, check=False) if mi.size else np.zeros(0)
-        np.add.at(acc[i], x, w * phi)
-        if mi.size:
-            G = drop_token(Rr, x) if scheme == "eagle" else rl.residual(Pp, Rr, x, check=False)
-            skip = Pp[np.arange(mi.size), x] <= 0  # impossible candidate: r unchanged
-            G = np.where(skip[:, None], Rr, G)
-        else:
-            G = np.zeros((0, V))
-        Rm_new = Rm[mi].copy()
-        Rm_new[np.arange(mi.size), x] = True
-        W = np.concatenate([w * (1 - phi), W[idle]])
-        R = np.concatenate([G, R[idle]])
-        Rm = np.concatenate([Rm_new, Rm[idle]])
-        live = W > 0
-        W, R, Rm = W[live], R[live], Rm[live]
-    rej = W @ R if W.size else np.zeros(V)
-    return acc, rej
-
-
-def _candidate_tuples(p: np.ndarray, K: int, scheme: str, cands) -> list[tuple[tuple[int, ...], float]]:
-    """Every candidate tuple with its probability: ``p^K`` (i.i.d.), sequential draws without
-    replacement (a tuple stops early once ``p``'s support is exhausted), or the one deterministic tuple."""
-    if cands is not None:
-        return [(tuple(int(c) for c in cands), 1.0)]
-    support = [int(x) for x in np.flatnonzero(p > 0)]
-    out: list[tuple[tuple[int, ...], float]] = []
-    stack: list[tuple[tuple[int, ...], float]] = [((), 1.0)]
-    while stack:
-        t, w = stack.pop()
-        if len(t) == K:
-            out.append((t, w))
-            continue
-        if scheme == "iid":
-            stack.extend((t + (x,), w * p[x]) for x in support)
-            continue
-        left = [x for x in support if x not in t]
-        mass = float(p[left].sum()) if left else 0.0
-        if mass <= 0:
-            out.append((t, w))
-        else:
-            stack.extend((t + (x,), w * p[x] / mass) for x in left)
-    return out
-
-
-def _joint_parts(rule: ScalingRule, p: np.ndarray, q: np.ndarray, K: int, scheme: str, cands):
-    """``node_parts`` for ``mode="joint"`` (see there)."""
-    V = p.size
-    acc, rej = np.zeros((K, V)), np.zeros(V)
-    sps = SpS()
-    eye = np.eye(V)
-    for t, w in _candidate_tuples(p, K, scheme, cands):
-        if w <= 0:
-            continue
-        S = np.zeros(V, dtype=bool)
-        S[list(t)] = True
-        r = set_target(rule, q, S)
-        m = w
-        for i, x in enumerate(t):
-            if scheme in ("iid", "eagle"):
-                pi = p
-            elif scheme == "without_replacement":
-                pi = without(p, np.isin(np.arange(V), t[:i]))
-            else:
-                pi = eye[x]
-            if pi[x] <= 0:  # impossible candidate: skipped
-                continue
-            phi = float(sps.accept_prob(pi[None], r[None], np.array([x]), check=False)[0])
-            acc[i, x] += m * phi
-            r = drop_token(r[None], np.array([x]))[0] if scheme == "eagle" else \
-                sps.residual(pi[None], r[None], np.array([x]), check=False)[0]
-            m *= 1 - phi
-        rej += m * r
-    return acc, rej
-
-
-def tree_step_law(rule: RuleSpec, p, q, num_children: int, scheme: str = "iid",
-                  candidates=None, mode: str = "rounds") -> tuple[np.ndarray, float]:
-    """Exact law ``L(q, 0)`` (V,) of the first token a node with ``num_children`` candidates emits
-    (recursion in ``node_parts``), and its acceptance ``P(some candidate accepted) = sum acc``.
-
-    ``num_children = 1`` with ``"iid"`` is ``exact.induced_distribution``; ``num_children = 0`` is ``q``.
-    """
-    acc, rej = node_parts(rule, p, q, num_children, scheme, candidates, mode)
-    return acc.sum(0) + rej, float(acc.sum())
 
 
 # -- exact block and sequence laws on toy models ------------------------------------------------
@@ -312,7 +156,8 @@ def tree_block_law(draft: Cond, verifier: Cond, rule: RuleSpec, parents: Sequenc
     The static tree ``parents`` (N,) is drafted from ``draft`` (candidates per ``scheme``) and walked
     as ``verify_tree`` does. Recursion over nodes: at node ``c`` with context ``s`` and ``K`` children,
     ``node_parts(rule, p(.|s), q(.|s), K, scheme)`` gives ``acc[i, x]`` (enter child ``i`` with token
-    ``x``, context ``s + (x,)``) and ``rej[y]`` (emit ``y``, stop); a leaf emits ``y ~ q(.|s)``. Exact
+    ``x``, context ``s + (x,)``) and ``rej[y]`` (emit ``y``, stop); a leaf emits its bonus token ``y`` from
+    the rule's bonus law of ``q(.|s)`` (``q`` itself but for a rule that draws its own). Exact
     because a child's subtree is drawn given its token only, independent of the rounds at ``c``.
     """
     rules = check_rules(rule)
@@ -332,9 +177,10 @@ def tree_block_law(draft: Cond, verifier: Cond, rule: RuleSpec, parents: Sequenc
         ctx = prompt + em
         q = Q(ctx)
         ks = kids[slot]
-        if not ks:
-            for y in np.flatnonzero(q > 0):
-                add(em + (int(y),), w * q[y])
+        if not ks:  # a leaf: the bonus token, by the first round's rule's bonus law
+            b = bonus_distribution(rules[0], q, check=False)
+            for y in np.flatnonzero(b > 0):
+                add(em + (int(y),), w * b[y])
             continue
         p = P(ctx)
         if p.size != q.size:
@@ -440,8 +286,86 @@ def tree_sequence_law(draft: Cond, verifier: Cond, rule: RuleSpec, parents: Sequ
     prompt = tuple(int(t) for t in prompt)
     V = Q(prompt).size
     check_mode(mode, rules)
+    if rules[0].stateful:
+        return tree_budget_law(P, Q, rules[0], parents, scheme, T, prompt=prompt, mode=mode).law
     return _sequence_from_blocks(lambda c: tree_block_law(P, Q, rules, parents, scheme, prompt=c, mode=mode),
                                  V, T, prompt)
+
+
+def tree_budget_law(draft: Cond, verifier: Cond, rule, parents, scheme: str, T: int, *, prompt: tuple = (),
+                    mode: str = "rounds") -> BudgetLaw:
+    """Exact law of the first ``T`` tokens of ``tree_speculative_decode`` with a stateful ``rule``
+    (``SequenceBudget``) and what it spent (``toy.BudgetLaw``): ``tree_sequence_law``'s programme over block
+    boundaries with the budget spent in the state, and inside a block ``tree_block_law``'s recursion over
+    nodes where node ``c`` at depth ``d`` is judged by ``Cactus(delta_c)``, ``(delta_c, cost_c) =
+    rule.node_choice(p, q, K, scheme, candidates, mode, B - spent - (its ancestors' costs), left - d,
+    spread - d)`` (what ``rule.plan_tree`` decides in the sampler), its law from ``node_parts``; a leaf emits
+    from its ``q`` at cost 0. ``max_exact`` recomputes each node's cost as ``KL(tree_step_law || q)`` on the
+    full rows."""
+    from ..core.divergences import divergence
+
+    check_positive_int(T, "T")
+    if not getattr(rule, "stateful", False):
+        raise ValueError(f"tree_budget_law needs a stateful rule (SequenceBudget), got {rule!r}")
+    check_scheme(scheme)
+    check_mode(mode, (rule,))
+    if isinstance(parents, BudgetTree):
+        check_tree_scheme(parents, scheme)
+    else:
+        check_parents(parents)
+    P, Q = memoised(draft, "draft"), memoised(verifier, "verifier")
+    prompt = tuple(int(t) for t in prompt)
+    V = Q(prompt).size
+    det = scheme in ("deterministic", "eagle")
+    horizon = rule.horizon or T
+    law = np.zeros((V,) * T)
+    spent_law: dict[float, float] = {}
+    tot = {"mean": 0.0, "max": 0.0, "exact": 0.0}
+    frontier: list[dict[tuple, float]] = [{} for _ in range(T)]
+    frontier[0][((), 0.0, 0.0)] = 1.0
+
+    def emit(t: tuple, spent: float, exact: float, w: float) -> None:
+        if len(t) >= T:
+            law[t[:T]] += w
+            spent_law[spent] = spent_law.get(spent, 0.0) + w
+            tot["mean"] += w * spent
+            tot["max"], tot["exact"] = max(tot["max"], spent), max(tot["exact"], exact)
+        else:
+            key = (t, spent, exact)
+            frontier[len(t)][key] = frontier[len(t)].get(key, 0.0) + w
+
+    for length in range(T):
+        for (s, spent, exact), w in frontier[length].items():
+            kids = children_lists(_tree_at(P, parents, prompt + s, scheme))
+            stack = [(0, (), w, 0.0, 0.0)]  # slot, path tokens, weight, ancestors' costs (charged, recomputed)
+            while stack:
+                slot, em, wd, cum, cum_x = stack.pop()
+                if len(s) + len(em) >= T:
+                    emit(s + em, spent + cum, exact + cum_x, wd)
+                    continue
+                ctx = prompt + s + em
+                q = Q(ctx)
+                ks = kids[slot]
+                if not ks:  # a leaf: the bonus token, from q (cost 0)
+                    for y in np.flatnonzero(q > 0):
+                        emit(s + em + (int(y),), spent + cum, exact + cum_x, wd * q[y])
+                    continue
+                p = P(ctx)
+                if p.size != V:
+                    raise ValueError(f"draft and verifier must share one vocabulary, got sizes {p.size} and {V}")
+                cands = top_candidates(p, len(ks)) if det else None
+                done = len(s) + len(em)
+                delta, cost = rule.node_choice(p, q, len(ks), scheme, cands, mode, rule.budget - spent - cum,
+                                               T - done, horizon - done)
+                judge = Cactus(delta)
+                acc, rej = node_parts(judge, p, q, len(ks), scheme, cands, mode)
+                cost_x = float(divergence(acc.sum(0) + rej, q, "kl", check=False)) if delta > 0 else 0.0
+                for y in np.flatnonzero(rej > 0):
+                    emit(s + em + (int(y),), spent + cum + cost, exact + cum_x + cost_x, wd * rej[y])
+                for i, j in enumerate(ks):
+                    for x in np.flatnonzero(acc[i] > 0):
+                        stack.append((j + 1, em + (int(x),), wd * acc[i, x], cum + cost, cum_x + cost_x))
+    return BudgetLaw(law, spent_law, tot["mean"], tot["max"], tot["exact"])
 
 
 def draft_tree(draft: Cond, verifier: Cond, contexts: Sequence[tuple], parents: Sequence[int], scheme: str = "iid",
@@ -519,19 +443,24 @@ def tree_speculative_decode(draft: Cond, verifier: Cond, rule: RuleSpec, parents
     blocks = np.zeros(B, dtype=np.int64)
     accepted = np.zeros(B, dtype=np.int64)
     par_t = torch.tensor(par, dtype=torch.long)
+    state = rules[0].start(B, max_tokens=T) if rules[0].stateful else None
     while True:
         act = [b for b in range(B) if len(seqs[b]) < T]
         if not act:
             break
         tokens, dp, vp = draft_tree(P, Q, [prompt + seqs[b] for b in act], par, scheme, generator)
+        sub = None if state is None else state.subset(np.array(act))
         res = verify_tree(torch.from_numpy(tokens), par_t.expand(len(act), N), torch.from_numpy(dp),
-                          torch.from_numpy(vp), rules, scheme, generator=generator, mode=mode)
+                          torch.from_numpy(vp), rules, scheme, generator=generator, mode=mode, state=sub)
+        if state is not None:
+            state.update(np.array(act), sub)
         out, na = res.tokens.numpy(), res.num_accepted.numpy()
         for i, b in enumerate(act):
             seqs[b] = seqs[b] + tuple(int(t) for t in out[i, :na[i] + 1])
             blocks[b] += 1
             accepted[b] += na[i]
-    return DecodeResult(np.array([s[:T] for s in seqs], dtype=np.int64), blocks, accepted)
+    return DecodeResult(np.array([s[:T] for s in seqs], dtype=np.int64), blocks, accepted,
+                        None if state is None else state.spent.copy())
 
 
 # -- block verification of chains (Sun et al., ICLR 2025) -------------------------------------------

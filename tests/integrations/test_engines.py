@@ -1,7 +1,9 @@
 """``integrations.engines`` and ``cactus-theory check-engine``: the engine table, the truncated assistant (its
 logits are the verifier's hidden state after its first layers through the final norm and head), the command
 run end to end on tiny models (table, JSON, exit status) and, marked slow, on the real SmolLM2 with
-transformers' assisted generation.
+transformers' assisted generation; the vllm engine's pieces that need no vLLM (its one-line error where vLLM
+does not import, its request seeds, its speculative configs; its argument errors are in tests/test_boundaries.py).
+The vllm engine itself runs in tests/integrations/vllm_cpu_checks.py (``make test-vllm``).
 
 The statistical content of these runs is not the point (n is small; the detectable TVs are printed): the
 loop's losslessness is tested with power in tests/lm/test_planted_bugs.py and tests/lm/test_loop.py.
@@ -10,18 +12,26 @@ loop's losslessness is tested with power in tests/lm/test_planted_bugs.py and te
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import cactus_theory as ct
 from cactus_theory.cli import Parser
 from cactus_theory.cli import check_engine as ce
+from cactus_theory.integrations import engines as eng_mod
 from cactus_theory.integrations.engines import (
     ENGINES,
+    VLLM_HINT,
     EngineOptions,
     first_layers,
+    request_seeds,
     transformers_engine,
+    vllm_engine,
+    vllm_speculative_config,
 )
 from cactus_theory.theory.check_generation import check_generation
 from tests.helpers import tiny_llama
@@ -32,6 +42,93 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def test_the_cli_names_every_engine_of_the_table():
     assert ce.ENGINE_NAMES == tuple(ENGINES)
+    assert ce.VLLM_SPECS == eng_mod.VLLM_SPECS and ce.VLLM_PLUGIN_MODES == eng_mod.VLLM_PLUGIN_MODES
+
+
+def test_vllm_engine_without_vllm_is_one_line_naming_the_fix(monkeypatch, capsys):
+    """Where vLLM does not import (blocked here, so this holds in .venv-vllm too): the command's argument check
+    answers one line, exit status 2, naming `make vllm-env` and .venv-vllm's command; the engine function refuses
+    with the same words before anything else."""
+    from cactus_theory.cli import main
+
+    monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ImportError, find_spec ValueError
+    monkeypatch.setattr(ce, "_load", lambda args: pytest.fail("a model was loaded"))
+    assert main(["check-engine", "--engine", "vllm", "--spec", "ngram"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot import" in err and VLLM_HINT in err, err
+    with pytest.raises(ValueError, match="make vllm-env"):
+        vllm_engine(EngineOptions(spec="ngram"))
+
+
+def test_vllm_argument_checks_run_before_the_vllm_check(monkeypatch, capsys):
+    """A wrong argument is named even where vLLM is missing (the availability check comes last)."""
+    from cactus_theory.cli import main
+
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    assert main(["check-engine", "--engine", "vllm", "--spec", "ngram", "--rule", "cactus"]) == 2
+    assert "vLLM's own rejection sampling" in capsys.readouterr().err
+
+
+def test_vllm_eagle3_missing_embedded_draft_is_an_argument_error(monkeypatch, tmp_path):
+    monkeypatch.setenv("CACTUS_THEORY_CACHE", str(tmp_path))  # no draft built there
+    with pytest.raises(ValueError, match="cactus-theory build-draft"):
+        parse(["--engine", "vllm", "--spec", "eagle3"])
+    folder = tmp_path / "eagle3"
+    folder.mkdir()
+    with pytest.raises(ValueError, match="needs a config.json"):
+        parse(["--engine", "vllm", "--spec", "eagle3", "--draft", str(folder)])
+
+
+def test_torch_cpu_generator_keeps_32_bits_of_a_seed():
+    """The premise of ``request_seeds`` (vLLM seeds each request's ``torch.Generator`` with its seed)."""
+    a = torch.rand(4, generator=torch.Generator().manual_seed(5))
+    assert torch.equal(a, torch.rand(4, generator=torch.Generator().manual_seed(2**32 + 5)))
+    assert not torch.equal(a, torch.rand(4, generator=torch.Generator().manual_seed(6)))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 10**6), st.integers(1, 4000))
+def test_request_seeds_are_distinct_modulo_2_32_within_a_call_and_across_the_two_sides(s, count):
+    if (2 * s + 2) * count > 2**32:
+        with pytest.raises(ValueError, match="below 2\\*\\*32"):
+            request_seeds(2 * s + 1, count)
+        return
+    a, b = request_seeds(2 * s, count), request_seeds(2 * s + 1, count)  # check_generation's two sides
+    assert len(a) == len(b) == count and len({x % 2**32 for x in a + b}) == 2 * count
+    assert a == request_seeds(2 * s, count)  # a decode's seed depends on (seed, its index) only
+
+
+def test_request_seeds_refuse_bad_arguments():
+    for bad in (-1, 1.0, True, None):
+        with pytest.raises(ValueError, match="seed must be"):
+            request_seeds(bad, 3)
+    for bad in (0, -2, 2.0):
+        with pytest.raises(ValueError, match="count must be"):
+            request_seeds(0, bad)
+
+
+def test_vllm_speculative_configs():
+    assert vllm_speculative_config(EngineOptions(spec="ngram", k=3)) == {
+        "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 4}
+    assert vllm_speculative_config(EngineOptions(spec="eagle3", draft_sampling="probabilistic"), "/d") == {
+        "method": "eagle3", "model": "/d", "num_speculative_tokens": 4, "draft_sample_method": "probabilistic"}
+    with pytest.raises(ValueError, match="EAGLE-3 folder"):
+        vllm_speculative_config(EngineOptions(spec="eagle3"))
+    with pytest.raises(ValueError, match="spec in"):
+        vllm_speculative_config(EngineOptions(spec="medusa"))
+
+
+def test_vllm_plugin_environment_excludes_or_includes_the_projects_plugin(monkeypatch):
+    import importlib.metadata as md
+    from types import SimpleNamespace
+
+    installed = [SimpleNamespace(name=n) for n in ("lora_filesystem_resolver", "cactus_theory")]
+    monkeypatch.setattr(md, "entry_points", lambda group: installed if group == "vllm.general_plugins" else [])
+    assert eng_mod._plugin_environment("none") == {"VLLM_PLUGINS": "lora_filesystem_resolver"}
+    assert eng_mod._plugin_environment("fixes") == {"VLLM_PLUGINS": "cactus_theory,lora_filesystem_resolver"}
+    installed.pop()
+    with pytest.raises(ValueError, match="not installed"):
+        eng_mod._plugin_environment("fixes")
 
 
 def test_first_layers_is_the_verifier_cut_after_its_first_layers():
@@ -100,3 +197,19 @@ def test_check_engine_transformers_on_the_real_smollm2(smollm2, tmp_path, capsys
     assert rc in (0, 1) and data["engine"] == "transformers" and data["n"] == 8
     assert any("first 4 of 30 decoder layers" in n for n in data["notes"])
     assert "transformers generate(assistant_model=...)" in capsys.readouterr().out
+
+
+def test_the_docs_engine_verdicts_are_the_committed_results():
+    """docs/statistical-tests.md's verdict table is benchmarks/check_engine_table.py's output for the committed
+    check-engine JSON files (every number there traces to a file)."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("check_engine_table", root / "benchmarks" / "check_engine_table.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    text = (root / "docs" / "statistical-tests.md").read_text(encoding="utf-8")
+    block = text.split("<!-- check_engine_table -->\n", 1)[1].split("\n<!-- /check_engine_table -->", 1)[0]
+    assert block == mod.table()
+    assert len(mod.files()) >= 3 and all(p.stem in mod.ORDER for p in mod.files())

@@ -281,6 +281,12 @@ def test_use_rule_restores_and_refuses_bad_input(tiny_pair):
     with pytest.raises(ValueError, match="rule"):
         with ct_tf.use_rule("cactus"):
             pass
+    for call in (lambda: ct_tf.use_rule(ct.SequenceBudget(1.0)).__enter__(),  # no per-sequence state in the
+                 lambda: ct_tf.speculative_sampling(ct.SequenceBudget(1.0), torch.tensor([[1, 2]]),  # assisted loop
+                                                    torch.zeros(1, 1, V), 1, torch.zeros(1, 2, V))):
+        with pytest.raises(ValueError, match="stateful"):
+            call()
+    assert gen_utils._speculative_sampling is original
     ids = torch.tensor([PROMPT])
     with pytest.raises(ValueError, match=r"Ensemble\(weight=0.3\).*Cactus"):
         ct_tf.assisted_generate(target, draft, ct.Cactus(0.5), input_ids=ids, attention_mask=torch.ones_like(ids),

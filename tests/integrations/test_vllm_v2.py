@@ -495,6 +495,9 @@ def test_set_rule_confirms_the_running_hook(v2):
     assert plugin.set_rule(worker(r), "tas") == repr(ct.TAS())
     assert r.rejection_sampler.cactus_theory_rule == ct.TAS()
     assert plugin.set_rule(worker(r), None) == "vllm" and r.rejection_sampler.cactus_theory_rule is None
+    with pytest.raises(ValueError, match="stateful"):  # SequenceBudget: vLLM's step carries no per-request state
+        plugin.set_rule(worker(r), "sequence_budget:budget=1.0")
+    assert r.rejection_sampler.cactus_theory_rule is None
     # someone else re-binds the module global the sampler resolves: the hook is no longer ours
     v2.rs.rejection_sample = reference_rejection_sample
     with pytest.raises(RuntimeError, match=plugin.V2_FIX):

@@ -15,6 +15,11 @@ main .venv); the name keeps it out of ``make test``'s collection, which has no v
 * vLLM's synthetic mode is refused by its CPU kernels (pinned); the benchmark's n-gram lookup is vLLM's;
 * a live CPU engine (n-gram drafts, temperature 0.8, top-k 20) whose drafts the plugin verifies, its
   rule switched while it runs (``collective_rpc("cactus_theory_set_rule", ...)``);
+* ``check-engine``'s vllm engine (``integrations.engines.vllm_engine``, in a subprocess: vllm_cpu_check_engine.py)
+  on the embedded SmolLM2: greedy n-gram speculation emits exactly the plain engine's tokens, every decode in
+  prompt order and equal to the prompt decoded alone, EOS kept at the end; EAGLE-3 (an untrained head in the
+  project's export) with the paper's sampling: the generator contract (count, order, range, EOS last),
+  reproducible from the seeds, different seeds give different decodes;
 * Model Runner V2 (``test_v2_*``): vLLM's own V2 ``RejectionSampler`` (vllm/v1/worker/gpu/spec_decode/
   rejection_sampler.py: its ``__call__``, ``_verify_in_chunks``, ``_verify`` run as shipped) with the
   plugin registered through the entry point; V2's kernels cannot run on CPU, so the two Triton helpers
@@ -269,6 +274,43 @@ def test_live_cpu_engine(tmp_path):
     assert "cactus_theory: speculative decoding verifies with Cactus(delta=0.5" in log
     assert "cactus_theory: first speculative step verified by Cactus(delta=0.5" in log  # drafts were verified
     assert f"rule now {ct.TAS(0.09, 0.3)!r}" in r.stdout and "rule now vllm" in r.stdout  # collective_rpc
+
+
+def test_check_engine_vllm_generators(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).with_name("vllm_cpu_check_engine.py")
+    r = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=1200,
+                       env={**os.environ, "OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"})
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    res = json.loads(next(ln for ln in r.stdout.splitlines() if ln.startswith("RESULT "))[7:])
+    eos, n_new = res["eos"], 24  # vllm_cpu_check_engine.MAX_NEW
+    assert isinstance(eos, int)
+
+    def contract(decodes, n):
+        assert len(decodes) == 2 * n and all(1 <= len(d) <= n_new for d in decodes)
+        assert all(isinstance(t, int) and 0 <= t < 49152 for d in decodes for t in d)
+        assert all(eos not in d[:-1] for d in decodes)  # EOS only as the last token
+        assert all(d[-1] == eos for d in decodes if len(d) < n_new)  # a decode stops early only at EOS
+
+    # greedy (temperature 0): the speculative side emits the plain side's tokens, in prompt order
+    spec, plain, alone = res["greedy_spec"], res["greedy_plain"], res["greedy_alone"]
+    contract(spec, 3)
+    assert spec == plain
+    assert spec == [alone[0]] * 3 + [alone[1]] * 3 and alone[0] != alone[1]
+    assert len(alone[0]) < n_new and alone[0][-1] == eos  # "Say only the word: yes" ends with EOS, kept
+    assert any("the project's plugin loaded without a rule" in n for n in res["greedy_notes"])
+    # sampled (the paper's sampling), EAGLE-3 with greedy drafts: reproducible from the seeds, seeds matter
+    for key in ("spec_0", "spec_2", "plain_1"):
+        contract(res[key], 6)
+    assert res["spec_0"] == res["spec_0_again"] and res["plain_1"] == res["plain_1_again"]
+    assert res["spec_0"] != res["spec_2"]
+    assert len({tuple(d) for d in res["spec_0"][6:]}) > 1 and len({tuple(d) for d in res["plain_1"][6:]}) > 1
+    assert "EAGLE-3 (greedy drafts)" in res["labels"][0] and "without speculation" in res["labels"][1]
 
 
 # -- Model Runner V2: vLLM's own RejectionSampler class, its kernels replaced by torch references --------

@@ -27,7 +27,7 @@ def test_main_runs_the_registered_steps_in_order():
     assert list(main.STEPS) == [s.id for s in steps.STEPS]
     assert list(main.STEPS.values()) == [s.module for s in steps.STEPS]
     assert main.LM_STEPS == tuple(s.id for s in steps.STEPS if s.lm)
-    assert list(main.STEPS)[:4] == ["a", "b", "d", "e"] and set(main.LM_STEPS) == {"e", "f", "h", "j", "l", "m", "n"}
+    assert list(main.STEPS)[:4] == ["a", "b", "d", "e"] and set(main.LM_STEPS) == {"e", "f", "h", "j", "l", "m", "n", "o"}
 
 
 def test_only_and_no_lm_help_list_exactly_the_registered_steps():

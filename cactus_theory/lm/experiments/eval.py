@@ -1,5 +1,10 @@
-"""``cactus-theory eval``: task accuracy, acceptance and distortion of every acceptance rule on a
-real (draft, verifier) pair, with intervals; the paper's main claim at the scale this machine allows.
+"""The first eval design (result format 1): task accuracy, acceptance and distortion of every acceptance rule
+on a real (draft, verifier) pair, one decode per problem, with intervals. ``cactus-theory eval`` now runs the
+replicated design (``replicated``: distinct questions, replicates, a pre-registered protocol); this module
+keeps what renders the committed format-1 result (``format_table``, ``comparisons``, ``summarise``), the
+reduced run of ``paper_repro`` step h (``evaluate``), and what both designs share (``methods``, ``Method``,
+``EVAL_GRID``, ``pair_id``, ``load_eval_pair``). Its design flaws (repeated questions, one sample per
+problem, a seed shared per batch across methods, a wall clock confounded by output length) are issue 25's.
 
 Task: ``tasks.DEFAULT_TASK`` = ``arith`` ("What is 7 + 5? Explain briefly, then give the final answer
 as a number.", chat template, exact match of the extracted integer), chosen by the verifier's measured
@@ -35,7 +40,6 @@ Resumable: every (batch, method) is cached as one JSON file written atomically u
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import math
 import os
@@ -48,14 +52,12 @@ import numpy as np
 from ...core import registry
 from ...core.sampling import SAMPLING as _SAMPLING
 from ...core.sampling import Sampling
-from ...core.tree_shapes import BUDGET_DEPTH, BUDGET_TOPK
-from ...util.args import positive_int
 from ...util.atomic import atomic_path, atomic_write_json, atomic_write_text
 from ...util.keyed_cache import config_key, keyed_subdir, read_json
 from . import tasks
 
 __all__ = ["EVAL_GRID", "SAMPLING", "Method", "EvalConfig", "methods", "run_eval", "summarise", "format_table",
-           "plot_accuracy_vs_al", "configure", "run"]
+           "plot_accuracy_vs_al", "evaluate", "pair_id", "load_eval_pair", "eval_trees", "method_info"]
 
 SAMPLING = _SAMPLING  # the paper's (core.sampling.SAMPLING)
 # the issue's sweep per registry key; rules not named here run once at their registry defaults
@@ -65,6 +67,7 @@ EVAL_GRID: dict[str, list[dict]] = {
     "tas": [{"epsilon": 0.09, "alpha": 0.3}],
     "topk": [{"k": 3, "recovery": "topk"}],
     "interpolation": [{"alpha": 0.5}, {"alpha": 0.9}],
+    "sequence_budget": [{"budget": b} for b in (0.5, 1.0, 2.0, 4.0)],  # nats per answer (issue 28)
 }
 ABLATION_ALPHA = 0.9
 DELTA_MAX = 2048.0
@@ -252,7 +255,7 @@ def run_eval(pair, cfg: EvalConfig, method_list: list[Method], cache_dir: Path |
             bar.set_postfix(batch=b, method=m.label[:24], cached=hit)
             bar.update()
     bar.close()
-    out = {"config": cfg.as_dict(), "methods": [_method_info(m) for m in method_list], "records": recs,
+    out = {"config": cfg.as_dict(), "methods": [method_info(m) for m in method_list], "records": recs,
            "seconds": secs}
     out["summary"] = summarise(recs, secs, method_list, seed=cfg.seed)
     if ablation:
@@ -264,7 +267,8 @@ def _timing(batch_value: dict) -> dict:
     return {"seconds": batch_value["seconds"], "tokens": sum(r["new_tokens"] for r in batch_value["records"])}
 
 
-def _method_info(m: Method) -> dict:
+def method_info(m: Method) -> dict:
+    """What a result records of a method: label, registry key, parameters, rule identity, colour (and its tree)."""
     out = {"label": m.label, "key": m.key, "params": m.params, "rule": m.rule_id, "colour": m.colour}
     if m.tree is not None:
         out["tree"] = {"nodes": m.tree.nodes, "depth": m.tree.depth, "topk": m.tree.topk, "scheme": "deterministic"}
@@ -328,7 +332,7 @@ def run_ablation(pair, cfg, method_list, recs, secs, cache, batches, progress=Tr
                              np.array([r["correct"] for r in recs[interp[0].label]]), seed=cfg.seed)
     return {"status": status, "target_al": _al(recs[interp[0].label]), "target_al_first_batch": target,
             "probes_first_batch": {f"{d:.6g}": a for d, a in sorted(probes.items())}, "delta": chosen,
-            "method": _method_info(m), "records": rs, "seconds": ss,
+            "method": method_info(m), "records": rs, "seconds": ss,
             "summary": {m.label: summ[m.label], interp[0].label: summ[interp[0].label]},
             "cactus_minus_interpolation": _paired_dict(diff)}
 
@@ -647,12 +651,7 @@ def plot_accuracy_vs_al(result: dict, path_stem: str | Path | None = None):
     ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
     if path_stem is not None:
-        stem = Path(path_stem)
-        stem.parent.mkdir(parents=True, exist_ok=True)
-        for ext, kw in (("png", {"dpi": 110, "metadata": {"Software": None}}), ("svg", {"metadata": {"Date": None}})):
-            with atomic_path(stem.with_suffix(f".{ext}")) as tmp, \
-                    plt.rc_context({"svg.hashsalt": "cactus-theory", "svg.fonttype": "none"}):
-                fig.savefig(tmp, bbox_inches="tight", **kw)
+        save_figure(fig, path_stem)
     return fig
 
 
@@ -669,86 +668,6 @@ def slim(result: dict) -> dict:
 # -- command --------------------------------------------------------------------------------------
 
 DEFAULT_OUT = Path("paper_repro/results/eval")
-
-
-def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--task", default=tasks.DEFAULT_TASK, help=f"one of {sorted(tasks.TASKS)}")
-    parser.add_argument("--problems", type=int, default=300, help="problems (at least 300 for the committed run)")
-    parser.add_argument("--rules", default=None,
-                        help="comma-separated registry keys or labels to run (default: all; SpS always runs)")
-    parser.add_argument("-k", type=int, default=4, help="drafted tokens per step")
-    parser.add_argument("--tree", type=int, nargs="*", default=[], metavar="NODES",
-                        help="also run SpS and Cactus delta = 1 on EAGLE-2 budget trees of these node counts "
-                             "(--tree-depth, --tree-topk; deterministic top-k candidates)")
-    parser.add_argument("--tree-depth", type=int, default=BUDGET_DEPTH,
-                        help=f"levels of the --tree trees (default {BUDGET_DEPTH})")
-    parser.add_argument("--tree-topk", type=int, default=BUDGET_TOPK,
-                        help=f"candidates per grown node of the --tree trees (default {BUDGET_TOPK})")
-    parser.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per problem at most")
-    parser.add_argument("--batch-size", type=int, default=32, help="problems decoded together (one cache piece)")
-    parser.add_argument("--temperature", type=float, default=SAMPLING.temperature, help="sampling temperature")
-    parser.add_argument("--top-k", type=int, default=SAMPLING.top_k, help="sampling top-k (0 = off)")
-    parser.add_argument("--top-p", type=float, default=SAMPLING.top_p, help="sampling top-p (1 = off)")
-    parser.add_argument("--seed", type=int, default=0, help="problems and decoding seed")
-    parser.add_argument("--draft", default="embedded", help="'embedded', a .gguf path, a folder or a hub id")
-    parser.add_argument("--verifier", default="smollm2", help="'smollm2', a .gguf path, a folder or a hub id")
-    parser.add_argument("--draft-path", default=None,
-                        help="with --draft embedded: this checkpoint of the embedded draft instead of the cached build")
-    parser.add_argument("--device", default=None, help="torch device (default cpu)")
-    parser.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
-    parser.add_argument("--no-ablation", action="store_true", help="skip the interpolation ablation")
-    parser.add_argument("--no-lawtests", action="store_true", help="skip the distribution tests")
-    parser.add_argument("--lawtest-prompts", type=int, default=5, help="prompts of the verification-step law tests")
-    parser.add_argument("--lawtest-draws", type=int, default=20_000, help="draws per (rule, prompt) law test")
-    parser.add_argument("--loop-draws", type=int, default=1000,
-                        help="sequences per method for the end-to-end SpS vs verifier-alone check through the loop")
-    parser.add_argument("--out", default=str(DEFAULT_OUT), help="folder for eval.json, eval.md and the figure")
-    parser.add_argument("--cache", default=None, help="per-batch cache folder (default <out>/cache)")
-    parser.add_argument("--no-progress", action="store_true")
-
-
-def check(args) -> None:
-    """Every check that needs no model (``ValueError`` naming the flag), run by the CLI before ``run``:
-    the configuration, ``--rules`` and ``--tree``, the model arguments (their files: ``loading.check_model``),
-    ``--out`` / ``--cache`` writable, ``--device`` a torch device present here (this imports torch, no model),
-    and the draft: ``--draft-path`` a torch.save file, or the embedded draft built."""
-    from ...util.args import check_device, check_writable_dir
-    from ..draft_config import check_draft_built, check_draft_file
-    from ..loading import check_model
-
-    _check_args(args)
-    only = [s.strip() for s in args.rules.split(",") if s.strip()] if args.rules else None
-    methods(only=only, trees=eval_trees(args))
-    check_model(args.verifier, "--verifier")
-    check_model(args.draft, "--draft")
-    if args.draft == "embedded" and args.verifier != "smollm2":
-        raise ValueError(f"--draft embedded is built for --verifier smollm2, got --verifier {args.verifier!r}; "
-                         "give a --draft model that shares the verifier's tokenizer")
-    check_writable_dir(args.out, "--out")
-    check_writable_dir(args.cache, "--cache")
-    check_device(args.device)
-    if args.draft_path is not None:
-        check_draft_file(args.draft_path, "--draft-path")
-    elif args.draft == "embedded":  # not built yet: say so now, not after the verifier loads
-        check_draft_built(args.verifier)
-
-
-def _check_args(args) -> EvalConfig:
-    cfg = EvalConfig(task=args.task, problems=args.problems, seed=args.seed, k=args.k,
-                     max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                     sampling=Sampling(args.temperature, args.top_k, args.top_p).as_dict(),
-                     pair=f"{args.draft}->{args.verifier}")
-    cfg.check()
-    for name in ("lawtest_prompts", "lawtest_draws", "loop_draws"):
-        v = getattr(args, name)
-        if not isinstance(v, int) or v < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be an integer >= 1, got {v!r}")
-    if args.threads is not None and args.threads < 1:
-        raise ValueError(f"--threads must be >= 1, got {args.threads!r}")
-    if args.draft_path is not None and (args.draft != "embedded" or not os.path.isfile(args.draft_path)):
-        raise ValueError(f"--draft-path must be an existing file and goes with --draft embedded, got "
-                         f"{args.draft_path!r} with --draft {args.draft!r}")
-    return cfg
 
 
 def eval_trees(args) -> list:
@@ -824,28 +743,14 @@ def evaluate(pair, cfg: EvalConfig, out_dir: Path, cache_dir: Path | None = None
     return res
 
 
-def run(args) -> int:
-    cfg = _check_args(args)
-    only = [s.strip() for s in args.rules.split(",") if s.strip()] if args.rules else None
-    trees = eval_trees(args)
-    methods(only=only, trees=trees)  # validates --rules and --tree before loading models
-    import torch
+def save_figure(fig, path_stem) -> None:
+    """``fig`` as ``<path_stem>.png`` and ``.svg``, byte-stable (no software / date stamps, a fixed SVG hash salt),
+    each written atomically; the folder is made if missing."""
+    import matplotlib.pyplot as plt
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    cfg.pair = pair_id(args.draft, args.verifier, args.draft_path)
-    pair = load_eval_pair(args.draft, args.verifier, args.draft_path)
-    if args.device:
-        pair.draft.to(args.device)
-        pair.verifier.to(args.device)
-    lt = None if args.no_lawtests else {"prompts": args.lawtest_prompts, "draws": args.lawtest_draws,
-                                        "loop_draws": args.loop_draws}
-    res = evaluate(pair, cfg, Path(args.out), args.cache, only=only, ablation=not args.no_ablation, lawtests=lt,
-                   progress=not args.no_progress, trees=trees)
-    print(format_table(res))
-    if "lawtests" in res:
-        from .lawtests import format_lawtests
-
-        print(format_lawtests(res["lawtests"]))
-    print(f"wrote {Path(args.out) / 'eval.json'} ({res['wall_seconds']:.0f} s)")
-    return 0
+    stem = Path(path_stem)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    for ext, kw in (("png", {"dpi": 110, "metadata": {"Software": None}}), ("svg", {"metadata": {"Date": None}})):
+        with atomic_path(stem.with_suffix(f".{ext}")) as tmp, \
+                plt.rc_context({"svg.hashsalt": "cactus-theory", "svg.fonttype": "none"}):
+            fig.savefig(tmp, bbox_inches="tight", **kw)

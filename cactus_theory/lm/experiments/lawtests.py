@@ -161,12 +161,16 @@ def run_lawtests(pair, method_list, problems, draws: int = 20_000, loop_draws: i
 
     sampling = sampling or SAMPLING.as_dict()
     # tree rows decode with a chain rule's own rule: their one-step (chain) law is that rule's, tested once
-    rules = [m for m in method_list if m.rule is not None and not m.rule.reads_head
+    rules = [m for m in method_list if m.rule is not None and not m.rule.reads_head and not m.rule.stateful
              and getattr(m, "tree", None) is None]
     # a rule that reads the verifier's head (DropMatch) has no one-step law from (p, q) alone: its law
     # needs the dropout paths' law (dropmatch.path_law), tested in tests/core/test_dropmatch.py instead
     untested = {m.label: "reads the verifier's head: its step law needs the dropout path law (tests/test_dropmatch.py)"
                 for m in method_list if m.rule is not None and m.rule.reads_head}
+    untested.update({m.label: "stateful per sequence (SequenceBudget): no one-step law; its whole-decode law is "
+                              "checked exactly on toy pairs (tests/theory/test_budget.py) and its realised KL per "
+                              "answer is at most its budget (the eval's kl_sum)"
+                     for m in method_list if m.rule is not None and m.rule.stateful})
     untested.update({m.label: "a tree row: its rule's verification step is tested on the chain row; the tree's first "
                               "step is tested against its exact law in paper_repro step l"
                      for m in method_list if getattr(m, "tree", None) is not None})

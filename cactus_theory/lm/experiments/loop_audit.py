@@ -325,6 +325,8 @@ def audit_decode(pair, prompts, *, method: str = "chain", rule=None, k: int = 4,
     rule = SpS() if rule is None else rule
     if rule.reads_head:
         raise ValueError(f"rule: the audit replays verify from (p, q) alone; {rule!r} reads the verifier's head")
+    if rule.stateful:
+        raise ValueError(f"rule: the audit replays each verify call alone; {rule!r} is stateful per sequence")
     if method not in ("chain", "tree", "plain"):
         raise ValueError(f"method must be 'chain', 'tree' or 'plain', got {method!r}")
     seeds = [(seed * 1_000_003 + i) % 2**62 for i in range(len(prompts))]

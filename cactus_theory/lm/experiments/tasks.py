@@ -13,11 +13,17 @@ Scoring (``extract_answer``, ``score``): the integer after the last "answer" in 
 "=" ("5 + 4 = 9."), else the response's last integer (GSM8K's "flexible extract"); exact match with
 the problem's integer answer. ``strict_answer`` (the "answer" form only) is reported beside it.
 
-Task names (``TASKS``): ``add`` (one addition in words, operands 2-30), ``add1`` (the same with
+Task names (``TASKS``): ``add`` (one addition in words, operands 2-30), ``add_wide`` (the same,
+operands 2-40: 1,521 operand pairs, enough for 1,000 distinct questions), ``add1`` (the same with
 one-digit operands), ``arith`` (``a + b`` or ``a - b`` written as an expression, one-digit operands), ``lookup`` (three people's counts given, one asked for), ``sub`` (one subtraction in words), ``add_sub``
 (two steps: add then take away), ``sum3`` (three small quantities added), ``compare`` (the larger
 of two numbers), ``count`` (items in a written list). ``DEFAULT_TASK`` is the one chosen by measured
 verifier accuracy (see the module docstring of ``eval.py``).
+
+Distinct questions (``distinct_problems``): the replicated eval's unit is a question, so its problems are
+drawn without repeats: generator draws whose content (``content_key``: the numbers of an arithmetic
+question, else the question text) was already drawn are skipped. ``DISTINCT`` states how many distinct
+contents each task can yield (``arith`` has 100: too few for a 1,000-question eval).
 """
 
 from __future__ import annotations
@@ -27,8 +33,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["Problem", "TASKS", "DEFAULT_TASK", "INSTRUCTION", "make_problems", "extract_answer", "strict_answer",
-           "score"]
+__all__ = ["Problem", "TASKS", "DEFAULT_TASK", "INSTRUCTION", "DISTINCT", "make_problems", "distinct_problems",
+           "content_key", "extract_answer", "strict_answer", "score"]
 
 INSTRUCTION = "Explain briefly, then give the final answer as a number."
 
@@ -59,6 +65,12 @@ def _add(rng: random.Random) -> tuple[str, int]:
 
 def _add1(rng: random.Random) -> tuple[str, int]:
     a, b = rng.randint(2, 9), rng.randint(2, 9)
+    name, item = rng.choice(_NAMES), rng.choice(_ITEMS)
+    return f"{name} has {a} {item}. {name} gets {b} more {item}. How many {item} does {name} have now?", a + b
+
+
+def _add_wide(rng: random.Random) -> tuple[str, int]:
+    a, b = rng.randint(2, 40), rng.randint(2, 40)
     name, item = rng.choice(_NAMES), rng.choice(_ITEMS)
     return f"{name} has {a} {item}. {name} gets {b} more {item}. How many {item} does {name} have now?", a + b
 
@@ -115,9 +127,15 @@ def _count(rng: random.Random) -> tuple[str, int]:
 
 
 TASKS: dict[str, Callable[[random.Random], tuple[str, int]]] = {
-    "add": _add, "add1": _add1, "arith": _arith, "lookup": _lookup, "sub": _sub, "add_sub": _add_sub, "sum3": _sum3, "compare": _compare, "count": _count,
+    "add": _add, "add_wide": _add_wide, "add1": _add1, "arith": _arith, "lookup": _lookup, "sub": _sub, "add_sub": _add_sub, "sum3": _sum3, "compare": _compare, "count": _count,
 }
 DEFAULT_TASK = "arith"
+# tasks whose question is defined by its numbers alone (the names and items are decoration): their distinct
+# questions are distinct operand tuples (``content_key``)
+_NUMERIC_CONTENT = {"add", "add_wide", "add1", "arith", "sub", "add_sub", "sum3", "compare"}
+# how many distinct contents each task can yield (operand tuples, or texts; lookup / count: more than any eval asks)
+DISTINCT = {"add": 29 * 29, "add_wide": 39 * 39, "add1": 8 * 8, "arith": 100, "sub": sum(a - 3 for a in range(10, 41)),
+            "add_sub": None, "sum3": 9 ** 3, "compare": 90 * 89, "lookup": None, "count": None}
 
 
 def make_problems(task: str = DEFAULT_TASK, n: int = 300, seed: int = 0) -> list[Problem]:
@@ -131,6 +149,42 @@ def make_problems(task: str = DEFAULT_TASK, n: int = 300, seed: int = 0) -> list
     for i in range(n):
         text, answer = TASKS[task](random.Random(f"{task}/{seed}/{i}"))
         out.append(Problem(f"{task}/{seed}/{i}", f"{text} {INSTRUCTION}", int(answer)))
+    return out
+
+
+def content_key(task: str, question: str) -> str:
+    """What makes two questions of ``task`` the same question: the numbers it states, in order (plus the
+    operator for ``arith``), for the arithmetic tasks whose names and items are decoration; else the text."""
+    if task in _NUMERIC_CONTENT:
+        body = question.split("?")[0]
+        ops = re.findall(r"[+-] ", body) if task == "arith" else []
+        return " ".join(re.findall(r"\d+", body) + ops)
+    return question
+
+
+def distinct_problems(task: str, n: int, seed: int = 0) -> list[Problem]:
+    """``n`` problems of ``task`` with ``n`` distinct contents (``content_key``): generator draws ``i = 0, 1,
+    ...`` (problem ``i`` as in ``make_problems``), a draw whose content came earlier skipped. Prefix-stable
+    (the first ``m`` of a longer list are the shorter list); ids keep the draw index. ``ValueError`` when the
+    task cannot yield ``n`` distinct questions (``DISTINCT``), before any draw."""
+    if task not in TASKS:
+        raise ValueError(f"task must be one of {sorted(TASKS)}, got {task!r}")
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"n must be an integer >= 1 (problems), got {n!r}")
+    cap = DISTINCT.get(task)
+    if cap is not None and n > cap:
+        raise ValueError(f"task {task!r} has only {cap} distinct questions, asked for n = {n}")
+    out, seen, i = [], set(), 0
+    limit = 50 * n + 10_000
+    while len(out) < n:
+        if i >= limit:
+            raise ValueError(f"task {task!r}: only {len(out)} distinct questions in {limit} draws, asked for n = {n}")
+        text, answer = TASKS[task](random.Random(f"{task}/{seed}/{i}"))
+        key = content_key(task, text)
+        if key not in seen:
+            seen.add(key)
+            out.append(Problem(f"{task}/{seed}/{i}", f"{text} {INSTRUCTION}", int(answer)))
+        i += 1
     return out
 
 
