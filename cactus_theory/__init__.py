@@ -27,13 +27,18 @@ from .core.exact import acceptance_rate, induced_distribution, step_divergence
 from .core.registry import make_rule, rule_classes
 from .core.rules import (
     EARS,
+    FSD,
     TAS,
     Cactus,
     DropMatch,
     Ensemble,
+    EntropyVerify,
+    Eta,
     FLy,
     Interpolation,
+    Lenience,
     MedusaTypical,
+    MinP,
     RelaxedAcceptance,
     Rule,
     SGLangThreshold,
@@ -77,5 +82,5 @@ __all__ = [
     "js", "kl", "reverse_kl", "tv", "acceptance_rate", "induced_distribution", "step_divergence",
     "EARS", "RULE_CLASSES", "TAS", "Cactus", "Interpolation", "Rule", "SpS", "TopK", "make_rule",
     "two_block_root", "SGLangThreshold", "RelaxedAcceptance", "MedusaTypical", "FLy", "DropMatch", "Ensemble",
-    "check_sampler", "check_generation", "SequenceBudget",
+    "EntropyVerify", "Lenience", "MinP", "Eta", "FSD", "check_sampler", "check_generation", "SequenceBudget",
 ]

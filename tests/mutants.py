@@ -314,7 +314,9 @@ PORTS: list[Port] = [
          "        phi = xp.where(q_n > self.threshold_single, xp.ones_like(q_n), q_n / self.threshold_acc)",
          (CF + "test_rule_laws.py::test_rule_law_against_the_reference", "tests/core/test_production_rules.py")),
     Port("sglang-residual-keeps-n", "SGLang recovers from q (the drafted token not removed)", R,
+         "whatever the thresholds\n\n    def residual(self, p, q, n, *, check=True):\n"
          "        \"\"\"``g_n = (q - q_n e_n) / (1 - q_n)``.\"\"\"\n        if check:\n            _check_inputs(p, q, n)\n        return _without_n(q + 0 * p, n)",
+         "whatever the thresholds\n\n    def residual(self, p, q, n, *, check=True):\n"
          "        \"\"\"``g_n = (q - q_n e_n) / (1 - q_n)``.\"\"\"\n        if check:\n            _check_inputs(p, q, n)\n        return q + 0 * p",
          ("tests/core/test_production_rules.py::test_sglang_matches_its_kernel_and_is_lossless_at_one",)),
     Port("relaxed-floor-max-times", "RelaxedAcceptance's floor max q (1 - delta) instead of max q - delta", R,
@@ -521,8 +523,8 @@ PORTS: list[Port] = [
          "            if False and a.numel():",
          (CF + "test_tree_sampler.py",)),
     Port("block-bonus-wrong-row", "verify_block draws the bonus from the last draft's row, not row k", BT,
-         "    dist = torch.where((tau == k).unsqueeze(-1), verifier_probs[:, k].to(dt), res)",
-         "    dist = torch.where((tau == k).unsqueeze(-1), verifier_probs[:, k - 1].to(dt), res)",
+         "# a 0-prob event\n    dist = torch.where((tau == k).unsqueeze(-1), verifier_probs[:, k].to(dt), res)",
+         "# a 0-prob event\n    dist = torch.where((tau == k).unsqueeze(-1), verifier_probs[:, k - 1].to(dt), res)",
          (CF + "test_chain_samplers.py::test_block_verification",)),
     Port("v1-bonus-wrong-request", "the V1 hook hands a sub-batch the first bonus ids of the batch, not its own", VL,
          "bonus_token_ids[reqs], SpS() if is_greedy",

@@ -24,7 +24,7 @@ from . import divergences as D
 from . import rules as R
 from .sampling import SAMPLING as _SAMPLING
 
-__all__ = ["Param", "RuleSpec", "DivergenceSpec", "RULES", "DIVERGENCES", "VERIFICATION", "spec", "make", "make_rule",
+__all__ = ["Param", "RuleSpec", "flag", "DivergenceSpec", "RULES", "DIVERGENCES", "VERIFICATION", "spec", "make", "make_rule",
            "label", "colour", "marker", "sweep", "verification", "add_rule_arguments", "rule_from_args", "rule_classes", "SAMPLING",
            "add_sampling_arguments"]
 
@@ -107,6 +107,18 @@ class RuleSpec:
     def sweep_label(self) -> str:
         """``Cactus (delta)``: the family and its swept parameter."""
         return f"{self.label} ({self.sweep[0]})" if self.sweep[0] else self.label
+
+
+def flag(value) -> bool:
+    """A yes / no rule option (``Eta``'s ``soft``): ``1`` / ``0``, ``true`` / ``false`` (any case) or a bool, read as
+    the bool the rule keeps; the type of its ``Param`` (the command line, the vLLM spec string ``soft=True``).
+    Anything else raises ``ValueError``."""
+    text = str(value).strip().lower()  # numpy's bools write True / False too
+    if text in ("1", "true"):
+        return True
+    if text in ("0", "false"):
+        return False
+    raise ValueError(f"a yes / no option is 1 / 0 or true / false, got {value!r}")
 
 
 def _fmt(v) -> str:
@@ -221,6 +233,42 @@ RULES: dict[str, RuleSpec] = {s.key: s for s in (
              ("entropy_threshold", (1.2, 0.8, 0.6, 0.3, 0.1, 0.0)), verification="collaborative",
              why="SpS's ratio test; a rejection is deferred where q's top-k entropy is high",
              summary="vLLM FLy: SpS, plus deferral of a rejection where the top-k entropy of q is high"),
+    RuleSpec("entropy_verify", R.EntropyVerify, "entropy verify (vLLM-Ascend)", "teal", "d",
+             (Param("threshold", "--ascend-threshold", float,
+                    "vLLM-Ascend posterior_threshold: the uniform's scale is min(threshold, exp(-alpha H(q)))"),
+              Param("alpha", "--ascend-alpha", float, "vLLM-Ascend posterior_alpha (entropy weight)"),
+              Param("entropy_eps", "--ascend-entropy-eps", float, "vLLM-Ascend's eps in -sum q log(q + eps)")),
+             ("alpha", (0.0, 0.2, 0.4, 0.8, 1.6, 3.2)), verification="collaborative",
+             why="SpS's ratio test q_n / p_n against a uniform scaled down by an entropy factor of q",
+             summary="vLLM-Ascend enable_entropy_verify: accept iff q_n / p_n >= min(threshold, exp(-alpha H(q))) u; "
+                     "recover (q - p)_+"),
+    # the rules "Revisiting Lossy Verification in Speculative Decoding" compares (Fast-HSD), and FSD
+    RuleSpec("lenience", R.Lenience, "lenience (Fast-HSD)", "crimson", "8",
+             (Param("lenience", "--lenience", float, "lenience l in (0, 1]: accept with min(1, q_n / (l p_n))"),),
+             ("lenience", (1.0, 0.8, 0.6, 0.4, 0.2)), verification="collaborative",
+             why="SpS's ratio test with the draft's probability scaled by the lenience",
+             summary="lenience-based relaxation: accept with min(1, q_n / (l p_n)), recover (q - p)_+"),
+    RuleSpec("min_p", R.MinP, "min-p (SpecCascades)", "darkviolet", "1",
+             (Param("min_p", "--min-p-rule", float, "min-p rule: accept iff q_n >= min_p max q"),),
+             ("min_p", (0.9, 0.7, 0.5, 0.3, 0.1)), verification="truncation",
+             why="n must be in q's min-p set; p is never read",
+             summary="SpecCascades' min-p truncation: accept iff q_n >= min_p max q; recover q without n"),
+    RuleSpec("eta", R.Eta, "eta (Fast-HSD)", "sienna", "2",
+             (Param("epsilon", "--eta-epsilon", float, "eta rule: tau = min(epsilon, delta exp(-H(q)))"),
+              Param("delta", "--eta-delta", float, "eta rule: the entropy term's weight delta"),
+              Param("soft", "--eta-soft", flag, "eta rule: 1 / true accepts with min(1, q_n / tau) (Fast-HSD's EAGLE "
+                    "path), 0 / false iff q_n >= tau", choices=(False, True))),
+             ("epsilon", (0.05, 0.1, 0.15, 0.2, 0.25)), verification="truncation",
+             why="q_n must clear the eta-sampling threshold of q; p is never read",
+             summary="eta truncation: accept iff q_n >= min(epsilon, delta exp(-H(q))) (soft: with min(1, q_n / tau)); "
+                     "recover q without n"),
+    RuleSpec("fsd", R.FSD, "FSD", "navy", "3",
+             (Param("threshold", "--fsd-threshold", float, "FSD: accept every draft iff D(p, q) <= threshold"),
+              Param("divergence", "--fsd-divergence", str, "FSD's divergence, as its code computes it",
+                    choices=R.FSD_DIVERGENCES)),
+             ("threshold", (0.0, 0.05, 0.1, 0.2, 0.4, 0.8)), verification="collaborative",
+             why="the whole draft row p against q: accepted iff their divergence is below the threshold",
+             summary="Fuzzy Speculative Decoding: accept iff D(p, q) <= threshold; recover a sample of q"),
     # other systems the paper and its peers compare
     RuleSpec("dropmatch", R.DropMatch, "DropMatch", "tab:cyan", "p",
              (Param("rate", "--dropmatch-rate", float, "DropMatch dropout probability on the LM head's input"),

@@ -53,6 +53,7 @@ __all__ = [
     "CONVENTIONS", "FLOAT32_TINY",
     "two_block_divergence", "two_block_root", "taylor_gamma",
     "SGLangThreshold", "RelaxedAcceptance", "MedusaTypical", "FLy", "DropMatch", "DropMatchAt", "descending_rank",
+    "EntropyVerify", "Lenience", "MinP", "Eta", "FSD", "FSD_DIVERGENCES", "fsd_divergence",
     "check_rule", "refuse_stateful",
 ]
 
@@ -169,14 +170,18 @@ def _pos(x: Array) -> Array:
 # (see ``Rule.__init_subclass__``), so a deliberately wrong port is always run from its own code.
 _VOUCHED = {
     # acceptance reads p_n, q_n only: no statistic of the row q (safe value: True, stats are computed)
-    "needs_row_stats": ("row_stats", "stats_at", "stats_all", "phi", "accept_from", "accept_prob", "accept_prob_all"),
+    "needs_row_stats": ("row_stats", "stats_at", "stats_all", "pair_stats_at", "pair_stats_all", "phi", "accept_from",
+                        "accept_prob", "accept_prob_all"),
     # phi_n = min(1, gamma(q_n) / p_n), g_n = (h - p)_+ with the two-block h (safe value: False)
     "two_block": ("phi", "accept_from", "accept_prob", "accept_prob_all", "residual", "h_n", "target_rows",
                   "scale"),
     # the bonus token is drawn from q itself (safe value: False, the engines call ``bonus``)
     "bonus_from_q": ("bonus",),
+    # acceptance reads a statistic of the pair of rows (p, q), not of q alone (safe value: True, the engines
+    # pass the draft's rows to ``pair_stats_at``, whose default is ``stats_at``)
+    "reads_draft_row": ("pair_stats_at", "pair_stats_all"),
 }
-_SAFE = {"needs_row_stats": True, "two_block": False, "bonus_from_q": False}
+_SAFE = {"needs_row_stats": True, "two_block": False, "bonus_from_q": False, "reads_draft_row": True}
 
 
 @dataclass(frozen=True)
@@ -192,6 +197,9 @@ class Rule:
                              row ``q`` itself, as every lossless scheme and most servers do; False: the
                              engines (``sampler.verify`` / ``verify_flat``, ``toy.sequence_law``) draw it
                              from ``bonus(q)`` (Medusa emits ``argmax q``).
+        ``reads_draft_row``  the statistics ``phi`` reads come from the pair of rows ``(p, q)`` (FSD's divergence
+                             of the draft's row from the verifier's), not from ``q`` alone: the engines then
+                             pass the draft's rows to ``pair_stats_at`` (one-hot rows for one-hot drafts).
         ``reads_head``       judging a step needs the verifier's final hidden states and LM head at the
                              drafted positions (DropMatch), not only ``(p, q)``: the decode loop then
                              exposes them in the step it passes to ``bind``.
@@ -213,6 +221,7 @@ class Rule:
     two_block: ClassVar[bool] = False
     bonus_from_q: ClassVar[bool] = True
     reads_head: ClassVar[bool] = False
+    reads_draft_row: ClassVar[bool] = False
     _QUIET: ClassVar[tuple] = ()  # options ``repr`` shows only away from their defaults (``_quiet_repr``)
     _AUTHORS_RECOVERY: ClassVar[str] = ""  # the recovery of convention "authors": "floor", "token0", "" (ours)
     stateful: ClassVar[bool] = False
@@ -257,6 +266,16 @@ class Rule:
         """The statistics ``phi`` reads at the drafted tokens ``n`` (...): each of shape (...).
         Default: ``row_stats(q)`` without its last axis (a row statistic is the same for every token)."""
         return tuple(s[..., 0] for s in self.row_stats(q))
+
+    def pair_stats_at(self, p: Array, q: Array, n: Array) -> tuple:
+        """The statistics ``phi`` reads at the drafted tokens ``n`` (...), from the draft's rows ``p`` and the
+        verifier's ``q`` (..., V): each of shape (...). Default: ``stats_at(q, n)`` (``p`` is not read); a rule
+        that declares ``reads_draft_row`` reads both."""
+        return self.stats_at(q, n)
+
+    def pair_stats_all(self, p: Array, q: Array) -> tuple:
+        """``stats_all`` from the pair of rows: each broadcasts against ``q`` (..., V). Default: ``stats_all(q)``."""
+        return self.stats_all(q)
 
     def phi(self, p_n: Array, q_n: Array, *stats: Array) -> Array:
         """Acceptance probability before the ``p_n = 0`` convention (elementwise)."""
@@ -310,11 +329,11 @@ class Rule:
         """``phi_n``: probability of accepting drafted token ``n``; (..., V) x2, (...) -> (...)."""
         if check:
             _check_inputs(p, q, n)
-        return self.accept_from(gather(p, n), gather(q, n), *self.stats_at(q, n))
+        return self.accept_from(gather(p, n), gather(q, n), *self.pair_stats_at(p, q, n))
 
     def accept_prob_all(self, p: Array, q: Array) -> Array:
         """``phi_n`` for every candidate ``n`` at once: (..., V) -> (..., V)."""
-        return self.accept_from(p, q, *self.stats_all(q))
+        return self.accept_from(p, q, *self.pair_stats_all(p, q))
 
     def target(self, p: Array, q: Array, n: Array, *, check: bool = True) -> Array:
         raise TypeError(f"{type(self).__name__} is not defined by a target distribution h")
@@ -1172,6 +1191,290 @@ class FLy(Rule):
         if check:
             _check_inputs(p, q, n)
         return _normalise(_pos(q - p), q + 0 * p)
+
+
+def _ratio_over(p_n: Array, q_n: Array, c) -> Array:
+    """``q_n / (c p_n)``, 0 where ``p_n = 0``, and 1 where ``c = 0`` (a test ``q_n / p_n >= c u`` then always
+    passes): the acceptance of a ratio test whose uniform is scaled by ``c`` in (0, 1]."""
+    xp = xp_of(p_n, q_n)
+    with errstate():
+        ratio = q_n / xp.where(p_n > 0, p_n, xp.ones_like(p_n))
+        c = c + 0 * ratio
+        scaled = xp.where(c > 0, ratio / xp.where(c > 0, c, xp.ones_like(c)), xp.ones_like(ratio))
+    return where0(p_n > 0, scaled)
+
+
+@dataclass(frozen=True)
+class EntropyVerify(Rule):
+    """vLLM-Ascend's entropy verification (``rejection_sampler_config.enable_entropy_verify``), one position.
+
+    The ratio test's uniform is scaled by an entropy-dependent factor ``c(q) = min(threshold, exp(-alpha H(q)))``,
+    ``H(q) = -sum_i q_i log(q_i + entropy_eps)``: a draft is accepted iff ``q_n / p_n >= c(q) u``, so
+
+        ``phi_n = min(1, q_n / (c(q) p_n))``,   ``g_n = (q - p)_+ / sum (q - p)_+``  (``q`` if that is zero),
+
+    and the bonus token is drawn from ``q``. ``c <= threshold <= 1``: the acceptance is SpS's divided by ``c``,
+    the recovery SpS's, so the step is lossy for every ``c < 1`` (``threshold = 1, alpha = 0`` is SpS). A confident
+    ``q`` (small ``H``) keeps ``c`` near ``threshold``; a spread-out ``q`` lowers it and accepts more.
+    ``alpha = 0`` gives the constant ``c = threshold``: ``Lenience(threshold)``'s law.
+
+    Upstream: vllm-project/vllm-ascend ``vllm_ascend/sample/rejection_sampler.py`` (``rejection_random_sample_pytorch``,
+    ``ENTROPY_VERIFY``) and ``vllm_ascend/ops/triton/reject_sample.py`` (``rejection_random_sample_kernel``),
+    ``vllm_ascend/ascend_config.py`` (``RejectionSamplerConfig``: ``posterior_threshold = 0.95`` in (0, 1],
+    ``posterior_alpha = 0.4`` >= 0) @ main 182b75e (2026-08-22; describe: v0.19.1rc1-1637): accept iff
+    ``p_n > 0`` and ``q_n / p_n >= min(exp(-alpha H), threshold) u`` with ``EPSILON = 1e-10`` in the entropy;
+    recovery vLLM's ``(q - p)_+`` race. Match: yes where the row ``q`` passed here is the one the entropy is read
+    from; upstream reads ``H`` from the softmax of the target's raw logits (before temperature, penalties and
+    top-k / top-p) and ``q_n`` from the processed row, so with sampling transforms the two rows differ (not
+    modelled: pass the raw row's entropy through ``alpha`` and ``threshold`` only at temperature 1 without
+    truncation). Its block verification (``enable_block_verify``) is ``theory.tree.verify_block_ascend``.
+    """
+
+    threshold: float = 0.95
+    alpha: float = 0.4
+    entropy_eps: float = 1e-10
+    needs_row_stats: ClassVar[bool] = True
+
+    def __post_init__(self):
+        _check_prob_param(self, "threshold", low_open=True)
+        _set(self, alpha=check_nonneg(self.alpha, "alpha"), entropy_eps=check_nonneg(self.entropy_eps, "entropy_eps"))
+
+    def scale(self, q: Array) -> Array:
+        """``c(q) = min(threshold, exp(-alpha H(q)))``, ``H(q) = -sum_i q_i log(q_i + entropy_eps)``: (..., V) -> (...)."""
+        xp = xp_of(q)
+        with errstate():
+            h = -xp.sum(xlogy(q, q + self.entropy_eps), axis=-1)
+            return xp.clip(xp.exp(-self.alpha * h), None, self.threshold)
+
+    def row_stats(self, q):
+        return (self.scale(q)[..., None],)
+
+    def phi(self, p_n, q_n, c):
+        return _ratio_over(p_n, q_n, c)
+
+    def residual(self, p, q, n, *, check=True):
+        """``g_n = (q - p)_+ / sum (q - p)_+`` (``q`` if that is zero)."""
+        if check:
+            _check_inputs(p, q, n)
+        return _normalise(_pos(q - p), q + 0 * p)
+
+
+# -- the rules "Revisiting Lossy Verification in Speculative Decoding" compares, and Fuzzy Speculative Decoding -----
+
+
+@dataclass(frozen=True)
+class Lenience(Rule):
+    """Lenience-based relaxation (Fast-HSD, "Revisiting Lossy Verification in Speculative Decoding"): the draft's
+    probability is scaled by the lenience ``l`` in (0, 1] before SpS's ratio test,
+
+        ``phi_n = min(1, q_n / (l p_n))``,   ``g_n = (q - p)_+ / sum (q - p)_+``  (``q`` if that is zero),
+
+    bonus from ``q``. ``l = 1`` is SpS. Exact law (the paper's Eq. 7, checked in the tests): ``h_alg(y) = q_y / l``
+    where ``p_y >= q_y / l``, ``p_y`` where ``q_y < p_y < q_y / l``, and ``p_y + D (q_y - p_y)`` where ``q_y >= p_y``,
+    with ``D = R / TV(p, q)`` and ``R = sum_y (p_y - q_y / l)_+`` the rejected mass.
+
+    Upstream: ZhouYuxuanYX/Fast-HSD ``fast_hsd/core/collaborative_verification.py`` (``lenience_accept_prob``,
+    ``lenience_yield_distribution``) @ 812560c and the patched ``transformers/generation/utils.py``
+    (``_speculative_sampling``: the draft's ``q_i`` times ``lenience``, recovery ``clamp(p - q, 0)``) @ d409d62
+    (their letters swap ours: their ``p`` is the target). Match: yes (chain). Its EAGLE path
+    (``EAGLE/eagle/model/utils.py``, ``evaluate_posterior``) reads no draft probability (``min(1, q_n / l)``, recovery
+    ``q`` without ``n``): ``SGLangThreshold(1.0, l)``'s law, not this class.
+    """
+
+    lenience: float = 0.5
+    needs_row_stats: ClassVar[bool] = False  # phi reads p_n and q_n only
+
+    def __post_init__(self):
+        _check_prob_param(self, "lenience", low_open=True)
+
+    def phi(self, p_n, q_n, *stats):
+        return _ratio_over(p_n, q_n, self.lenience)
+
+    def residual(self, p, q, n, *, check=True):
+        """``g_n = (q - p)_+ / sum (q - p)_+`` (``q`` if that is zero)."""
+        if check:
+            _check_inputs(p, q, n)
+        return _normalise(_pos(q - p), q + 0 * p)
+
+
+@dataclass(frozen=True)
+class MinP(Rule):
+    """SpecCascades' min-p truncation (Narasimhan et al. 2024), as Fast-HSD runs it: accept the drafted token iff it
+    lies in the min-p set of the verifier's law, deterministically; on rejection emit a token of ``q`` other than
+    ``n``:
+
+        ``phi_n = 1[q_n >= min_p max q]``,   ``g_n = (q - q_n e_n) / (1 - q_n)``  (``q`` where ``q_n = 1``),
+
+    bonus from ``q``. ``min_p = 1`` accepts only ``q``'s maxima; ``min_p = 0`` every token (``q_n = 0`` included:
+    ``0 >= 0``, as upstream).
+
+    Upstream: ZhouYuxuanYX/Fast-HSD ``fast_hsd/core/truncation_verification.py`` (``min_p_allowed_set``,
+    ``speccascade_accepts``) @ 812560c and ``EAGLE/eagle/model/utils.py`` (``evaluate_posterior`` with ``min_p``:
+    ``acp = 1[p(x) >= max p * min_p]``; a rejected ``x`` is zeroed in the target row, which is renormalised and
+    sampled) @ 6750413; ``configs/methods/speccascade.json`` sweeps 0.1 .. 0.9. Match: yes (chain); upstream
+    samples ``q`` itself instead where the rest of the row sums to at most 1e-9 (ours: only where it is 0).
+    """
+
+    min_p: float = 0.1
+    needs_row_stats: ClassVar[bool] = True
+
+    def __post_init__(self):
+        _check_prob_param(self, "min_p")
+
+    def row_stats(self, q):
+        xp = xp_of(q)
+        return (self.min_p * xp.max(q, axis=-1, keepdims=True),)
+
+    def phi(self, p_n, q_n, floor):
+        xp = xp_of(q_n)
+        return xp.astype(q_n >= floor, q_n.dtype)
+
+    def residual(self, p, q, n, *, check=True):
+        """``g_n = (q - q_n e_n) / (1 - q_n)``."""
+        if check:
+            _check_inputs(p, q, n)
+        return _without_n(q + 0 * p, n)
+
+
+@dataclass(frozen=True)
+class Eta(Rule):
+    """Eta truncation as an acceptance test (Medusa-style typical acceptance, as Fast-HSD states it): with the
+    eta-sampling threshold ``tau(q) = min(epsilon, delta exp(-H(q)))`` (``H`` Shannon's entropy of ``q``),
+
+        ``phi_n = 1[q_n >= tau(q)]``  (``soft = False``),   ``phi_n = min(1, q_n / tau(q))``  (``soft = True``),
+        ``g_n = (q - q_n e_n) / (1 - q_n)``  (``q`` where ``q_n = 1``),
+
+    bonus from ``q``. ``soft = True`` with ``delta = sqrt(epsilon)`` is Fast-HSD's EAGLE path. Relation to ``TAS``:
+    the same threshold shape, but ``>=`` (TAS: ``>``) and a recovery from ``q`` without ``n`` (TAS: ``argmax q``).
+
+    Upstream: ZhouYuxuanYX/Fast-HSD ``fast_hsd/core/truncation_verification.py`` (``eta_allowed_set``,
+    ``medusa_typical_accepts``: ``q_n >= min(epsilon, delta exp(-H))``, ``delta = 1`` by default) @ 812560c and
+    ``EAGLE/eagle/model/utils.py`` (``evaluate_posterior`` with ``eta``: ``min(q_n / tau, 1)``, ``tau = min(eta,
+    sqrt(eta) exp(-H))``, ``H`` of ``q`` clamped at 1e-10; 1 where ``tau <= 1e-9``; recovery ``q`` without ``n``)
+    @ 6750413; ``configs/methods/typical_sampling.json`` sweeps 0.05 .. 0.25. Match: yes (chain) but for that
+    clamp, which adds at most ``2.3e-9 V`` nats to ``H`` upstream.
+    """
+
+    epsilon: float = 0.1
+    delta: float = 1.0
+    soft: bool = False
+    needs_row_stats: ClassVar[bool] = True
+
+    def __post_init__(self):
+        _set(self, epsilon=check_number(self.epsilon, "epsilon", low=0.0, low_open=True, high=1.0,
+                                        what="a number in (0, 1]"),
+             delta=check_number(self.delta, "delta", low=0.0, low_open=True, what="a positive number"))
+        if not (isinstance(self.soft, (bool, np.bool_)) or (isinstance(self.soft, (int, np.integer))
+                                                             and self.soft in (0, 1))):
+            raise ValueError(f"soft must be True or False (or 1 / 0), got {self.soft!r}")
+        _set(self, soft=bool(self.soft))
+
+    def threshold(self, q: Array) -> Array:
+        """``tau(q) = min(epsilon, delta exp(sum_i q_i log q_i))``: (..., V) -> (...)."""
+        xp = xp_of(q)
+        with errstate():
+            return xp.clip(self.delta * xp.exp(xp.sum(xlogy(q, q), axis=-1)), None, self.epsilon)
+
+    def row_stats(self, q):
+        return (self.threshold(q)[..., None],)
+
+    def phi(self, p_n, q_n, tau):
+        xp = xp_of(q_n)
+        if self.soft:
+            return xp.clip(q_n / tau, 0.0, 1.0)  # tau > 0: exp(-H) >= 1 / V
+        return xp.astype(q_n >= tau, q_n.dtype)
+
+    def residual(self, p, q, n, *, check=True):
+        """``g_n = (q - q_n e_n) / (1 - q_n)``."""
+        if check:
+            _check_inputs(p, q, n)
+        return _without_n(q + 0 * p, n)
+
+
+FSD_DIVERGENCES = ("js_div", "kl_div", "tv_div")
+
+
+def fsd_divergence(p: Array, q: Array, divergence: str = "js_div") -> Array:
+    """The divergence FSD thresholds, as its code computes it (``torch.nn.functional.kl_div(log a, b) = KL(b || a)``,
+    with its ``p`` the target, our ``q``): (..., V) x2 -> (...).
+
+        ``"kl_div"``  ``KL(p || q) = sum p log(p / q)`` (the draft's row against the verifier's);
+        ``"js_div"``  ``(KL(m || p) + KL(m || q)) / 2``, ``m = (p + q) / 2`` (the reverse of Jensen-Shannon's
+                      ``(KL(p || m) + KL(q || m)) / 2``: infinite where one row is 0 and the other is not);
+        ``"tv_div"``  ``sum |p - q| / 2``."""
+    xp = xp_of(p, q)
+    with errstate():
+        if divergence == "tv_div":
+            return xp.sum(xp.abs(p - q), axis=-1) / 2
+        if divergence == "kl_div":
+            return xp.sum(xlogy(p, p) - xlogy(p, q), axis=-1)
+        m = (p + q) / 2
+        return (xp.sum(xlogy(m, m) - xlogy(m, p), axis=-1) + xp.sum(xlogy(m, m) - xlogy(m, q), axis=-1)) / 2
+
+
+@dataclass(frozen=True)
+class FSD(Rule):
+    """Fuzzy Speculative Decoding (Holsman, Huang, Dhingra, arXiv 2502.20704, ACL Findings 2025): every draft at a
+    position is accepted iff the draft's and the verifier's rows are within ``threshold`` of each other, and on
+    rejection the verifier's row is sampled (no residual):
+
+        ``phi_n = 1[D(p, q) <= threshold]``,   ``g_n = q``,   bonus from ``q``,
+
+    ``D = fsd_divergence(p, q, divergence)``. The step's law is ``p`` where ``D <= threshold`` and ``q`` elsewhere;
+    ``threshold = 0`` accepts only where ``D = 0`` (``p = q``): lossless. The test reads the whole draft row
+    (``reads_draft_row``), not only ``p_n``.
+
+    Upstream: maxholsman/fsd ``fsd_utils.py`` (``_speculative_backoff_sampling``: ``is_accepted = divs <=
+    div_threshold``; after the first rejection ``multinomial`` of the target's row; ``fsd_div_type`` default
+    ``"js_div"``) @ e92a157 (2025-03-03). Match: yes for the divergences above, where the rows passed here are the
+    ones the divergence is read from: upstream reads it from the softmax of both models' raw logits (before
+    temperature and top-k / top-p) and samples the processed target row (not modelled); its top-k / top-p variants
+    of the divergence are not modelled.
+    """
+
+    threshold: float = 0.4
+    divergence: str = "js_div"
+    needs_row_stats: ClassVar[bool] = True
+    reads_draft_row: ClassVar[bool] = True
+
+    def __post_init__(self):
+        _set(self, threshold=check_nonneg(self.threshold, "threshold"))
+        _check_choice(self.divergence, "divergence", FSD_DIVERGENCES)
+
+    def gate(self, p: Array, q: Array) -> Array:
+        """``1[D(p, q) <= threshold]`` per row, in ``q``'s dtype: (..., V) x2 -> (...). ``D`` is computed in float64
+        whatever the rows' dtype: in float32 its cancellations (``m log m - m log p``) leave errors near 1e-7, which
+        decide rows within that of the threshold (``threshold = 0``: two rows a few ulps apart) either way."""
+        xp = xp_of(p, q)
+        d = fsd_divergence(xp.astype(p, xp.float64), xp.astype(q, xp.float64), self.divergence)
+        return xp.astype(d <= self.threshold, q.dtype)
+
+    def _unpaired(self):
+        raise ValueError(f"{self!r} reads the draft's whole row p (reads_draft_row): use pair_stats_at(p, q, n)")
+
+    def row_stats(self, q):
+        self._unpaired()
+
+    def stats_at(self, q, n):
+        self._unpaired()
+
+    def stats_all(self, q):
+        self._unpaired()
+
+    def pair_stats_at(self, p, q, n):
+        return (self.gate(p, q),)
+
+    def pair_stats_all(self, p, q):
+        return (self.gate(p, q)[..., None],)
+
+    def phi(self, p_n, q_n, gate):
+        return gate + 0 * q_n
+
+    def residual(self, p, q, n, *, check=True):
+        """``g_n = q``."""
+        if check:
+            _check_inputs(p, q, n)
+        return q + 0 * p
 
 
 # -- rules that read more than q: the verifier's final hidden state and LM head ------------------------

@@ -186,7 +186,10 @@ def verify(
     # acceptance: one probability per position (+ the rule's row stats of q, if any)
     p_n = p_all.gather(-1, n.unsqueeze(-1)).squeeze(-1).to(dt)  # [B, k]
     q_n = q_all[:, :k].gather(-1, n.unsqueeze(-1)).squeeze(-1).to(dt)  # [B, k]
-    stats = judge.stats_at(q_all[:, :k].to(dt), n) if judge.needs_row_stats else ()  # SpS / Cactus: none
+    if judge.reads_draft_row:  # a statistic of the pair of rows (FSD's divergence)
+        stats = judge.pair_stats_at(p_all.to(dt), q_all[:, :k].to(dt), n)
+    else:
+        stats = judge.stats_at(q_all[:, :k].to(dt), n) if judge.needs_row_stats else ()  # SpS / Cactus: none
     phi = judge.accept_from(p_n, q_n, *stats)  # [B, k]
 
     u = uniforms(generator, B, k + 1, draft_probs.device)  # [B, k + 1] float64
@@ -348,7 +351,11 @@ def verify_flat(
     # acceptance of every drafted position: one probability each (+ the rule's row stats of q)
     q_n = target_probs.gather(-1, n.unsqueeze(-1)).squeeze(-1).to(dt)  # [T]
     p_n = torch.ones_like(q_n) if draft_probs is None else draft_probs.gather(-1, n.unsqueeze(-1)).squeeze(-1).to(dt)
-    stats = rule.stats_at(target_probs.to(dt), n) if rule.needs_row_stats else ()
+    if rule.reads_draft_row:  # a statistic of the pair of rows; one-hot drafts are the rows e_n
+        p_rows = (torch.nn.functional.one_hot(n, V).to(dt) if draft_probs is None else draft_probs.to(dt))
+        stats = rule.pair_stats_at(p_rows, target_probs.to(dt), n)
+    else:
+        stats = rule.stats_at(target_probs.to(dt), n) if rule.needs_row_stats else ()
     phi = rule.accept_from(p_n, q_n, *stats).masked_fill(padded, 0.0)  # [T]
 
     req = torch.repeat_interleave(torch.arange(B, device=dev), counts, output_size=T)  # [T] request of each

@@ -14,7 +14,8 @@ vocabularies. Every registry rule is covered (``COVERED``; the conformance harne
 
 The production rules (SGLang's threshold, relaxed acceptance, Medusa's typical acceptance, vLLM's FLy)
 are written from their upstream kernels' conditions as ``rules.py``'s docstrings quote them: plain
-Python sorts for ranks, ``math.log`` loops for entropies.
+Python sorts for ranks, ``math.log`` loops for entropies. So are issue 27's (vLLM-Ascend's entropy verification,
+Fast-HSD's lenience, min-p and eta, FSD's test on the pair of rows, its divergences from scipy's ``rel_entr``).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ __all__ = ["reference_law", "reference_step", "reference_gamma", "reference_rule
            "bernoulli_divergence", "COVERED"]
 
 COVERED = ("SpS", "Cactus", "TAS", "TopK", "Interpolation", "EARS", "DropMatch", "Ensemble", "SGLangThreshold",
-           "RelaxedAcceptance", "MedusaTypical", "FLy")
+           "RelaxedAcceptance", "MedusaTypical", "FLy", "EntropyVerify", "Lenience", "MinP", "Eta", "FSD")
 TINY32 = float(np.finfo(np.float32).tiny)  # float32's smallest normal number (vLLM 0.7.3's floor, transformers' "zero")
 
 
@@ -263,6 +264,38 @@ def _reference_step(rule, p: np.ndarray, q: np.ndarray, n: int) -> tuple[float, 
         a = min(1.0, q[n] / p[n]) if p[n] > 0 else 0.0
         defer = rule.window_accept if (h_k >= rule.entropy_threshold and q[n] > 0) else 0.0
         return a + (1 - a) * defer, _normalised_pos(q - p, q)
+    if kind in ("EntropyVerify", "Lenience"):  # vLLM-Ascend / Fast-HSD: accept iff q_n / p_n >= c u; recover (q - p)_+
+        if kind == "Lenience":
+            c = rule.lenience
+        else:  # c = min(posterior_threshold, exp(-posterior_alpha * H)), H = -sum q log(q + eps)
+            H = _row_stat("ascend-entropy", q, (rule.entropy_eps,), lambda q: -math.fsum(
+                float(x) * math.log(float(x) + rule.entropy_eps) for x in q if x > 0))
+            c = min(rule.threshold, math.exp(-rule.alpha * H))
+        if p[n] <= 0:  # the draft could not have drawn n (reference_step: phi = 0)
+            return 0.0, _normalised_pos(q - p, q)
+        phi = 1.0 if c == 0 else min(1.0, q[n] / p[n] / c)
+        return phi, _normalised_pos(q - p, q)
+    if kind in ("MinP", "Eta"):  # target-only tests; a rejected n is zeroed in q, which is renormalised
+        if kind == "MinP":
+            accept = float(q[n] >= rule.min_p * q.max())
+        else:
+            H = _row_stat("eta-entropy", q, (), lambda q: -math.fsum(  # the row as given (scipy's entropy would
+                float(x) * math.log(float(x)) for x in q if x > 0))  # renormalise it first)
+            tau = min(rule.epsilon, rule.delta * math.exp(-H))
+            accept = min(1.0, q[n] / tau) if rule.soft else float(q[n] >= tau)
+        rest = q.copy()
+        rest[n] = 0.0
+        return accept, (rest / rest.sum() if rest.sum() > 0 else q.copy())
+    if kind == "FSD":  # the whole rows: accept iff D(p, q) <= T (D as torch's kl_div(log a, b) = KL(b || a)); recover q
+        kl = lambda a, b: float(np.sum(rel_entr(a, b)))  # noqa: E731  KL(a || b), inf where b = 0 < a
+        if rule.divergence == "tv_div":
+            d = 0.5 * float(np.abs(p - q).sum())
+        elif rule.divergence == "kl_div":
+            d = kl(p, q)
+        else:
+            m = (p + q) / 2
+            d = 0.5 * kl(m, p) + 0.5 * kl(m, q)
+        return float(d <= rule.threshold), q.copy()
     raise NotImplementedError(f"no reference implementation for {rule!r} (covered: {', '.join(COVERED)})")
 
 

@@ -101,6 +101,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -138,6 +139,7 @@ __all__ = [
     "node_parts", "tree_step_law", "TreeVerifyResult", "verify_tree",
     "tree_block_law", "tree_sequence_law", "expected_length", "draft_tree", "tree_speculative_decode",
     "verify_block", "block_verification_law", "block_sequence_law", "BudgetTree", "budget_tree", "tree_budget_law",
+    "verify_block_ascend", "ascend_block_law", "ascend_block_sequence_law", "last_legal_law",
 ]
 
 Cond = Callable[[tuple], np.ndarray]
@@ -619,3 +621,188 @@ def block_sequence_law(draft: Cond, verifier: Cond, k: int, T: int, *, prompt: t
     prompt = tuple(int(t) for t in prompt)
     V = Q(prompt).size
     return _sequence_from_blocks(lambda c: block_verification_law(P, Q, k, prompt=c), V, T, prompt)
+
+
+# -- vLLM-Ascend's block verification (``enable_block_verify``) -------------------------------------------------
+
+def _ascend_scales(rule: Rule | None, q_rows):
+    """The uniforms' scale ``c_i`` per position: 1 (SpS, ``None``), or ``EntropyVerify.scale`` of each row."""
+    if rule is None or type(rule) is SpS:
+        return None
+    if type(rule).__name__ != "EntropyVerify":
+        raise ValueError(f"rule: vLLM-Ascend's block verification runs SpS's test or entropy verification; pass None, "
+                         f"SpS() or EntropyVerify(...), got {rule!r}")
+    return rule.scale(q_rows)
+
+
+def verify_block_ascend(
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor,
+    verifier_probs: torch.Tensor,
+    rule: Rule | None = None,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """vLLM-Ascend's block verification of ``k`` chained drafts (its Triton kernel's decision), ``verify_block``'s layout.
+
+    With ``w_i = min(1, w_{i-1} q_i(X_i) / p_i(X_i))`` (``w_0 = 1``, Sun et al.'s weights, ``_block_quantities``),
+    uniforms ``u_1..u_k`` and their running products ``U_i = u_1 ... u_i``, position ``i`` is *legal* iff
+    ``p_i(X_i) > 0`` and ``w_i >= c_i U_i``; ``tau`` is the LAST legal position (0 if none). The block is
+    ``X_1..X_tau`` then, if ``tau < k``, a token of ``(q_{tau+1} - p_{tau+1})_+`` (vLLM's recovery at that position;
+    token 0 where it is all zero), else the bonus ``~ q_{k+1}``. ``c_i = 1`` for ``rule`` None / ``SpS()``;
+    ``EntropyVerify``'s ``c(q_i)`` with both options on (``enable_block_verify`` and ``enable_entropy_verify``).
+
+    It is not Sun et al.'s block verification (``verify_block``): the stop events are read from products of
+    uniforms and the recovery ignores ``w_tau``, so the emitted law differs from ``q``'s even with ``c = 1``
+    (``ascend_block_law``; tests). Upstream: vllm-project/vllm-ascend ``vllm_ascend/ops/triton/reject_sample.py``
+    (``rejection_random_sample_block_verify_kernel``) and ``vllm_ascend/sample/rejection_sampler.py``
+    (``rejection_sample``: block verification with ``max_spec_len >= 3``; recovered tokens from
+    ``sample_recovered_tokens`` without its block option) @ main 182b75e. Its PyTorch fallback
+    (``rejection_random_sample_block_verify_pytorch``) takes ``prod_j min(1, q_j / p_j)`` instead of ``w_i``: a
+    third law, not modelled.
+
+    Returns ``tokens [B, k + 1]`` int64 (``-1`` padded) and ``num_accepted = tau [B]``.
+    """
+    _validate_block(draft_tokens, draft_probs, verifier_probs, None, generator)
+    scale_rule = _ascend_scales(rule, verifier_probs[:1, :1])  # validates the rule
+    del scale_rule
+    B, k = draft_tokens.shape
+    dev = draft_probs.device
+    dt = torch.promote_types(draft_probs.dtype, verifier_probs.dtype)
+    dt = torch.float32 if dt in (torch.float16, torch.bfloat16) else dt
+    n = draft_tokens.to(dev).long()
+    p_rows, q_rows = draft_probs.to(dt), verifier_probs[:, :k].to(dt)
+    p_n = p_rows.gather(-1, n.unsqueeze(-1)).squeeze(-1)
+    q_n = q_rows.gather(-1, n.unsqueeze(-1)).squeeze(-1)
+    w, _, _ = _block_quantities(p_n, q_n, p_rows, q_rows)
+    c = _ascend_scales(rule, q_rows)
+    c = torch.ones_like(p_n) if c is None else c
+    gdev = generator.device if generator is not None else dev
+    u = torch.rand((B, k + 1), generator=generator, device=gdev, dtype=torch.float64).to(dev)
+    legal = (p_n > 0) & (w[:, 1:].double() >= c.double() * u[:, :k].cumprod(-1))
+    idx = torch.arange(1, k + 1, device=dev)
+    tau = (legal.long() * idx).max(-1).values  # last legal position, 0 if none
+    rows = torch.arange(B, device=dev)
+    j = tau.clamp_max(k - 1)
+    res = (q_rows[rows, j] - p_rows[rows, j]).clamp_min(0)
+    res = torch.where(res.sum(-1, keepdim=True) > 0, res, torch.nn.functional.one_hot(torch.zeros_like(j), res.shape[-1])
+                      .to(res.dtype))  # an all-zero residual: token 0 (vLLM's race over zeros)
+    dist = torch.where((tau == k).unsqueeze(-1), verifier_probs[:, k].to(dt), res)
+    y = sample_rows(dist, u[:, k])
+    pos = torch.arange(k + 1, device=dev)
+    n_pad = torch.cat([n, n.new_full((B, 1), -1)], 1)
+    out = torch.where(pos < tau.unsqueeze(-1), n_pad, torch.full_like(n_pad, -1))
+    out.scatter_(1, tau.unsqueeze(-1), y.unsqueeze(-1))
+    return out, tau
+
+
+def _exp_poly_integral(poly: np.polynomial.Polynomial, lo: float, hi: float) -> float:
+    """``int_lo^hi e^{-s} P(s) ds = [-e^{-s} (P + P' + P'' + ...)]_lo^hi`` (``hi`` may be ``inf``)."""
+    tot = np.polynomial.Polynomial([0.0])
+    d = poly
+    for _ in range(poly.degree() + 1):
+        tot = tot + d
+        d = d.deriv()
+    upper = 0.0 if np.isinf(hi) else math.exp(-hi) * tot(hi)
+    return float(math.exp(-lo) * tot(lo) - upper)
+
+
+def last_legal_law(a) -> np.ndarray:
+    """``P(tau = i)``, ``i = 0..k``, for ``tau = max{i : U_i <= a_i}`` (0 if none), ``U_i = u_1 ... u_i`` with
+    ``u_j`` i.i.d. uniform on (0, 1) and thresholds ``a_i >= 0`` (..., k): exact, by integration.
+
+    With ``S_i = -log U_i`` (a sum of ``i`` unit exponentials) the events are ``S_i >= b_i = -log a_i``. The density
+    of ``S_j`` restricted to the events so far is ``e^{-s} g_j(s)`` with ``g_j`` piecewise polynomial on the
+    breakpoints ``b``; one more exponential step integrates ``g``, ``g_{j+1}(t) = int_0^t g_j``, and an event
+    multiplies ``g`` by its indicator. ``P(tau = i) = P(S_i >= b_i, S_j < b_j for j > i)``."""
+    a = np.asarray(a, dtype=np.float64)
+    k = a.shape[-1]
+    if a.ndim > 1:
+        flat = a.reshape(-1, k)
+        return np.stack([last_legal_law(r) for r in flat]).reshape(*a.shape[:-1], k + 1)
+    with np.errstate(divide="ignore"):
+        b = np.where(a > 0, -np.log(np.where(a > 0, a, 1.0)), np.inf)
+    cuts = np.unique(np.concatenate([[0.0], b[(b > 0) & np.isfinite(b)], [np.inf]]))
+    mids = [(lo + hi) / 2 if np.isfinite(hi) else lo + 1.0 for lo, hi in zip(cuts[:-1], cuts[1:], strict=True)]
+    P = np.polynomial.Polynomial
+
+    def mask(g, keep):  # keep(s): the event holds on the piece around s (pieces never straddle a breakpoint)
+        return [poly if keep(m) else P([0.0]) for poly, m in zip(g, mids, strict=True)]
+
+    def integrate(g):
+        out, acc = [], 0.0
+        for poly, lo, hi in zip(g, cuts[:-1], cuts[1:], strict=True):
+            anti = poly.integ()
+            out.append(anti + (acc - anti(lo)))
+            if np.isfinite(hi):
+                acc += anti(hi) - anti(lo)
+        return out
+
+    def total(g):
+        return sum(_exp_poly_integral(poly, lo, hi) for poly, lo, hi in zip(g, cuts[:-1], cuts[1:], strict=True))
+
+    law = np.zeros(k + 1)
+    for i in range(k + 1):
+        if i == 0:
+            g = mask([P([1.0])] * len(mids), lambda s: s < b[0])  # S_1: density e^{-s}
+            start = 1
+        else:
+            g = [P([0.0] * (i - 1) + [1.0 / math.factorial(i - 1)])] * len(mids)  # S_i ~ Gamma(i, 1)
+            g = mask(g, lambda s, i=i: s >= b[i - 1])
+            start = i
+        for j in range(start, k):  # positions j + 1 = start + 1 .. k must not be legal
+            g = mask(integrate(g), lambda s, j=j: s < b[j])
+        law[i] = total(g)
+    return np.clip(law, 0.0, 1.0)
+
+
+def ascend_block_law(draft: Cond, verifier: Cond, k: int, rule: Rule | None = None, *,
+                     prompt: tuple = ()) -> dict[tuple, float]:
+    """Exact law ``{block: prob}`` of one ``verify_block_ascend`` call after ``prompt`` on toy models: every draft
+    block ``X^k ~ p`` enumerated, ``P(tau = i | X^k)`` from ``last_legal_law`` with ``a_i = w_i / c_i`` (0 where
+    ``p_i(X_i) = 0``), then ``X^i`` and a token of ``(q_{i+1} - p_{i+1})_+`` (token 0 where that is all zero) for
+    ``i < k``, or of ``q(. | X^k)`` for ``i = k``."""
+    check_positive_int(k, "k")
+    P, Q = memoised(draft, "draft"), memoised(verifier, "verifier")
+    prompt = tuple(int(t) for t in prompt)
+    out: dict[tuple, float] = {}
+    stack = [((), 1.0)]
+    while stack:
+        xs, px = stack.pop()
+        if len(xs) < k:
+            p = P(prompt + xs)
+            stack.extend((xs + (int(x),), px * p[x]) for x in np.flatnonzero(p > 0))
+            continue
+        ctxs = [prompt + xs[:i] for i in range(k)]
+        p_rows = np.stack([P(c) for c in ctxs])
+        q_rows = np.stack([Q(c) for c in ctxs])
+        ar, x = np.arange(k), np.array(xs)
+        p_n = p_rows[ar, x]
+        w, _, _ = _block_quantities(p_n, q_rows[ar, x], p_rows, q_rows)
+        c = _ascend_scales(rule, q_rows)
+        c = np.ones(k) if c is None else np.asarray(c, dtype=np.float64)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            a = np.where(p_n > 0, np.where(c > 0, w[1:] / np.where(c > 0, c, 1.0), np.inf), 0.0)
+        taus = last_legal_law(a)
+        for i in range(k + 1):
+            pt = px * taus[i]
+            if pt <= 0:
+                continue
+            if i == k:
+                law = Q(prompt + xs)
+            else:
+                r = np.maximum(q_rows[i] - p_rows[i], 0.0)
+                law = r / r.sum() if r.sum() > 0 else np.eye(r.size)[0]
+            for y in np.flatnonzero(law > 0):
+                blk = xs[:i] + (int(y),)
+                out[blk] = out.get(blk, 0.0) + pt * law[y]
+    return out
+
+
+def ascend_block_sequence_law(draft: Cond, verifier: Cond, k: int, T: int, rule: Rule | None = None, *,
+                              prompt: tuple = ()) -> np.ndarray:
+    """Exact law ``(V,) * T`` of the first ``T`` tokens of the chain loop verified by ``verify_block_ascend``."""
+    check_positive_int(T, "T")
+    P, Q = memoised(draft, "draft"), memoised(verifier, "verifier")
+    prompt = tuple(int(t) for t in prompt)
+    V = Q(prompt).size
+    return _sequence_from_blocks(lambda c: ascend_block_law(P, Q, k, rule, prompt=c), V, T, prompt)

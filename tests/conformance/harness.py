@@ -220,11 +220,35 @@ class Tally(list):
         assert sum(j.decided for j in self) > 0, "no replayed decision in any example"
 
 
-def chain(rule_of, ns, P, Q, us, last: float, judge: Judge, bonus=None, bonus_law=None):
+def pair_tie(rule: Rule, p, q, n: int, u: float, judge: Judge) -> bool:
+    """A rule that reads the pair of rows (``reads_draft_row``: FSD's divergence) may decide by the rows' exact
+    equality (FSD at ``threshold = 0`` accepts iff ``p = q``), which rounding keeps or breaks: equal rows with
+    two or more positive entries, renormalised (without replacement's rounds) or read back from a float32
+    softmax, differ by an ulp on one side of the comparison and not on the other. Where every entry of ``p``
+    is within 8 ulps (of the rows' dtype, by ``judge.tol``) of ``q``'s, a decision that the equal pair
+    ``(q, q)`` and ``q`` nudged by those ulps decide differently is ambiguous (True)."""
+    p, q = np.asarray(p, dtype=np.float64), np.asarray(q, dtype=np.float64)
+    if not rule.reads_draft_row or np.count_nonzero(q > 0) < 2:
+        return False  # a one-hot row survives renormalisation and softmax exactly
+    ulps = 8 * float(np.finfo(np.float32 if judge.tol > 1e-9 else np.float64).eps)
+    if np.any(np.abs(p - q) > ulps * np.maximum(np.abs(p), np.abs(q))):
+        return False
+    nudged = q * (1 + ulps * np.where(np.arange(q.size) % 2 == 0, 1.0, -1.0))
+    return judge.accept(u, reference_step(rule, q, q, n)[0]) != judge.accept(u, reference_step(rule, nudged, q, n)[0])
+
+
+def chain(rule_of, ns, P, Q, us, last: float, judge: Judge, bonus=None, bonus_law=None, Q32=None):
     """One request's block by the documented chain walk: draft ``j`` (``ns[j]``, -1 padded: always
     rejected, recovered from ``q``) is accepted iff ``us[j] < phi_j``; the first rejection emits from
     ``g_j`` at uniform ``last``; all accepted: ``bonus`` (an id) or a draw from ``bonus_law`` at ``last``.
-    ``rule_of(j)`` is position ``j``'s rule. Returns the token list or None (ambiguous)."""
+    ``rule_of(j)`` is position ``j``'s rule. Returns the token list or None (ambiguous).
+
+    ``Q32``: where the entry point computes ``q`` itself in float32 from logits, that row as it documents
+    computing it (read in float64). A rule whose ``phi`` jumps (a threshold on ``q``'s entries, FSD's test on
+    the pair of rows) can decide a row whose statistic sits on its threshold in float64 (the ``ties`` rows)
+    either way after float32's rounding: a decision that the float64 row and ``Q32`` decide differently is
+    ambiguous (``judge.accept`` tolerates only ``u`` near ``phi``, not ``phi`` itself moving by 1); so is one
+    that ``pair_tie`` finds on rows equal up to rounding."""
     out = []
     for j, n in enumerate(ns):
         n = int(n)
@@ -234,6 +258,10 @@ def chain(rule_of, ns, P, Q, us, last: float, judge: Judge, bonus=None, bonus_la
         phi, g = reference_step(rule_of(j), P[j], Q[j], n)
         a = judge.accept(float(us[j]), phi)
         if a is None:
+            return None
+        if Q32 is not None and judge.accept(float(us[j]), reference_step(rule_of(j), P[j], Q32[j], n)[0]) != a:
+            return None
+        if pair_tie(rule_of(j), P[j], Q[j], n, float(us[j]), judge):
             return None
         if not a:
             y = judge.draw(g, last)
@@ -245,15 +273,25 @@ def chain(rule_of, ns, P, Q, us, last: float, judge: Judge, bonus=None, bonus_la
     return out + [int(bonus)]
 
 
-def chain_support(rule_of, ns, P, Q, got: list[int], tol: float, bonus=None, bonus_law=None) -> str | None:
+def chain_support(rule_of, ns, P, Q, got: list[int], tol: float, bonus=None, bonus_law=None,
+                  Q32=None) -> str | None:
     """For a request whose uniforms are not replayable (torch's default generator): the emitted block is
     one the law allows: accepted drafts had ``phi > 0``, the stop had ``phi < 1`` and its token has
-    positive mass in the recovery (or bonus) law. Returns a description of the violation or None."""
+    positive mass in the recovery (or bonus) law. Returns a description of the violation or None.
+    ``Q32`` (as ``chain``): a step is allowed where the float64 row or ``Q32`` allows it, or, where
+    ``pair_tie`` finds rows equal up to rounding, the equal pair ``(q, q)``."""
+
+    def readings(j):
+        out = [(P[j], Q[j])] + ([] if Q32 is None else [(P[j], Q32[j])])
+        if pair_tie(rule_of(j), P[j], Q[j], max(int(ns[j]), 0), 0.5, Judge(tol)):
+            out.append((Q[j], Q[j]))
+        return out
+
     a = len(got) - 1
     for j in range(a):
         if got[j] != int(ns[j]) or int(ns[j]) < 0:
             return f"position {j}: emitted {got[j]}, drafted {int(ns[j])}"
-        phi, _ = reference_step(rule_of(j), P[j], Q[j], int(ns[j]))
+        phi = max(reference_step(rule_of(j), Pr, Qr, int(ns[j]))[0] for Pr, Qr in readings(j))
         if phi <= 0:
             return f"position {j}: draft {int(ns[j])} accepted at phi = 0"
     y = got[a]
@@ -262,9 +300,10 @@ def chain_support(rule_of, ns, P, Q, got: list[int], tol: float, bonus=None, bon
         if n < 0:
             law = Q[a]
         else:
-            phi, law = reference_step(rule_of(a), P[a], Q[a], n)
-            if phi >= 1:
+            steps = [reference_step(rule_of(a), Pr, Qr, n) for Pr, Qr in readings(a)]
+            if min(phi for phi, _ in steps) >= 1:
                 return f"position {a}: draft {n} rejected at phi = 1"
+            law = np.maximum.reduce([g for _, g in steps])
         if law[y] <= 0:
             return f"position {a}: emitted {y} outside the recovery law's support"
         return None
@@ -419,7 +458,7 @@ def tree_walk(rules, scheme: str, mode: str, tok, par, P, Q, u, judge: Judge):
     whose target is its verifier row (joint: the set target of its children); a node whose children are
     all rejected emits from ``r``, a node without children the bonus law of the first round's rule.
     ``u[j]`` decides node ``j``, ``u[N]`` draws the emitted token. Returns (tokens, accepted nodes), or None
-    (ambiguous)."""
+    (ambiguous; ``pair_tie``)."""
     N, V = len(tok), Q.shape[-1]
     kids = [[j for j in range(N) if tok[j] >= 0 and par[j] + 1 == s] for s in range(N + 1)]
     joint = mode == "joint"
@@ -455,6 +494,8 @@ def tree_walk(rules, scheme: str, mode: str, tok, par, P, Q, u, judge: Judge):
             phi, g = reference_step(rl, p_i, r, x)
             a = judge.accept(float(u[j]), phi)
             if a is None:
+                return None
+            if pair_tie(rl, p_i, r, x, float(u[j]), judge):
                 return None
             if a:
                 out.append(x)

@@ -126,6 +126,7 @@ def test_vllm_v1_hook(vllm, key):
         draft_probs = None if onehot_drafts else torch.from_numpy(P).float()
         P64 = one_hot(V, np.maximum(ids, 0)) if onehot_drafts else draft_probs.double().numpy()
         Q64 = softmax64(logits.double().numpy())
+        Q32 = logits.softmax(-1, dtype=torch.float32).double().numpy()  # the hook's row (harness.chain: Q32)
         bonus = rng.integers(0, V, size=B)
         seeded = [b for b in range(B) if not greedy[b] and rng.random() < 0.7]
         seeds = {b: int(rng.integers(2**62)) for b in seeded}
@@ -147,12 +148,13 @@ def test_vllm_v1_hook(vllm, key):
                 assert got == greedy_block(ids[sl], logits[sl].numpy(), bonus[b]), (b, got)
             elif b in seeds and c > 0:
                 us = torch.rand(c + 1, generator=torch.Generator().manual_seed(seeds[b]), dtype=torch.float64).numpy()
-                want = chain(lambda j: rule, ids[sl], P64[sl], Q64[sl], us, us[c], judge, bonus=bonus[b])
+                want = chain(lambda j: rule, ids[sl], P64[sl], Q64[sl], us, us[c], judge, bonus=bonus[b], Q32=Q32[sl])
                 judge.done(want)
                 if want is not None:
                     assert out[b].tolist() == pad_block(want, K + 1), (b, rule, out[b].tolist(), want)
             else:
-                bad = chain_support(lambda j: rule, ids[sl], P64[sl], Q64[sl], got, judge.tol, bonus=bonus[b])
+                bad = chain_support(lambda j: rule, ids[sl], P64[sl], Q64[sl], got, judge.tol, bonus=bonus[b],
+                                    Q32=Q32[sl])
                 assert bad is None, (b, rule, bad)
 
     run()
