@@ -63,6 +63,7 @@ UP = "tests/core/test_upstream_rules.py"
 CT = "cactus_theory/core/tree.py"
 BT = "cactus_theory/theory/tree.py"
 CF = "tests/conformance/"  # the conformance harness (issue 26)
+HARNESS = (CF + "test_rule_laws.py::test_rule_law_against_the_reference", CF + "test_rule_laws.py::test_rule_law_at_parameter_boundaries")
 
 PORTS: list[Port] = [
     # -- rules.py: shared machinery, SpS, Cactus -------------------------------------------------------
@@ -667,6 +668,36 @@ PORTS: list[Port] = [
          "                rem[b, j + 1] = rem[b, s_]",
          ("tests/core/test_budget.py::test_verify_tree_charges_the_accepted_path",
           "tests/theory/test_budget.py::test_the_certificate_holds_on_trees")),
+    # issue 27 items 4-6: the rules merged after the harness, caught by it (no test names them)
+    Port("entropy-verify-scale-max", "EntropyVerify's factor max(threshold, exp(-alpha H)) instead of the min", R,
+         "            return xp.clip(xp.exp(-self.alpha * h), None, self.threshold)",
+         "            return xp.clip(xp.exp(-self.alpha * h), self.threshold, None)",
+         HARNESS),
+    Port("entropy-verify-bits", "EntropyVerify's entropy in bits (log2), not nats", R,
+         "            h = -xp.sum(xlogy(q, q + self.entropy_eps), axis=-1)\n            return xp.clip(",
+         "            h = -xp.sum(xlogy(q, q + self.entropy_eps), axis=-1) / math.log(2.0)\n            return xp.clip(",
+         HARNESS),
+    Port("lenience-scales-the-target", "Lenience scales the target's probability (their letters read as ours): "
+         "min(1, l q_n / p_n)", R,
+         "        return _ratio_over(p_n, q_n, self.lenience)",
+         "        return _ratio_over(p_n, q_n, 1 / self.lenience)",
+         HARNESS),
+    Port("min-p-strict", "MinP accepts q_n > min_p max q (strict: q's maxima rejected at min_p = 1)", R,
+         "        return xp.astype(q_n >= floor, q_n.dtype)",
+         "        return xp.astype(q_n > floor, q_n.dtype)",
+         HARNESS),
+    Port("eta-entropy-sign", "Eta's threshold delta exp(+H(q)) instead of exp(-H(q))", R,
+         "            return xp.clip(self.delta * xp.exp(xp.sum(xlogy(q, q), axis=-1)), None, self.epsilon)",
+         "            return xp.clip(self.delta * xp.exp(-xp.sum(xlogy(q, q), axis=-1)), None, self.epsilon)",
+         HARNESS),
+    Port("fsd-forward-js", "FSD's js_div as Jensen-Shannon's own (KL(p || m) + KL(q || m)) / 2, not its code's reverse", R,
+         "        return (xp.sum(xlogy(m, m) - xlogy(m, p), axis=-1) + xp.sum(xlogy(m, m) - xlogy(m, q), axis=-1)) / 2",
+         "        return (xp.sum(xlogy(p, p) - xlogy(p, m), axis=-1) + xp.sum(xlogy(q, q) - xlogy(q, m), axis=-1)) / 2",
+         HARNESS),
+    Port("fsd-residual-without-n", "FSD recovers from q without the drafted token (SpS-style), not from q itself", R,
+         "        \"\"\"``g_n = q``.\"\"\"\n        if check:\n            _check_inputs(p, q, n)\n        return q + 0 * p",
+         "        \"\"\"``g_n = q``.\"\"\"\n        if check:\n            _check_inputs(p, q, n)\n        return _without_n(q + 0 * p, n)",
+         HARNESS),
 ]
 
 
