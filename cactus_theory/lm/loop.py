@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -133,10 +134,19 @@ def _device(model) -> torch.device:
 
 def runtime_models(pair: ModelPair, compact: bool = True):
     """The (draft, verifier) modules the loop runs: Llama-family Hugging Face models as the compact
-    Llama (converted once, cached on the pair), anything else as given."""
+    Llama (converted once, cached on the pair), anything else as given. A Hugging Face model that the
+    compact Llama does not reproduce runs as given, announced once per model and pair (``RuntimeWarning``
+    naming the reason), so that a slower path is never taken silently."""
     def run_as(model):
-        if (not compact or isinstance(model, Llama) or getattr(model, "needs_features", False)
-                or supports_hf(model) is not None):  # a feature draft is already a runtime module
+        if not compact or isinstance(model, Llama) or getattr(model, "needs_features", False):
+            return model  # a feature draft is already a runtime module
+        why = supports_hf(model)
+        if why is not None:
+            told = pair.__dict__.setdefault("_told", set())
+            if getattr(model, "config", None) is not None and id(model) not in told:
+                told.add(id(model))
+                warnings.warn(f"{type(model).__name__} runs as the Hugging Face module, not the compact Llama: {why}",
+                              RuntimeWarning, stacklevel=3)
             return model
         cache = pair.__dict__.setdefault("_compact", {})
         if id(model) not in cache:

@@ -88,3 +88,36 @@ def test_tree_forward_scores_every_node_as_its_own_sequence_and_keeps_a_path():
                 ref = plain(seq + nxt[b, :i + 1].tolist())
                 err = max(err, float((step[b, i] - ref).abs().max()))
         assert err < 1e-10, err
+
+
+def test_a_model_the_compact_llama_does_not_reproduce_runs_as_given_and_is_announced_once():
+    """runtime_models never takes the slower Hugging Face path silently: a Llama with an activation the
+    compact Llama lacks runs as given with one RuntimeWarning naming the reason (not one per call), and a
+    supported Llama is converted without a warning."""
+    import warnings
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from cactus_theory.lm.llama import Llama
+    from cactus_theory.lm.loop import runtime_models
+    from cactus_theory.lm.pair import ModelPair
+
+    cfg = LlamaConfig(vocab_size=10, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                      num_key_value_heads=1, max_position_embeddings=32, hidden_act="gelu",
+                      bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    gelu = LlamaForCausalLM(cfg).eval()
+    pair = ModelPair(draft=gelu, verifier=gelu)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            draft, verifier = runtime_models(pair)
+            assert draft is gelu and verifier is gelu
+    told = [w for w in seen if issubclass(w.category, RuntimeWarning)]
+    assert len(told) == 1 and "not the compact Llama" in str(told[0].message) and "'gelu'" in str(told[0].message)
+
+    ok = ModelPair(draft=tiny(0), verifier=tiny(1))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        draft, verifier = runtime_models(ok)
+    assert isinstance(draft, Llama) and isinstance(verifier, Llama)
+    assert not [w for w in seen if issubclass(w.category, RuntimeWarning)]
