@@ -165,7 +165,9 @@ def plot(d: dict, ctx: Ctx) -> list:
         s = d[key]
         finite = [pt["kl"] for fam, pts in s.items() if not fam.startswith("_") for pt in pts if math.isfinite(pt["kl"])]
         top = 1.25 * max([x for x in finite + [s["_kl_pq"]] if math.isfinite(x)] + [1e-3])  # where KL = inf is drawn
-        fams = [f for f in s if not f.startswith("_")]
+        order = list(registry.RULES)  # legend in registry order: a fresh result and its cached JSON (keys
+        fams = sorted((f for f in s if not f.startswith("_")),  # sorted) draw the same bytes
+                      key=lambda f: (order.index(FAMILY_OF[f]), f))
         for group in registry.VERIFICATION:  # the taxonomy: one legend block per class
             members = [f for f in fams if registry.verification(FAMILY_OF[f]) == group]
             if members:
