@@ -75,14 +75,16 @@ def check(args: argparse.Namespace) -> list[str]:
 def _verify(ctx: Ctx, cases: int, selected: bool) -> list:
     """``cactus-theory verify``'s checks at the run's seed (cached like a step); rows are ``Claim``."""
     from cactus_theory.claims.ledger import Claim
-    from cactus_theory.claims.report import verify_claims
+    from cactus_theory.claims.report import CLAIMS, verify_claims
 
     c = dataclasses.replace(ctx, cache_only=not selected, force=ctx.force and selected)
 
     def go():
         return [dataclasses.asdict(r) for r in verify_claims(ctx.seed, cases)]
 
-    rows = cached(c, "verify_claims", {"seed": ctx.seed, "cases": cases, "version": 2}, go)
+    # the key names the checks run, so adding (or dropping) one recomputes instead of serving the old list
+    key = {"seed": ctx.seed, "cases": cases, "claims": [check.__name__ for check in CLAIMS], "version": 2}
+    rows = cached(c, "verify_claims", key, go)
     return [Claim(**r) for r in rows]
 
 
