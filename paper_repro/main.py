@@ -72,7 +72,7 @@ def check(args: argparse.Namespace) -> list[str]:
     return only
 
 
-def _verify(ctx: Ctx, cases: int, selected: bool) -> list:
+def verify_step(ctx: Ctx, cases: int, selected: bool) -> list:
     """``cactus-theory verify``'s checks at the run's seed (cached like a step); rows are ``Claim``."""
     from cactus_theory.claims.ledger import Claim
     from cactus_theory.claims.report import CLAIMS, verify_claims
@@ -147,7 +147,7 @@ def repro(ctx: Ctx, only: list[str], lm: bool = True, cases: int | None = None,
     t0 = time.perf_counter()  # the randomised checks: verify_claims at the run's seed
     cases = cases or (20 if ctx.fast else 100)
     try:
-        extra = _verify(ctx, cases, "verify" in only)
+        extra = verify_step(ctx, cases, "verify" in only)
         # a statement a step checks has that step's check as its primary; verify's randomised re-check of the
         # same statement is an independent secondary (cactus_theory.claims.ledger.resolve)
         # (and its second check of one statement, when no step checks it, one more)

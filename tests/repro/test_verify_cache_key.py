@@ -10,14 +10,14 @@ import pytest
 
 from cactus_theory.claims import report
 from paper_repro.common import Ctx, NotCached
-from paper_repro.main import _verify
+from paper_repro.main import verify_step
 
 RESULTS = Path(__file__).resolve().parents[2] / "paper_repro" / "results"
 
 
 def test_a_claim_added_to_the_checks_misses_the_cache(monkeypatch, tmp_path):
     ctx = Ctx(results=RESULTS, figures=tmp_path, cache_only=True)  # cache_only: reads, never writes
-    rows = _verify(ctx, 100, selected=False)  # the committed run: full mode, 100 cases
+    rows = verify_step(ctx, 100, selected=False)  # the committed run: full mode, 100 cases
     assert [r.claim for r in rows] and len(rows) == len(report.CLAIMS)
 
     def throwaway(rng, cases):  # pragma: no cover - never run: the cache lookup must miss first
@@ -25,4 +25,4 @@ def test_a_claim_added_to_the_checks_misses_the_cache(monkeypatch, tmp_path):
 
     monkeypatch.setattr(report, "CLAIMS", [*report.CLAIMS, throwaway])
     with pytest.raises(NotCached):
-        _verify(ctx, 100, selected=False)
+        verify_step(ctx, 100, selected=False)
