@@ -587,6 +587,22 @@ def block_verification_law(draft: Cond, verifier: Cond, k: int, *, prompt: tuple
     P, Q = memoised(draft, "draft"), memoised(verifier, "verifier")
     prompt = tuple(int(t) for t in prompt)
     out: dict[tuple, float] = {}
+    ar = np.arange(k)
+    for xs, px, p_rows, q_rows in _draft_blocks(P, Q, k, prompt):
+        x = np.array(xs)
+        w, rho, h = _block_quantities(p_rows[ar, x], q_rows[ar, x], p_rows, q_rows)
+        surv = 1.0  # prod_{j > i} (1 - h_j)
+        for i in range(k, -1, -1):
+            pt = px * h[i] * surv
+            surv *= 1 - h[i]
+            if pt > 0:
+                _emit(out, xs[:i], pt, Q(prompt + xs) if i == k else rho[i] / rho[i].sum())
+    return out
+
+
+def _draft_blocks(P: Cond, Q: Cond, k: int, prompt: tuple):
+    """Every draft block ``X^k ~ p`` after ``prompt`` with positive probability: yields ``(xs, P(X^k = xs),
+    p_rows, q_rows)``, the rows ``(k, V)`` read at ``prompt + xs[:i]`` for ``i < k``."""
     stack = [((), 1.0)]
     while stack:
         xs, px = stack.pop()
@@ -595,22 +611,14 @@ def block_verification_law(draft: Cond, verifier: Cond, k: int, *, prompt: tuple
             stack.extend((xs + (int(x),), px * p[x]) for x in np.flatnonzero(p > 0))
             continue
         ctxs = [prompt + xs[:i] for i in range(k)]
-        p_rows = np.stack([P(c) for c in ctxs])
-        q_rows = np.stack([Q(c) for c in ctxs])
-        ar = np.arange(k)
-        x = np.array(xs)
-        w, rho, h = _block_quantities(p_rows[ar, x], q_rows[ar, x], p_rows, q_rows)
-        surv = 1.0  # prod_{j > i} (1 - h_j)
-        for i in range(k, -1, -1):
-            pt = px * h[i] * surv
-            surv *= 1 - h[i]
-            if pt <= 0:
-                continue
-            law = Q(prompt + xs) if i == k else rho[i] / rho[i].sum()
-            for y in np.flatnonzero(law > 0):
-                b = xs[:i] + (int(y),)
-                out[b] = out.get(b, 0.0) + pt * law[y]
-    return out
+        yield xs, px, np.stack([P(c) for c in ctxs]), np.stack([Q(c) for c in ctxs])
+
+
+def _emit(out: dict, head: tuple, pt: float, law: np.ndarray) -> None:
+    """Add the blocks ``head + (y,)``, ``y ~ law``, with total weight ``pt`` to ``out``."""
+    for y in np.flatnonzero(law > 0):
+        b = head + (int(y),)
+        out[b] = out.get(b, 0.0) + pt * law[y]
 
 
 def block_sequence_law(draft: Cond, verifier: Cond, k: int, T: int, *, prompt: tuple = ()) -> np.ndarray:
@@ -765,17 +773,9 @@ def ascend_block_law(draft: Cond, verifier: Cond, k: int, rule: Rule | None = No
     P, Q = memoised(draft, "draft"), memoised(verifier, "verifier")
     prompt = tuple(int(t) for t in prompt)
     out: dict[tuple, float] = {}
-    stack = [((), 1.0)]
-    while stack:
-        xs, px = stack.pop()
-        if len(xs) < k:
-            p = P(prompt + xs)
-            stack.extend((xs + (int(x),), px * p[x]) for x in np.flatnonzero(p > 0))
-            continue
-        ctxs = [prompt + xs[:i] for i in range(k)]
-        p_rows = np.stack([P(c) for c in ctxs])
-        q_rows = np.stack([Q(c) for c in ctxs])
-        ar, x = np.arange(k), np.array(xs)
+    ar = np.arange(k)
+    for xs, px, p_rows, q_rows in _draft_blocks(P, Q, k, prompt):
+        x = np.array(xs)
         p_n = p_rows[ar, x]
         w, _, _ = _block_quantities(p_n, q_rows[ar, x], p_rows, q_rows)
         c = _ascend_scales(rule, q_rows)
@@ -792,9 +792,7 @@ def ascend_block_law(draft: Cond, verifier: Cond, k: int, rule: Rule | None = No
             else:
                 r = np.maximum(q_rows[i] - p_rows[i], 0.0)
                 law = r / r.sum() if r.sum() > 0 else np.eye(r.size)[0]
-            for y in np.flatnonzero(law > 0):
-                blk = xs[:i] + (int(y),)
-                out[blk] = out.get(blk, 0.0) + pt * law[y]
+            _emit(out, xs[:i], pt, law)
     return out
 
 
