@@ -38,6 +38,28 @@ def fitted(rule, V: int):
     return rule
 
 
+def assert_step_matches_reference(rule, p, q, n: int) -> None:
+    """``rule``'s ``phi_n`` and ``g_n`` (numpy and torch) and its one-step law (default and generic paths) equal
+    the independent re-implementation of ``theory.reference`` on the float64 rows ``p``, ``q`` (atol 1e-12)."""
+    import numpy as np
+    import pytest
+    import torch
+
+    import cactus_theory as ct
+    from cactus_theory.exact import induced_generic
+    from cactus_theory.theory.reference import reference_law, reference_step
+
+    phi_ref, g_ref = reference_step(rule, p, q, n)
+    assert float(rule.accept_prob(p, q, np.asarray(n))) == pytest.approx(phi_ref, abs=1e-12)
+    np.testing.assert_allclose(rule.residual(p, q, np.asarray(n)), g_ref, rtol=0, atol=1e-12)
+    pt, qt = torch.from_numpy(p), torch.from_numpy(q)
+    assert float(rule.accept_prob(pt, qt, torch.tensor(n))) == pytest.approx(phi_ref, abs=1e-12)
+    np.testing.assert_allclose(rule.residual(pt, qt, torch.tensor(n)).numpy(), g_ref, rtol=0, atol=1e-12)
+    law = reference_law(rule, p, q)
+    np.testing.assert_allclose(ct.induced_distribution(rule, p, q), law, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(induced_generic(rule, p, q), law, rtol=0, atol=1e-12)
+
+
 def tiny_llama(seed: int, vocab: int = 10, hidden: int = 16, layers: int = 2, ctx: int = 64, scale: float = 4.0):
     """A tiny random Hugging Face Llama (seeded by ``seed``) for exact-law tests: its weights are scaled by
     ``scale`` for sharper, more varied next-token laws than the default init (MLP width ``2 * hidden``)."""

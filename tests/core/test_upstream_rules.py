@@ -28,13 +28,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import cactus_theory as ct
-from cactus_theory.exact import induced_generic
 from cactus_theory.rules import FLOAT32_TINY
 from cactus_theory.sampler import verify
 from cactus_theory.theory.check import block_law, check_sampler
-from cactus_theory.theory.reference import reference_law, reference_step
 from tests.core.test_verify_flat import flat_sampler
-from tests.helpers import cases, fitted
+from tests.helpers import assert_step_matches_reference, cases, fitted
 
 ALPHA, TV = 1e-3, 0.05
 AUTHORS = [ct.Cactus(0.3, convention="authors"), ct.TopK(2, "topk", "authors"), ct.TopK(2, convention="authors"),
@@ -65,15 +63,7 @@ def test_new_rules_match_the_independent_reference(rule, case):
     """phi_n, g_n (numpy and torch) and the one-step law (generic and default paths) equal reference.py's."""
     p, q, n = case
     rule = fitted(rule, p.size)
-    phi_ref, g_ref = reference_step(rule, p, q, n)
-    assert float(rule.accept_prob(p, q, np.asarray(n))) == pytest.approx(phi_ref, abs=1e-12)
-    np.testing.assert_allclose(rule.residual(p, q, np.asarray(n)), g_ref, rtol=0, atol=1e-12)
-    pt, qt = torch.from_numpy(p), torch.from_numpy(q)
-    assert float(rule.accept_prob(pt, qt, torch.tensor(n))) == pytest.approx(phi_ref, abs=1e-12)
-    np.testing.assert_allclose(rule.residual(pt, qt, torch.tensor(n)).numpy(), g_ref, rtol=0, atol=1e-12)
-    law = reference_law(rule, p, q)
-    np.testing.assert_allclose(ct.induced_distribution(rule, p, q), law, rtol=0, atol=1e-12)
-    np.testing.assert_allclose(induced_generic(rule, p, q), law, rtol=0, atol=1e-12)
+    assert_step_matches_reference(rule, p, q, n)
 
 
 def test_repr_and_identity_hide_only_the_default_options():
