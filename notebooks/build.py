@@ -16,13 +16,14 @@ checking only and are never written over the committed notebooks.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
 import jupytext
 import nbformat
 from nbclient import NotebookClient
+
+from cactus_theory.util.environ import environment
 
 HERE = Path(__file__).resolve().parent
 SOURCES = sorted(HERE.glob("[0-9][0-9]_*.py"))
@@ -48,17 +49,9 @@ def execute(nb: nbformat.NotebookNode, fast: bool = False) -> nbformat.NotebookN
            "PYTHONHASHSEED": "0", "TQDM_DISABLE": "1"}
     if fast:
         env["MPLBACKEND"] = "Agg"  # the tests need no figures
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)  # the kernel inherits this process's environment
-    try:
+    with environment(env):  # the kernel inherits this process's environment
         NotebookClient(nb, timeout=TIMEOUT_S, kernel_name="python3", record_timing=False,
                        resources={"metadata": {"path": str(HERE)}}).execute()
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     return nb
 
 

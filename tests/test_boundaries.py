@@ -171,3 +171,22 @@ def test_repro_entry_point_errors_are_one_line(argv):
     r = subprocess.run([sys.executable, "-m", "paper_repro", *argv], capture_output=True, text=True, cwd=ROOT,
                        timeout=120)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and argv[0] in r.stderr, r.stderr
+
+
+def test_environment_sets_unsets_and_restores_even_on_an_exception(monkeypatch):
+    """util.environ.environment (vLLM's engine start, the notebook kernel): inside the block the variables are
+    set and removed as asked; afterwards each is back as it was, a variable that was absent absent again."""
+    import os
+
+    from cactus_theory.util.environ import environment
+
+    monkeypatch.setenv("CT_ENV_KEPT", "old")
+    monkeypatch.setenv("CT_ENV_DROPPED", "there")
+    monkeypatch.delenv("CT_ENV_NEW", raising=False)
+    with pytest.raises(RuntimeError, match="inside"):
+        with environment({"CT_ENV_KEPT": "new", "CT_ENV_NEW": "1"}, unset=("CT_ENV_DROPPED",)):
+            assert (os.environ["CT_ENV_KEPT"], os.environ["CT_ENV_NEW"]) == ("new", "1")
+            assert "CT_ENV_DROPPED" not in os.environ
+            raise RuntimeError("inside")
+    assert os.environ["CT_ENV_KEPT"] == "old" and os.environ["CT_ENV_DROPPED"] == "there"
+    assert "CT_ENV_NEW" not in os.environ

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 
 from ..core.rules import Rule, SpS
 from ..core.sampling import SAMPLING
+from ..util.environ import environment
 
 __all__ = ["EngineOptions", "EngineRun", "ENGINES", "loop_engine", "transformers_engine", "vllm_engine", "first_layers",
            "request_seeds", "vllm_problem", "vllm_speculative_config", "VLLM_SPECS", "VLLM_PLUGIN_MODES", "VLLM_HINT"]
@@ -293,23 +294,6 @@ def _vllm_draft(draft: str, verifier: str) -> str:
     return export_draft(path, os.path.join(cache_dir(), "vllm", f"eagle3-{tag}"))
 
 
-@contextlib.contextmanager
-def _environment(set_: dict, unset: tuple = ()):
-    """``os.environ`` with ``set_`` and without ``unset`` while vLLM starts its processes (they inherit it)."""
-    saved = {k: os.environ.get(k) for k in (*set_, *unset)}
-    try:
-        for k in unset:
-            os.environ.pop(k, None)
-        os.environ.update(set_)
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 def _plugin_environment(mode: str) -> dict:
     """``VLLM_PLUGINS`` for ``mode``: every installed ``vllm.general_plugins`` entry point, less the project's
     (``"none"``) or with it (``"fixes"``, refused when it is not installed)."""
@@ -379,7 +363,7 @@ def vllm_engine(opts: EngineOptions, verifier: str = "smollm2", draft: str = "em
                   max_num_batched_tokens=max(4096, opts.batch_size * per_request))
         if which == "spec":
             kw["speculative_config"] = spec
-        with _environment(env, unset=("CACTUS_THEORY_RULE",)):
+        with environment(env, unset=("CACTUS_THEORY_RULE",)):
             llm = LLM(**kw)
         engines[which] = (llm, longest)
         return llm
