@@ -28,7 +28,15 @@ def test_step_o_runs_on_the_tiny_pair_and_keeps_every_budget(tmp_path):
     assert all(cl.verdict == "holds" for cl in res.claims if cl.key.startswith("sequence-budget-certificate-"))
     text = (tmp_path / "table_o_sequence_budget.md").read_text()
     assert "| budget 0.5 (spend_down) |" in text and "Calibration (first batch)" in text
-    assert o.section(d).startswith("### o. ") and o.findings(None, res.claims)
+    assert o.section(d).startswith("### o. ")
+    lines = o.findings(tmp_path, res.claims)  # README's bullet and its table, read from the stored result
+    assert lines[0].startswith("* **A KL budget") and f"{n}/{n}" in lines[0]
+    table = [ln for ln in lines if ln.startswith("| ") and "allocation" not in ln]
+    assert len(table) == n
+    for c, ln in zip(d["comparisons"], table, strict=True):
+        cells = [x.strip() for x in ln.strip("|").split("|")]
+        assert cells[:3] == [f"{c['budget']:g}", c["allocation"], o.fmt(c["certificate_max"])]
+        assert cells[3].startswith(c["cactus"])
     stamps = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*.json")}
     o.run(ctx)  # from the cache: nothing recomputed
     assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*.json")} == stamps
