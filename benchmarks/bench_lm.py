@@ -14,6 +14,17 @@ targets, each marked met or missed. Writes the results JSON atomically.
     .venv/bin/python benchmarks/bench_lm.py --rules sps cactus --tree-branching 2,2 4,2,1 --tree-dynamic 4,4,2
     .venv/bin/python benchmarks/bench_lm.py --threads 1 --dtype bfloat16 --rules sps cactus --tree-budget 16,5,4
 
+Every run also measures this machine's roofs in the same process (``lm.roofline``: a STREAM-like copy
+for the memory bandwidth, a GEMM shaped like the verifier's widest layer in the run's dtype for the
+compute rate) and prints, per (rule, k or tree, batch) row and phase (draft, verifier forward, verify,
+bookkeeping, per verifier call; and the verifier alone's one-token forward), its time, the bytes it must
+move and its FLOPs, its roofline time and the ratio measured / roofline, with the CPU model (or GPU
+name); all of it goes into the JSON under ``roofline`` (``benchmarks/roofline_table.py`` writes the
+table into docs/decoding.md). ``--quick``: a smoke test (1 prompt per style, 8 new tokens, SpS and
+Cactus only, a 32 MiB copy), not a measurement.
+
+    .venv/bin/python benchmarks/bench_lm.py --quick --threads 1 --dtype bfloat16 --out /tmp/bench_quick.json
+
 ``--tree-budget NODES,DEPTH,TOPK``: EAGLE-2's re-ranked tree (``core.tree.BudgetTree``), always with
 deterministic top-k candidates (the only lossless scheme under re-ranking); its rows also get the
 tree targets (``experiment.tree_targets``: met only when the 95% interval clears the target).
@@ -37,6 +48,7 @@ from cactus_theory.lm.experiments.experiment import (
     targets,
     tree_targets,
 )
+from cactus_theory.lm.roofline import format_table as roofline_table
 from cactus_theory.rules import Cactus, SpS
 from cactus_theory.util.atomic import atomic_write_json
 
@@ -69,7 +81,26 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="verifier and draft dtype")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", default="bench_lm.json")
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke test: 1 prompt per style, 8 new tokens, rules sps and cactus (unless given), "
+                         "a 32 MiB copy and 3 repeats for the roofs; not a measurement")
+    ap.add_argument("--roofline-mib", type=int, default=None,
+                    help="MiB copied by the bandwidth measurement (default 256, 32 with --quick; past the caches)")
+    ap.add_argument("--roofline-repeats", type=int, default=None,
+                    help="repeats of each roof measurement, the best kept (default 10, 3 with --quick)")
     args = ap.parse_args(argv)
+    if args.quick:
+        given = set(argv if argv is not None else sys.argv[1:])
+        args.per_style = 1 if "--per-style" not in given else args.per_style
+        args.max_new_tokens = 8 if "--max-new-tokens" not in given else args.max_new_tokens
+        args.rules = ["sps", "cactus"] if "--rules" not in given else args.rules
+    if args.roofline_mib is None:
+        args.roofline_mib = 32 if args.quick else 256
+    if args.roofline_repeats is None:
+        args.roofline_repeats = 3 if args.quick else 10
+    for name in ("roofline_mib", "roofline_repeats", "per_style", "max_new_tokens"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     trees = []
     try:
         trees += [(f"tree {t}", branching_parents(tuple(int(x) for x in t.split(",")))) for t in args.tree_branching]
@@ -96,7 +127,8 @@ def main(argv=None) -> int:
     print(f"loaded {pair.name} ({args.dtype}, {args.device}, {torch.get_num_threads()} threads) in "
           f"{time.time() - t0:.1f} s; draft held-out acceptance by depth: "
           f"{info.get('heldout_acceptance_by_depth', 'n/a')}", flush=True)
-    res = run_benchmark(pair, prompt_set(args.per_style), rules=rules, ks=tuple(args.ks),
+    prompts = prompt_set(args.per_style)
+    res = run_benchmark(pair, prompts, rules=rules, ks=tuple(args.ks),
                         batch_sizes=tuple(args.batch_sizes), max_new_tokens=args.max_new_tokens, seed=args.seed,
                         sampling=SAMPLING, trees=trees, tree_scheme=args.tree_scheme)
     res["draft_info"] = {k: v for k, v in info.items() if k != "losses"}
@@ -107,14 +139,77 @@ def main(argv=None) -> int:
     for t in trees:
         found += tree_targets(res, t[0], batch=min(args.batch_sizes))
     res["targets"] = [dict(zip(("what", "measured", "ci", "target", "met"), t, strict=True)) for t in found]
+    res["roofline"] = roofline_of(pair, res, prompts, trees, args)
     atomic_write_json(args.out, res)
     print(format_table(res))
+    print("roofline (per verifier call; bytes moved and GEMM FLOPs a phase must do; SpS and Cactus delta=1 rows "
+          "and the verifier alone; every row in the JSON):")
+    print(roofline_table(res["roofline"], rules=ROOFLINE_RULES))
     print("targets (chain k = 4 and each tree, batch size 1, this run):")
     for t in res["targets"]:
         ci = f"[{t['ci'][0]:.3f}, {t['ci'][1]:.3f}]" if t["ci"] else ""
         print(f"  {t['what']:<54} {t['measured']:8.3f} {ci:>16}  target {t['target']:<28} "
               f"{'met' if t['met'] else 'MISSED'}")
     return 0
+
+
+ROOFLINE_RULES = ("SpS", "Cactus delta=1")
+
+
+def roofline_of(pair, res: dict, prompts, trees, args) -> dict:
+    """The run's roofline (``lm.roofline``): this machine's roofs measured now, and per row of ``res``
+    and phase the time per verifier call, the cost at the row's mean context (the prompts' mean length
+    plus half the new tokens), mean rows per verifier call and AL, its roofline time and the ratio."""
+    from cactus_theory.lm.loop import prepare_prompts, runtime_models
+    from cactus_theory.lm.roofline import (
+        gemm_shape,
+        measure_matmul,
+        measure_roofs,
+        phase_rows,
+        step_costs,
+        verifier_forward_cost,
+    )
+
+    draft, verifier = runtime_models(pair)
+    by_label = {t[0]: t[1] for t in trees}
+    widths = {1} | {k + 1 for k in args.ks} | {_tree_width(t) + 1 for t in by_label.values()}
+    roof = measure_roofs(verifier, widths, args.roofline_mib * 2**20, args.roofline_repeats, args.device)
+    rates = dict.fromkeys(("verifier", "verify", "bookkeeping", "draft"), roof["flop_rate"])
+    if draft.dtype != verifier.dtype:  # the draft's GEMMs (its steps, its fc in the bookkeeping) run in its dtype
+        roof["draft_dtype"] = str(draft.dtype).replace("torch.", "")
+        roof["draft_flop_rate"] = measure_matmul(draft.dtype, roof["peak_rows"], *gemm_shape(verifier),
+                                                 args.roofline_repeats, args.device)
+        rates["draft"] = rates["bookkeeping"] = roof["draft_flop_rate"]
+    prompt_len = sum(len(p) for p in prepare_prompts(pair, prompts, args.max_new_tokens)) / len(prompts)
+    roof["mean_prompt_tokens"] = prompt_len
+    for b, base in res["baselines"].items():
+        runs = base["runs"]
+        calls = sum(r["verifier_calls"] for r in runs)
+        ctx = prompt_len + sum(r["new_tokens"] for r in runs) / max(1, sum(r["sequences"] for r in runs)) / 2
+        cost = {"verifier": verifier_forward_cost(verifier, 1, ctx, sum(r["steps"] for r in runs) / max(1, calls))}
+        rows = phase_rows(f"verifier alone B={b}", {"verifier": sum(r["verifier_seconds"] for r in runs)
+                                                    / max(1, calls)}, cost, roof["bandwidth"], rates,
+                          roof["nominal_bandwidth"])
+        roof["phases"] += [{**r, "rule": None, "k": 0, "batch_size": int(b), "context": ctx} for r in rows]
+    for row in res["rows"]:
+        calls = max(1, row["verifier_calls"])
+        ctx = prompt_len + row["new_tokens"] / max(1, row["sequences"]) / 2
+        shape = {"tree": by_label[row["k"]]} if isinstance(row["k"], str) else {"k": row["k"]}
+        costs = step_costs(draft, verifier, ctx, row["steps"] / calls, al=max(1.0, row["al"]), **shape)
+        secs = {ph: row[f"{ph}_seconds"] / calls for ph in ("draft", "verifier", "verify", "bookkeeping")}
+        what = row["k"] if isinstance(row["k"], str) else f"k={row['k']}"  # a tree's label names it
+        rows = phase_rows(f"{row['rule']} {what} B={row['batch_size']}", secs, costs, roof["bandwidth"],
+                          rates, roof["nominal_bandwidth"])
+        roof["phases"] += [{**r, "rule": row["rule"], "k": row["k"], "batch_size": row["batch_size"], "context": ctx}
+                           for r in rows]
+    return roof
+
+
+def _tree_width(tree) -> int:
+    """The nodes a tree's verifier forward scores (a BudgetTree keeps fewer than it grows)."""
+    from cactus_theory.lm.loop import tree_nodes
+
+    return tree_nodes(tree)[0]
 
 
 if __name__ == "__main__":

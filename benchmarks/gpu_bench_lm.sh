@@ -15,6 +15,11 @@
 # host reads; then the tree run (issue 19): SpS and Cactus delta = 1 on EAGLE-2 budget trees of 16, 32
 # and 60 nodes (depth 5-6, top-4 / top-8; on a GPU a tree forward costs about one token's, so larger
 # trees than the CPU's pay off) beside the chain at k = 4, batch 1.
+# Both bench_lm runs also print the roofline (lm/roofline.py, measured in the same process on the GPU):
+# the copy bandwidth of a 1 GiB device buffer, the bfloat16 GEMM rate, the nominal HBM bandwidth from the
+# device's properties, and per phase (draft, verifier forward, verify, bookkeeping) its time, bytes, FLOPs,
+# roofline time, measured / roofline, its share of the measured copy bandwidth and of the nominal HBM
+# bandwidth ("nominal share"); the last step prints both runs' tables again, every row.
 # Results: $OUT/bench_lm_cuda.json, $OUT/bench_lm_cuda_trees.json and the printed tables.
 set -euo pipefail
 GGUF=${1:?path to the SmolLM2 GGUF file}
@@ -32,6 +37,9 @@ build_draft(verifier=v, tokenizer=tok)
 print(f"draft built on {torch.cuda.get_device_name()} in {time.time() - t:.0f} s")
 EOF
 timeout 240 python3 benchmarks/bench_lm.py --device cuda --dtype bfloat16 --ks 2 4 6 8 --batch-sizes 1 4 8 \
-    --out "$OUT/bench_lm_cuda.json"
+    --roofline-mib 1024 --out "$OUT/bench_lm_cuda.json"
 timeout 240 python3 benchmarks/bench_lm.py --device cuda --dtype bfloat16 --ks 4 --batch-sizes 1 --rules sps cactus \
-    --tree-budget 16,5,4 32,6,4 60,6,8 --out "$OUT/bench_lm_cuda_trees.json"
+    --tree-budget 16,5,4 32,6,4 60,6,8 --roofline-mib 1024 --out "$OUT/bench_lm_cuda_trees.json"
+for f in "$OUT/bench_lm_cuda.json" "$OUT/bench_lm_cuda_trees.json"; do
+    python3 benchmarks/roofline_table.py "$f" --rules all
+done

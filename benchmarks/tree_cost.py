@@ -10,6 +10,10 @@ each node's ancestors) after a prefix of `--context` tokens, batch 1, and report
 `--reps` timed forwards divided by the median one-token forward (`Llama.forward`, W = 1) of the same
 run. Two tree shapes: a chain (each node the child of the previous one) and a bushy tree (a node's
 parent drawn uniformly among the earlier nodes). The CPU model, dtype and thread count are recorded.
+Each width also gets its roofline (``lm.roofline``, roofs measured in the same run: copy bandwidth and the
+GEMM rate in the dtype): the bytes and FLOPs of the forward (``verifier_forward_cost``), its roofline time
+and the ratio measured / roofline (added keys ``roofline`` per dtype and ``bytes``, ``flops``,
+``roofline_ms``, ``roofline_ratio`` per row).
 
     python benchmarks/tree_cost.py --dtype float32 bfloat16 --out benchmarks/results/lm/tree_cost.json
 """
@@ -17,25 +21,16 @@ parent drawn uniformly among the earlier nodes). The CPU model, dtype and thread
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
 import time
 
 import torch
 
+from cactus_theory.lm.roofline import cpu_model  # noqa: F401  (bench_lm reads it here)
+
 WIDTHS = (1, 2, 4, 8, 16, 24, 32, 48, 64)
 
 
-def cpu_model() -> str:
-    """The processor's model name (``/proc/cpuinfo``), else ``platform.processor()``."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def parents_of(shape: str, W: int, gen: torch.Generator) -> torch.Tensor:
@@ -57,9 +52,11 @@ def _median_seconds(fn, reps: int) -> float:
     return statistics.median(times)
 
 
-def measure(model, dtype: torch.dtype, context: int, reps: int, widths, seed: int = 0) -> dict:
-    """``{"one_token_ms", "rows": [{"W", "shape", "ms", "ratio"}]}`` for one dtype."""
+def measure(model, dtype: torch.dtype, context: int, reps: int, widths, seed: int = 0, roofline_mib: int = 256) -> dict:
+    """``{"one_token_ms", "rows": [{"W", "shape", "ms", "ratio", "bytes", "flops", "roofline_ms",
+    "roofline_ratio"}], "roofline": {...}}`` for one dtype (``roofline_mib``: the bandwidth copy's size)."""
     from cactus_theory.lm.llama import Llama
+    from cactus_theory.lm.roofline import measure_roofs, roofline, verifier_forward_cost
 
     m = Llama.from_hf(model, dtype=dtype).eval()
     gen = torch.Generator().manual_seed(seed)
@@ -79,7 +76,13 @@ def measure(model, dtype: torch.dtype, context: int, reps: int, widths, seed: in
                 ids = torch.randint(0, V, (1, W), generator=gen)
                 s = _median_seconds(lambda ids=ids, par=par: m.forward_tree(ids, par, start, cache), reps)
                 rows.append({"W": W, "shape": shape, "ms": 1e3 * s, "ratio": s / base})
-    return {"one_token_ms": 1e3 * base, "rows": rows}
+    roof = measure_roofs(m, widths, roofline_mib * 2**20, repeats=5)
+    del roof["phases"]
+    for r in rows:  # the bare forward: its logits are not sampled here
+        c = verifier_forward_cost(m, r["W"], context, sampled=False)
+        t, bound = roofline(c, roof["bandwidth"], roof["flop_rate"])
+        r.update(bytes=c.bytes, flops=c.flops, roofline_ms=1e3 * t, bound=bound, roofline_ratio=r["ms"] / (1e3 * t))
+    return {"one_token_ms": 1e3 * base, "rows": rows, "roofline": roof}
 
 
 def main(argv=None) -> int:
@@ -90,10 +93,11 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--widths", type=int, nargs="+", default=list(WIDTHS))
     ap.add_argument("--out", default=None, help="write the results JSON here (atomically)")
+    ap.add_argument("--roofline-mib", type=int, default=256, help="MiB copied by the bandwidth measurement")
     args = ap.parse_args(argv)
-    for name in ("context", "reps", "threads"):
+    for name in ("context", "reps", "threads", "roofline_mib"):
         if getattr(args, name) < 1:
-            ap.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+            ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if any(w < 1 for w in args.widths):
         ap.error(f"--widths must all be >= 1, got {args.widths}")
     if 1 not in args.widths:
@@ -105,16 +109,21 @@ def main(argv=None) -> int:
     out = {"cpu": cpu_model(), "threads": args.threads, "context": args.context, "reps": args.reps,
            "verifier": "SmolLM2-135M-Instruct (compact Llama)", "dtypes": {}}
     for name in args.dtype:
-        res = measure(model, getattr(torch, name), args.context, args.reps, args.widths)
+        res = measure(model, getattr(torch, name), args.context, args.reps, args.widths, roofline_mib=args.roofline_mib)
         out["dtypes"][name] = res
         print(f"{name}: one-token forward {res['one_token_ms']:.1f} ms ({out['cpu']}, {args.threads} thread(s), "
               f"context {args.context})")
-        print("| W | chain ms | chain / one token | bushy ms | bushy / one token |")
-        print("|---|---|---|---|---|")
+        roof = res["roofline"]
+        print(f"roofs: copy bandwidth {roof['bandwidth'] / 1e9:.1f} GB/s, GEMM {roof['flop_rate'] / 1e9:.1f} GFLOP/s "
+              f"at {roof['peak_rows']} rows")
+        print("| W | chain ms | chain / one token | bushy ms | bushy / one token | MB | MFLOP | roofline ms | bound "
+              "| chain / roofline |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         by = {(r["W"], r["shape"]): r for r in res["rows"]}
         for W in args.widths:
             c, b = by[(W, "chain")], by[(W, "bushy")]
-            print(f"| {W} | {c['ms']:.1f} | {c['ratio']:.2f}x | {b['ms']:.1f} | {b['ratio']:.2f}x |")
+            print(f"| {W} | {c['ms']:.1f} | {c['ratio']:.2f}x | {b['ms']:.1f} | {b['ratio']:.2f}x | {c['bytes'] / 1e6:.1f} "
+                  f"| {c['flops'] / 1e6:.0f} | {c['roofline_ms']:.1f} | {c['bound']} | {c['roofline_ratio']:.1f}x |")
     if args.out:
         from cactus_theory.util.atomic import atomic_write_json
 
