@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar, NamedTuple, Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 from .validate import check_positive_int
 
@@ -174,7 +174,7 @@ class StaticTree:
     The public entry points also take the bare ``parents`` sequence (``as_tree``)."""
 
     parents: tuple[int, ...]
-    reranks: ClassVar[bool] = False
+    reranks = False  # a plain class attribute, not a dataclass field
 
     def __post_init__(self):
         par = check_parents(self.parents)
@@ -220,8 +220,8 @@ class DynamicTree:
     depth: int
     width: int
     children: int
-    reranks: ClassVar[bool] = False
-    parents: ClassVar[None] = None  # the shape depends on the draws
+    reranks = False  # a plain class attribute, not a dataclass field
+    parents = None  # the shape depends on the draws
 
     def __post_init__(self):
         for name in ("depth", "width", "children"):
@@ -270,8 +270,8 @@ class BudgetTree:
     nodes: int
     depth: int = BUDGET_DEPTH
     topk: int = BUDGET_TOPK
-    reranks: ClassVar[bool] = True
-    parents: ClassVar[None] = None  # the shape depends on the draft's laws
+    reranks = True  # a plain class attribute, not a dataclass field
+    parents = None  # the shape depends on the draft's laws
 
     def __post_init__(self):
         for name in ("nodes", "depth", "topk"):
