@@ -452,9 +452,9 @@ PORTS: list[Port] = [
                   "rule_id) and recomputed if it differs: only a cache miss, never a stale row"),
     # issue 19: EAGLE-2's re-ranked tree and the draft build's one-pass backward
     Port("budget-rerank-random", "a BudgetTree accepts random candidates (re-ranking them breaks losslessness)",
-         "cactus_theory/core/tree.py",
-         "    if isinstance(tree, BudgetTree) and scheme not in RERANK_SCHEMES:",
-         "    if isinstance(tree, BudgetTree) and scheme not in RERANK_SCHEMES + (\"iid\", \"without_replacement\"):",
+         "cactus_theory/core/tree_shapes.py",
+         "    if as_tree(tree).reranks and scheme not in RERANK_SCHEMES:",
+         "    if as_tree(tree).reranks and scheme not in RERANK_SCHEMES + (\"iid\", \"without_replacement\"):",
          ("tests/lm/test_tree_loop.py::test_bad_tree_arguments_raise_value_errors",
           "tests/theory/test_tree.py::test_budget_tree_sps_is_lossless_only_with_deterministic_candidates")),
     Port("rerank-ties-to-higher-node", "re-ranking breaks ties towards the higher node index (a child before its "

@@ -87,7 +87,7 @@ BAD_ARGS = [
     (["decode", "--prompt", "x", "--tree", "16", "--tree-branching", "2"], "give one tree"),
     (["decode", "--prompt", "x", "--tree-depth", "4"], "give --tree NODES too"),
     (["decode", "--prompt", "x", "--tree", "300"], "at most 256 nodes kept"),
-    (["decode", "--prompt", "x", "--tree", "16", "--tree-depth", "2", "--tree-topk", "2"], "grows only 6 nodes"),
+    (["decode", "--prompt", "x", "--tree", "16", "--tree-depth", "2", "--tree-topk", "2"], "exceeds the 6 nodes"),
     (["decode", "--prompt", "x", "--tree-scheme", "deterministic"], "apply to tree decoding"),
     (["check-engine", "--engine", "vllm9"], "--engine"),
     (["check-engine", "--n", "0"], "--n"),

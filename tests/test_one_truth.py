@@ -216,22 +216,3 @@ def test_the_build_time_is_the_measured_one_and_stated_once():
     assert isinstance(err, ValueError) and BUILD_TIME in str(err) and "build-draft" in str(err)
     stated = [p for p in (ROOT / "cactus_theory").rglob("*.py") if re.search(r"\d+(-\d+)? minutes on \d", p.read_text())]
     assert [p.name for p in stated] == ["draft_config.py"]  # BUILD_TIME, re-exported by draft.py
-
-
-def test_the_cli_s_torch_free_copies_of_the_tree_constants_are_core_s():
-    """``cli/lm.py`` and ``cactus-theory eval`` keep torch-free copies of the tree constants (their argument
-    checks run before torch loads); they must be ``core.tree``'s."""
-    import argparse
-
-    from cactus_theory.cli import lm as cli_lm
-    from cactus_theory.core import tree
-
-    assert cli_lm.TREE_SCHEMES == tree.SCHEMES and cli_lm.TREE_MODES == tree.MODES
-    assert cli_lm.RERANK_SCHEMES == tree.RERANK_SCHEMES
-    assert (cli_lm.TREE_DEPTH, cli_lm.TREE_TOPK) == (tree.BUDGET_DEPTH, tree.BUDGET_TOPK)
-    from cactus_theory.lm.experiments import replicated
-
-    p = argparse.ArgumentParser()
-    replicated.configure(p)  # the eval command's flags
-    a = p.parse_args([])
-    assert (a.tree_depth, a.tree_topk) == (tree.BUDGET_DEPTH, tree.BUDGET_TOPK)

@@ -18,7 +18,7 @@ import argparse
 import sys
 import time
 
-from ..core.tree_shapes import BUDGET_DEPTH, BUDGET_TOPK, MAX_GROWN, MAX_KEPT, dynamic_tree_nodes
+from ..core.tree_shapes import BUDGET_DEPTH, BUDGET_TOPK, flag_tree
 from ..lm.loading import check_model, quiet_transformers
 from ..util.args import check_writable_file, positive_int, read_prompts
 
@@ -30,7 +30,6 @@ DESCRIPTION = ("Judge an engine's speculative decoding against the same engine w
 ENGINE_NAMES = ("loop", "transformers", "vllm")  # integrations.engines.ENGINES (torch-free here; a test pins the copy)
 VLLM_SPECS = ("ngram", "eagle3")  # integrations.engines.VLLM_SPECS (pinned by the same test)
 VLLM_PLUGIN_MODES = ("none", "fixes")  # integrations.engines.VLLM_PLUGIN_MODES
-TREE_DEPTH, TREE_TOPK = BUDGET_DEPTH, BUDGET_TOPK  # core.tree_shapes's (torch-free)
 
 
 def _unit_float(text: str) -> float:
@@ -62,8 +61,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--tree", type=positive_int, default=None, metavar="NODES",
                    help="--engine loop: EAGLE-2's budget tree of NODES nodes (deterministic top-k candidates), "
                         "--tree-depth levels, --tree-topk per node")
-    g.add_argument("--tree-depth", type=positive_int, default=None, metavar="D", help=f"(default {TREE_DEPTH})")
-    g.add_argument("--tree-topk", type=positive_int, default=None, metavar="K", help=f"(default {TREE_TOPK})")
+    g.add_argument("--tree-depth", type=positive_int, default=None, metavar="D", help=f"(default {BUDGET_DEPTH})")
+    g.add_argument("--tree-topk", type=positive_int, default=None, metavar="K", help=f"(default {BUDGET_TOPK})")
     g.add_argument("--batch-size", type=positive_int, default=32, help="decodes run together (vllm: max_num_seqs)")
     g.add_argument("--spec", choices=VLLM_SPECS, default=None,
                    help="--engine vllm: vLLM's speculation, n-gram lookup or EAGLE-3 with --draft (required there)")
@@ -137,15 +136,7 @@ def check(args: argparse.Namespace) -> None:
         if args.assistant_layers is not None:
             raise ValueError("--assistant-layers builds transformers' assistant: it applies to --engine transformers only")
         if args.tree is not None:
-            depth = args.tree_depth or TREE_DEPTH
-            topk = args.tree_topk or TREE_TOPK
-            grown = dynamic_tree_nodes(depth, topk, topk)  # topk + (depth - 1) topk^2, arithmetic
-            if args.tree > MAX_KEPT or grown > MAX_GROWN:
-                raise ValueError(f"--tree {args.tree} --tree-depth {depth} --tree-topk {topk}: at most {MAX_KEPT} nodes "
-                                 f"kept and {MAX_GROWN} grown, got {args.tree} kept of {grown} grown")
-            if args.tree > grown:
-                raise ValueError(f"--tree {args.tree}: a tree of --tree-depth {depth} and --tree-topk {topk} grows only "
-                                 f"{grown} nodes; lower --tree or raise --tree-depth / --tree-topk")
+            _tree(args)  # counted arithmetically and held to the caps before it is built (torch-free)
             if args.rule_obj.reads_head:
                 raise ValueError(f"--rule {args.rule}: a rule that reads the verifier's LM head is not supported on trees")
     elif args.engine == "vllm":
@@ -211,15 +202,18 @@ def _check_vllm(args: argparse.Namespace) -> None:
                          "EAGLE-3 folder")
 
 
+def _tree(args: argparse.Namespace):
+    """The ``core.tree_shapes.BudgetTree`` of ``--tree NODES`` (``--tree-depth``, ``--tree-topk``; ``ValueError``
+    naming the flags)."""
+    depth, topk = args.tree_depth or BUDGET_DEPTH, args.tree_topk or BUDGET_TOPK
+    return flag_tree("budget", (args.tree, depth, topk), f"--tree {args.tree} --tree-depth {depth} --tree-topk {topk}")
+
+
 def options(args: argparse.Namespace):
     """``integrations.engines.EngineOptions`` from the parsed (and checked) arguments."""
     from ..integrations.engines import EngineOptions
 
-    tree = None
-    if args.tree is not None:
-        from ..core.tree import BudgetTree
-
-        tree = BudgetTree(args.tree, args.tree_depth or TREE_DEPTH, args.tree_topk or TREE_TOPK)
+    tree = _tree(args) if args.tree is not None else None
     return EngineOptions(rule=args.rule_obj, k=args.num_drafts, tree=tree, max_new_tokens=args.max_new_tokens,
                          temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, batch_size=args.batch_size,
                          chat=not args.no_chat, assistant_layers=args.assistant_layers or 4, spec=args.spec,

@@ -15,16 +15,7 @@ import dataclasses
 import sys
 import time
 
-from ..core.tree_shapes import (
-    BUDGET_DEPTH,
-    BUDGET_TOPK,
-    MAX_GROWN,
-    MAX_KEPT,
-    MODES,
-    RERANK_SCHEMES,
-    SCHEMES,
-    dynamic_tree_nodes,
-)
+from ..core.tree_shapes import BUDGET_DEPTH, BUDGET_TOPK, MODES, RERANK_SCHEMES, SCHEMES, flag_tree
 from ..lm.draft_config import check_draft_built
 from ..lm.loading import check_model, quiet_transformers
 from ..util.args import check_writable_file, positive_int, read_prompts
@@ -36,7 +27,6 @@ DESCRIPTION = ("Speculative decoding with a (draft, verifier) pair under any acc
                "--baseline also the verifier alone (its texts and the speedup, both runs warmed up first).")
 MIN_TIMED_TOKENS = 100  # fewer generated tokens than this and a CPU speedup is mostly noise
 WARMUP_TOKENS = 8
-TREE_DEPTH, TREE_TOPK = BUDGET_DEPTH, BUDGET_TOPK  # core.tree_shapes's (torch-free)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -57,10 +47,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         "highest path probability, verify them in one verifier forward (-k unused; deterministic "
                         "top-k candidates, lossless with SpS)")
     g.add_argument("--tree-depth", type=positive_int, default=None, metavar="D",
-                   help=f"levels of the --tree NODES tree (default {TREE_DEPTH})")
+                   help=f"levels of the --tree NODES tree (default {BUDGET_DEPTH})")
     g.add_argument("--tree-topk", type=positive_int, default=None, metavar="K",
                    help=f"candidates per grown node, and nodes grown per level, of the --tree NODES tree "
-                        f"(default {TREE_TOPK})")
+                        f"(default {BUDGET_TOPK})")
     g.add_argument("--tree-branching", default=None, metavar="B1,B2,...",
                    help="tree decoding: draft a static tree whose nodes at depth d have B_d children (e.g. 2,2: "
                         "6 nodes) and verify it in one verifier forward (-k unused)")
@@ -118,9 +108,6 @@ def check(args: argparse.Namespace) -> None:
         check_draft_built(args.verifier)
 
 
-TREE_SCHEMES, TREE_MODES = SCHEMES, MODES  # core.tree_shapes's (torch-free)
-
-
 def _check_tree_args(args: argparse.Namespace) -> tuple[int, ...] | None:
     """``("budget", (nodes, depth, topk))`` from ``--tree`` (with ``--tree-depth`` / ``--tree-topk``),
     ``("branching", (b1, b2, ...))`` from ``--tree-branching``, ``("dynamic", (depth, width, children))``
@@ -146,49 +133,35 @@ def _check_tree_args(args: argparse.Namespace) -> tuple[int, ...] | None:
     if len(given) > 1:
         raise ValueError(f"{' and '.join(given)}: give one tree, not several")
     if budget is not None:
-        depth = args.tree_depth if args.tree_depth is not None else TREE_DEPTH
-        topk = args.tree_topk if args.tree_topk is not None else TREE_TOPK
-        grown = dynamic_tree_nodes(depth, topk, topk)  # arithmetic: a depth of 10^9 is counted at once
-        if budget > MAX_KEPT or grown > MAX_GROWN:
-            raise ValueError(f"--tree {budget} --tree-depth {depth} --tree-topk {topk}: at most {MAX_KEPT} nodes kept "
-                             f"and {MAX_GROWN} grown, got {budget} kept of {grown} grown")
-        if budget > grown:
-            raise ValueError(f"--tree {budget}: a tree of --tree-depth {depth} and --tree-topk {topk} grows only {grown} "
-                             "nodes; lower --tree or raise --tree-depth / --tree-topk")
-        if args.tree_scheme not in RERANK_SCHEMES:
-            raise ValueError(f"--tree-scheme {args.tree_scheme} with --tree NODES: re-ranking random candidates by "
-                             "their own probability breaks losslessness; use deterministic (or eagle), or "
-                             "--tree-dynamic for random draws")
-        _check_tree_rule(args)
-        return "budget", (budget, depth, topk)
-    flag, text = ("--tree-branching", branching) if branching is not None else ("--tree-dynamic", dynamic)
-    try:
-        nums = tuple(int(x) for x in text.split(","))
-    except ValueError:
-        nums = ()
-    if not nums or min(nums) < 1 or (flag == "--tree-dynamic" and len(nums) != 3):
-        raise ValueError(f"{flag} must be {'comma-separated integers' if flag == '--tree-branching' else 'three integers DEPTH,WIDTH,CHILDREN'} "
-                         f">= 1 (e.g. {'2,2' if flag == '--tree-branching' else '4,4,2'}), got {text!r}")
-    if flag == "--tree-branching":
-        nodes, width = 0, 1
-        for b in nums:  # one level per number given: bounded by the argument's length
-            width *= b
-            nodes += width
+        depth = args.tree_depth if args.tree_depth is not None else BUDGET_DEPTH
+        topk = args.tree_topk if args.tree_topk is not None else BUDGET_TOPK
+        kind, nums, shape = "budget", (budget, depth, topk), f"--tree {budget} --tree-depth {depth} --tree-topk {topk}"
     else:
-        nodes = dynamic_tree_nodes(*nums)  # arithmetic: DEPTH 10^9 is counted at once, never walked
-    if nodes > MAX_KEPT:
-        raise ValueError(f"{flag} {text} makes {nodes} nodes; at most {MAX_KEPT}")
+        flag, text = ("--tree-branching", branching) if branching is not None else ("--tree-dynamic", dynamic)
+        kind, shape = ("branching" if flag == "--tree-branching" else "dynamic"), f"{flag} {text}"
+        try:
+            nums = tuple(int(x) for x in text.split(","))
+        except ValueError:
+            nums = ()
+        if not nums or min(nums) < 1 or (kind == "dynamic" and len(nums) != 3):
+            raise ValueError(f"{flag} must be {'comma-separated integers' if kind == 'branching' else 'three integers DEPTH,WIDTH,CHILDREN'} "
+                             f">= 1 (e.g. {'2,2' if kind == 'branching' else '4,4,2'}), got {text!r}")
+    tree = flag_tree(kind, nums, shape)  # counted arithmetically, held to the caps, then built (torch-free)
+    if tree.reranks and args.tree_scheme not in RERANK_SCHEMES:
+        raise ValueError(f"--tree-scheme {args.tree_scheme} with --tree NODES: re-ranking random candidates by "
+                         "their own probability breaks losslessness; use deterministic (or eagle), or "
+                         "--tree-dynamic for random draws")
     _check_tree_rule(args)
-    return ("branching" if flag == "--tree-branching" else "dynamic"), nums
+    return kind, nums
 
 
 def _check_tree_rule(args: argparse.Namespace) -> None:
     from ..core.rules import ScalingRule
 
-    if args.tree_scheme not in TREE_SCHEMES:
-        raise ValueError(f"--tree-scheme must be one of {', '.join(TREE_SCHEMES)}, got {args.tree_scheme!r}")
-    if args.tree_mode not in TREE_MODES:
-        raise ValueError(f"--tree-mode must be one of {', '.join(TREE_MODES)}, got {args.tree_mode!r}")
+    if args.tree_scheme not in SCHEMES:
+        raise ValueError(f"--tree-scheme must be one of {', '.join(SCHEMES)}, got {args.tree_scheme!r}")
+    if args.tree_mode not in MODES:
+        raise ValueError(f"--tree-mode must be one of {', '.join(MODES)}, got {args.tree_mode!r}")
     two_block = isinstance(args.rule_obj, ScalingRule) or getattr(args.rule_obj, "two_block_steps", False)
     if args.tree_mode == "joint" and not two_block:
         raise ValueError(f"--tree-mode joint needs a two-block rule (sps, cactus, sequence_budget), got --rule {args.rule}")
@@ -269,8 +242,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from ..core.registry import label
-    from ..core.tree import BudgetTree, DynamicTree, branching_parents
-    from ..lm.loop import autoregressive_generate, speculative_generate, tree_generate, tree_nodes
+    from ..lm.loop import autoregressive_generate, speculative_generate, tree_generate
     from ..util.atomic import atomic_write_json
 
     if args.threads:
@@ -290,11 +262,10 @@ def run(args: argparse.Namespace) -> int:
     runs = [("speculative", speculative_generate, spec_kw)]
     if args.tree is not None:
         kind, nums = args.tree
-        tree = {"branching": branching_parents, "dynamic": lambda n: DynamicTree(*n),
-                "budget": lambda n: BudgetTree(*n)}[kind](nums)
+        tree = flag_tree(kind, nums, "--tree")  # checked in ``check``
         runs = [("speculative", tree_generate, dict(pair=pair, rule=rule, tree=tree, scheme=args.tree_scheme,
                                                     mode=args.tree_mode, **sampling))]
-        size, grown = tree_nodes(tree)
+        size, grown = tree.nodes, tree.grown
         shape = (f"EAGLE-2 budget tree ({size} nodes of {grown} grown, depth {nums[1]}, top-{nums[2]}"
                  if kind == "budget" else f"{kind} tree {','.join(map(str, nums))} ({size} nodes")
         k = f"{shape}, {args.tree_scheme}, {args.tree_mode})"

@@ -3,8 +3,8 @@ helpers and the batched sampler ``verify_tree`` (any rule; schemes ``SCHEMES``, 
 
 The schemes, modes and their losslessness are described in ``cactus_theory.theory.tree`` (which
 holds the exact laws and re-exports everything here, as does the public path ``cactus_theory.tree``).
-The shapes (``DynamicTree``, ``BudgetTree``), schemes and modes live in the torch-free ``core.tree_shapes``
-and are re-exported here.
+The shapes (the ``Tree`` protocol, ``StaticTree``, ``DynamicTree``, ``BudgetTree``, ``as_tree``, the parents
+helpers), schemes and modes live in the torch-free ``core.tree_shapes`` and are re-exported here.
 Tensor layout (``verify_tree``): ``tokens`` / ``parents`` (B, N) int64, ``draft_probs`` (B, N, V),
 ``verifier_probs`` (B, N + 1, V) float; row 0 of ``verifier_probs`` is the root's law.
 """
@@ -28,13 +28,23 @@ from .tree_shapes import (
     SCHEMES,
     BudgetTree,
     DynamicTree,
+    Grow,
+    StaticTree,
+    Tree,
+    as_tree,
+    branching_parents,
+    chain_parents,
+    check_parents,
+    check_scheme,
+    check_tree_scheme,
+    node_depths,
 )
-from .validate import check_int, check_positive_int, check_probs, check_same_shape, check_token
+from .validate import check_int, check_probs, check_same_shape, check_token
 
 __all__ = ["SCHEMES", "MODES", "RuleSpec", "set_target", "chain_parents", "branching_parents", "children_lists",
            "top_candidates", "TreeVerifyResult", "verify_tree", "check_scheme", "check_rules", "check_mode",
            "round_rule", "check_parents", "node_depths", "drop_token", "without", "DynamicTree", "BudgetTree", "RERANK_SCHEMES", "BUDGET_DEPTH",
-           "BUDGET_TOPK",
+           "BUDGET_TOPK", "Tree", "StaticTree", "Grow", "as_tree",
            "check_tree_scheme", "rerank", "node_parts", "tree_step_law",
            "node_law_rows"]
 
@@ -42,11 +52,6 @@ RuleSpec = Rule | Sequence[Rule]
 
 
 # -- tree shapes and small helpers ----------------------------------------------------------------
-
-def check_scheme(scheme: str) -> None:
-    if scheme not in SCHEMES:
-        raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
-
 
 def check_rules(rule: RuleSpec) -> tuple[Rule, ...]:
     """A Rule or a non-empty sequence of Rules (one per round) -> tuple of Rules; a stateful rule
@@ -99,41 +104,6 @@ def set_target(rule: ScalingRule, q, S):
         inside = np.where(qS > 0, g / np.where(qS > 0, qS, 1.0), 1.0)
     h = np.where(S, q * inside, q * rule.scale(qS, g))
     return np.where(qS > 0, h, q)
-
-
-def chain_parents(k: int) -> tuple[int, ...]:
-    """A chain of ``k`` drafts as a tree: ``parents = (-1, 0, 1, ..., k - 2)``."""
-    check_positive_int(k, "k")
-    return tuple(range(-1, k - 1))
-
-
-def branching_parents(branching: Sequence[int]) -> tuple[int, ...]:
-    """Full tree where every node at depth ``d`` has ``branching[d]`` children, in breadth-first
-    (topological) order: ``(2, 2)`` gives ``(-1, -1, 0, 0, 1, 1)``."""
-    if not branching:
-        raise ValueError("branching must name at least one level")
-    for b in branching:
-        check_positive_int(b, "branching")
-    parents, level = [], [-1]
-    for b in branching:
-        nxt = []
-        for par in level:
-            for _ in range(b):
-                parents.append(par)
-                nxt.append(len(parents) - 1)
-        level = nxt
-    return tuple(parents)
-
-
-def check_tree_scheme(tree, scheme: str) -> None:
-    """A ``BudgetTree`` re-ranks its drawn nodes: only non-random candidates keep a lossless verifier
-    lossless (see ``BudgetTree``)."""
-    check_scheme(scheme)
-    if isinstance(tree, BudgetTree) and scheme not in RERANK_SCHEMES:
-        raise ValueError(f"scheme {scheme!r} with a node budget (BudgetTree / --tree NODES): re-ranking random "
-                         f"candidates by their own probability changes their law, so verification is no longer "
-                         f"lossless; use scheme 'deterministic' (or 'eagle'), or a DynamicTree (--tree-dynamic) for "
-                         f"{scheme!r} draws")
 
 
 def _check_rerank(logpath, parents, keep) -> int:
@@ -193,31 +163,6 @@ def rerank(logpath, parents, keep: int):
     if ((par >= 0) & (kept_par < 0)).any():
         raise ValueError("rerank: a kept node's parent was dropped (a path probability above its parent's)")
     return order, kept_par
-
-
-def check_parents(parents) -> tuple[int, ...]:
-    try:
-        par = tuple(int(x) for x in parents)
-    except (TypeError, ValueError):
-        raise ValueError(f"parents must be a sequence of integers, got {parents!r}") from None
-    if not par:
-        raise ValueError("parents must hold at least one node")
-    for j, a in enumerate(par):
-        if not -1 <= a < j:
-            raise ValueError(f"parents must be topological (-1 <= parents[j] < j): parents[{j}] = {a}")
-    return par
-
-
-def node_depths(parents: Sequence[int], name: str | None = None) -> list[int]:
-    """Depth of each node of a topological ``parents`` (a root's parent is negative: depth 0). With
-    ``name``, ``ValueError`` (``name`` in the message) unless the nodes are listed level by level
-    (breadth-first: depth never decreases along the node order)."""
-    depth: list[int] = []
-    for j, a in enumerate(parents):
-        depth.append(0 if a < 0 else depth[a] + 1)
-        if name is not None and j and depth[j] < depth[j - 1]:
-            raise ValueError(f"{name} must list its nodes level by level (breadth-first), got {parents}")
-    return depth
 
 
 def children_lists(parents: Sequence[int]) -> list[list[int]]:

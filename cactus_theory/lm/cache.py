@@ -35,7 +35,7 @@ import torch
 from ..core.draws import uniforms
 from ..core.sampler import draw, sample_rows
 from ..core.transforms import sampling_probs
-from ..core.tree import SCHEMES, BudgetTree, node_depths, rerank, without
+from ..core.tree import SCHEMES, Grow, as_tree, rerank, without
 from .draft import FeatureDraft
 from .llama import Llama, tree_ancestry
 
@@ -245,12 +245,9 @@ def _sample(logits: torch.Tensor, sampling, gen) -> tuple[torch.Tensor, torch.Te
 
 
 def tree_sizes(tree) -> tuple[int, ...]:
-    """Nodes per level of ``tree``: a ``core.tree.DynamicTree`` (its ``level_sizes``) or a parents tuple
-    listed level by level (depth never decreases along the node order)."""
-    if callable(getattr(tree, "level_sizes", None)):
-        return tree.level_sizes()
-    depth = node_depths(tree, "parents")
-    return tuple(depth.count(d) for d in range(depth[-1] + 1))
+    """Nodes per grown level of ``tree`` (a ``core.tree.Tree``, or a parents tuple listed level by level:
+    depth never decreases along the node order)."""
+    return as_tree(tree, "parents").level_sizes()
 
 
 def grow_tree(p0: torch.Tensor, read_level, tree, scheme: str, gen):
@@ -258,17 +255,18 @@ def grow_tree(p0: torch.Tensor, read_level, tree, scheme: str, gen):
 
     ``p0`` (B, V) the draft law at the root; ``read_level(tokens, parents, lo)`` reads nodes
     ``lo .. lo + W - 1`` (``tokens`` (B, W), ``parents`` (B, lo + W)) and returns the draft law after each
-    (B, W, V); ``tree`` a static parents tuple (listed level by level) or a ``core.tree.DynamicTree``
-    (the ``width`` nodes of highest path probability of each level grow ``children`` each, ties to the
-    lower node index). A node's children are drawn from the law ``p`` at the node per ``scheme``:
+    (B, W, V); ``tree`` a ``core.tree.Tree`` (or a static parents tuple, listed level by level), grown
+    level by level as its ``levels()`` say: a level's fixed parents, or a ``Grow(width, children)`` (the
+    ``width`` nodes of highest path probability of the previous level grow ``children`` each, ties to
+    the lower node index). A node's children are drawn from the law ``p`` at the node per ``scheme``:
     ``"iid"`` i.i.d. from ``p``; ``"without_replacement"`` from ``p`` without the earlier siblings,
     renormalised (once ``p``'s support is exhausted a placeholder ``x ~ p`` is stored, which
     ``verify_tree`` skips); ``"deterministic"`` / ``"eagle"`` the ``rank``-th most likely token (ties to the
     lower id). Each random node takes one float64 uniform per row from ``gen`` (inverse CDF,
     ``sampler.sample_rows``), in node order. Every level but the last is read (one call per level).
 
-    A ``core.tree.BudgetTree`` is grown as its ``DynamicTree`` and then re-ranked (``core.tree.rerank``):
-    its ``kept`` nodes of highest path probability remain, renumbered in grown order.
+    A tree that ``reranks`` (``core.tree.BudgetTree``) is then cut (``core.tree.rerank``): its ``nodes``
+    nodes of highest path probability remain, renumbered in grown order.
 
     Returns ``tokens`` (B, N) int64, ``parents`` (B, N) int64, ``draft_probs`` (B, N, V) (``p`` at each
     node's parent, as ``verify_tree`` reads them), ``read`` (B, N) bool (the nodes read) and ``nodes``
@@ -276,8 +274,9 @@ def grow_tree(p0: torch.Tensor, read_level, tree, scheme: str, gen):
     nodes verified."""
     if scheme not in SCHEMES:
         raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
-    dynamic = callable(getattr(tree, "level_sizes", None))  # a DynamicTree; else a parents tuple
-    sizes = tree_sizes(tree)
+    tree = as_tree(tree)
+    levels = tree.levels()
+    sizes = tree.level_sizes()
     N = sum(sizes)
     (B, V), dev = p0.shape, p0.device
     rows = torch.arange(B, device=dev)
@@ -290,24 +289,37 @@ def grow_tree(p0: torch.Tensor, read_level, tree, scheme: str, gen):
     removed = torch.zeros((B, N + 1, V), dtype=torch.bool, device=dev) if scheme == "without_replacement" else None
     read = torch.zeros((B, N), dtype=torch.bool, device=dev)
     lo = 0
-    for d, size in enumerate(sizes):
+    for d, (size, level) in enumerate(zip(sizes, levels, strict=True)):
         hi = lo + size
-        if not dynamic:
-            parents[:, lo:hi] = torch.tensor(tree[lo:hi], dtype=torch.long, device=dev)
-        elif d > 0:  # the previous level's best paths grow ``children`` each, kept in node order
+        if isinstance(level, Grow):  # the previous level's best paths grow ``children`` each, kept in node order
+            if d == 0 or level.width * level.children != size:
+                raise ValueError(f"tree: level {d} grows {level} but holds {size} nodes")
             plo = lo - sizes[d - 1]
             order = torch.sort(-logpath[:, plo + 1:lo + 1], dim=-1, stable=True).indices
-            best = order[:, :size // tree.children].sort(-1).values + plo
-            parents[:, lo:hi] = best.repeat_interleave(tree.children, dim=1)
+            best = order[:, :level.width].sort(-1).values + plo
+            parents[:, lo:hi] = best.repeat_interleave(level.children, dim=1)
+            ranks = [(j - lo) % level.children for j in range(lo, hi)]
+            groups = [(j - lo) // level.children for j in range(lo, hi)]
+        else:  # fixed parents, the same every row: a node's rank is its place among its siblings
+            first = lo - sizes[d - 1] if d else -1  # a level's parents are the previous level's nodes (the root's)
+            if len(level) != size or any(not first <= a < max(lo, 0) for a in level):
+                raise ValueError(f"tree: level {d}'s parents {level} must be {size} nodes of the previous level")
+            parents[:, lo:hi] = torch.tensor(level, dtype=torch.long, device=dev)
+            seen: dict[int, int] = {}
+            ranks = []
+            for a in level:
+                ranks.append(seen.get(a, 0))
+                seen[a] = ranks[-1] + 1
+            groups = list(level)
         ranked = {}  # deterministic: each parent slot's tokens by rank, one sort per slot column
         for j in range(lo, hi):
             slot = parents[:, j] + 1
             p = laws[rows, slot]
-            rank = (j - lo) % tree.children if dynamic else sum(1 for i in range(j) if tree[i] == tree[j])
+            rank = ranks[j - lo]
             if scheme in ("deterministic", "eagle"):
                 if rank >= V:
                     raise ValueError(f"a node has more than V = {V} deterministic children")
-                group = (j - lo) // tree.children if dynamic else tree[j]
+                group = groups[j - lo]
                 if group not in ranked:
                     ranked[group] = torch.sort(-p, dim=-1, stable=True).indices
                 x = ranked[group][:, rank]
@@ -325,8 +337,8 @@ def grow_tree(p0: torch.Tensor, read_level, tree, scheme: str, gen):
             read[:, lo:hi] = True
         lo = hi
     nodes = torch.arange(N, device=dev).expand(B, N)
-    if isinstance(tree, BudgetTree) and tree.kept < N:  # EAGLE-2's re-ranking: the most probable paths
-        nodes, parents = rerank(logpath[:, 1:], parents, tree.kept)
+    if tree.reranks and tree.nodes < N:  # EAGLE-2's re-ranking: the most probable paths
+        nodes, parents = rerank(logpath[:, 1:], parents, tree.nodes)
         tokens, read = tokens.gather(1, nodes), read.gather(1, nodes)
         probs = probs.gather(1, nodes[:, :, None].expand(-1, -1, V))
     return tokens, parents, probs, read, nodes

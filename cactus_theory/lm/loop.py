@@ -29,7 +29,8 @@ The tree is static (``branching_parents((2, 2))``: every root child has 2 childr
 topological ``parents`` listed level by level) or dynamic (``core.tree.DynamicTree(depth, width,
 children)``: the root gets ``children`` candidates, then at each level the ``width`` nodes of highest
 draft path probability get ``children`` each; per-row parents, nothing pruned after drawing, so the
-lossless schemes stay lossless). Tree attention and the cache compaction to the
+lossless schemes stay lossless) or EAGLE-2's re-ranked ``core.tree.BudgetTree``; any ``core.tree.Tree``
+(the protocol of ``core.tree_shapes``: the loop reads its node counts and levels, never its kind). Tree attention and the cache compaction to the
 accepted path are ``Llama.forward_tree`` / ``KVCache.keep_path`` on the compact Llama (other Hugging
 Face models, or ``compact=False``: a 4D mask through their own forward, the unkept slots masked out,
 ``cache._HFStream``); the EAGLE-3-style feature draft grows the tree
@@ -59,13 +60,10 @@ from ..core.sampler import draw, verify
 from ..core.sampling import SAMPLING as _SAMPLING
 from ..core.transforms import check_sampling, sampling_probs
 from ..core.tree import (
-    BudgetTree,
-    DynamicTree,
+    as_tree,
     check_mode,
-    check_parents,
     check_rules,
     check_tree_scheme,
-    node_depths,
     verify_tree,
 )
 from .cache import Target, make_drafter, right_pad
@@ -487,17 +485,9 @@ def first_step_laws(pair: ModelPair, ids: list[int], lo: int, hi: int, temperatu
 # -- trees --------------------------------------------------------------------------------------
 
 def check_tree(tree):
-    """``tree``: a ``DynamicTree`` or ``BudgetTree`` (returned as is) or a ``parents`` sequence
-    (topological, level by level) -> the parents tuple (N,)."""
-    if isinstance(tree, (DynamicTree, BudgetTree)):
-        return tree
-    par = check_parents(tree) if isinstance(tree, (list, tuple)) else None
-    if par is None:
-        raise ValueError(f"tree must be a parents sequence such as branching_parents((2, 2)), a DynamicTree or a "
-                         f"BudgetTree, "
-                         f"got {tree!r}")
-    node_depths(par, "tree")
-    return par
+    """``tree``: a ``core.tree.Tree`` (``StaticTree``, ``DynamicTree``, ``BudgetTree``; returned as is) or a
+    ``parents`` sequence (topological, level by level; returned as a ``StaticTree``): ``core.tree.as_tree``."""
+    return as_tree(tree)
 
 
 @torch.inference_mode()
@@ -507,7 +497,7 @@ def _tree_rows(draft, verifier, prompts, rules, tree, scheme, mode, max_new, sam
     dev, drafter, target, out, rows = _start(draft, verifier, prompts, grown + 1, max_new, sampling, gen, stats,
                                              per_seq, eos, obs)
     # draft forwards per step: the pending tokens, then each level but the last
-    levels = tree.depth if isinstance(tree, (DynamicTree, BudgetTree)) else 1 + max(node_depths(tree))
+    levels = tree.depth
     state = _budget_state(rules[0], rows, out, max_new)
     while rows:
         t0 = time.perf_counter()
@@ -553,12 +543,10 @@ def _tree_rows(draft, verifier, prompts, rules, tree, scheme, mode, max_new, sam
 
 
 def tree_nodes(tree) -> tuple[int, int]:
-    """``(verified, grown)`` nodes per step of a checked ``tree``: a ``BudgetTree`` grows more than it
-    keeps; other trees verify all they grow."""
-    if isinstance(tree, BudgetTree):
-        return tree.kept, tree.grown
-    n = tree.nodes if isinstance(tree, DynamicTree) else len(tree)
-    return n, n
+    """``(verified, grown)`` nodes per step of ``tree`` (``Tree.nodes``, ``Tree.grown``): a tree that
+    re-ranks (``BudgetTree``) grows more than it keeps; other trees verify all they grow."""
+    tree = as_tree(tree)
+    return tree.nodes, tree.grown
 
 
 @torch.inference_mode()
@@ -608,7 +596,7 @@ def tree_generate(pair: ModelPair, prompts, rule, tree, scheme: str = "iid", mod
     ``core.tree.verify_tree(rule, scheme, mode)``. ``rule``: a Rule or a sequence of Rules (one per
     round). Llama-family models run as the compact Llama (``compact=False``: through their own
     forward with a 4D tree mask, as any other Hugging Face causal LM); the draft a causal LM or the
-    EAGLE-3-style feature head. ``seed`` / ``seeds`` as ``speculative_generate``. Returns ``DecodeResult`` (``stats.k`` = N nodes per tree; ``stats.al`` tokens per verifier call)."""
+    EAGLE-3-style feature head; any other ``core.tree.Tree`` runs alike. ``seed`` / ``seeds`` as ``speculative_generate``. Returns ``DecodeResult`` (``stats.k`` = N nodes per tree; ``stats.al`` tokens per verifier call)."""
     rules = check_rules(rule if isinstance(rule, (list, tuple)) else _as_rule(rule))
     tree = check_tree(tree)
     check_tree_scheme(tree, scheme)
@@ -617,7 +605,7 @@ def tree_generate(pair: ModelPair, prompts, rule, tree, scheme: str = "iid", mod
         raise ValueError(f"rule: a rule that reads the verifier's LM head is not supported on trees, got {rule!r}")
     _check_args(1, batch_size, temperature, top_k, top_p)
     draft, verifier = runtime_models(pair, compact)
-    stats = DecodeStats("tree", rule=repr(rules[0] if len(rules) == 1 else rules), k=tree_nodes(tree)[0])
+    stats = DecodeStats("tree", rule=repr(rules[0] if len(rules) == 1 else rules), k=tree.nodes)
     sampling = (temperature, top_k, top_p)
     return _run(pair, prompts, max_new_tokens, batch_size, seed, chat, stats,
                 lambda b, gen, ps: _tree_rows(draft, verifier, b, rules, tree, scheme, mode, max_new_tokens,

@@ -112,10 +112,13 @@ from ..core.rules import Cactus, Rule, SpS
 from ..core.sampler import check_common, sample_rows
 from ..core.tree import (  # the shapes, schemes and the batched sampler live in core (the runtime uses them)
     MODES,
+    RERANK_SCHEMES,
     SCHEMES,
     BudgetTree,
+    Grow,
     RuleSpec,
     TreeVerifyResult,
+    as_tree,
     branching_parents,
     chain_parents,
     check_mode,
@@ -196,43 +199,55 @@ def tree_block_law(draft: Cond, verifier: Cond, rule: RuleSpec, parents: Sequenc
     return out
 
 
-def budget_tree(draft: Cond, tree: BudgetTree, prompt: tuple = ()) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """``(parents, tokens)`` of EAGLE-2's budget tree after ``prompt``, from the draft's exact laws: the
-    reference for the runtime's ``grow_tree`` (written apart from it, plain Python sorting).
+def budget_tree(draft: Cond, tree, prompt: tuple = ()) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``(parents, tokens)`` of the tree ``tree`` (a ``core.tree.Tree``: EAGLE-2's ``BudgetTree``, a
+    ``DynamicTree``, a static tree) grown after ``prompt`` with deterministic candidates, from the draft's
+    exact laws: the reference for the runtime's ``grow_tree`` (written apart from it, plain Python
+    sorting).
 
-    Grown level by level: the root's children are ``p``'s ``topk`` most likely tokens (ties to the
-    lower id); the ``topk`` nodes of highest path probability ``prod p(x | path)`` of each level
-    (ties to the lower node) grow ``topk`` children each, in node order. Then the ``tree.nodes``
-    grown nodes of highest path probability (ties to the lower node) are kept, in grown order, and
-    renumbered. Deterministic candidates only: the tree is a function of the context."""
-    if not isinstance(tree, BudgetTree):
-        raise ValueError(f"tree must be a BudgetTree, got {tree!r}")
+    Grown level by level as ``tree.levels()`` say: a node's candidate of rank ``r`` (its place among its
+    siblings) is ``p``'s ``r``-th most likely token at its parent (ties to the lower id); a level of fixed
+    parents takes them as they are; a ``Grow(width, children)`` level grows ``children`` candidates at
+    each of the ``width`` nodes of highest path probability ``prod p(x | path)`` of the previous level
+    (ties to the lower node), in node order. A tree that ``reranks`` then keeps its ``tree.nodes``
+    grown nodes of highest path probability (ties to the lower node), in grown order, renumbered.
+    Deterministic candidates only: the tree is a function of the context."""
+    tree = as_tree(tree)
     P = memoised(draft, "draft")
     prompt = tuple(int(t) for t in prompt)
     ctx: list[tuple] = []  # context after each grown node
     par: list[int] = []
     logp: list[float] = []
+    ranked: dict[int, list[int]] = {}  # each parent's tokens, most likely first
 
-    def grow(parent: int) -> None:
+    def add(parent: int, rank: int) -> None:
         c = prompt if parent < 0 else ctx[parent]
         p = P(c)
-        if tree.topk > p.size:  # as the runtime (lm.cache.grow_tree): never fewer candidates than the shape says
-            raise ValueError(f"a node has more than V = {p.size} deterministic children (BudgetTree topk = {tree.topk})")
-        base = 0.0 if parent < 0 else logp[parent]
-        for x in sorted(range(p.size), key=lambda t: (-p[t], t))[:tree.topk]:
-            par.append(parent)
-            ctx.append(c + (x,))
-            logp.append(base + (np.log(p[x]) if p[x] > 0 else -np.inf))
+        if rank >= p.size:  # as the runtime (lm.cache.grow_tree): never fewer candidates than the shape says
+            raise ValueError(f"a node has more than V = {p.size} deterministic children ({tree!r})")
+        if parent not in ranked:
+            ranked[parent] = sorted(range(p.size), key=lambda t: (-p[t], t))
+        x = ranked[parent][rank]
+        par.append(parent)
+        ctx.append(c + (x,))
+        logp.append((0.0 if parent < 0 else logp[parent]) + (np.log(p[x]) if p[x] > 0 else -np.inf))
 
-    grow(-1)
-    level = list(range(len(par)))
-    for _ in range(tree.depth - 1):
-        best = sorted(sorted(level, key=lambda j: (-logp[j], j))[:tree.topk])
+    level: list[int] = []
+    for spec in tree.levels():
         start = len(par)
-        for j in best:
-            grow(j)
+        if isinstance(spec, Grow):  # the previous level's most probable paths grow
+            for j in sorted(sorted(level, key=lambda j: (-logp[j], j))[:spec.width]):
+                for r in range(spec.children):
+                    add(j, r)
+        else:  # fixed parents: a node's rank is its place among its siblings
+            seen: dict[int, int] = {}
+            for a in spec:
+                seen[a] = seen.get(a, 0) + 1
+                add(a, seen[a] - 1)
         level = list(range(start, len(par)))
-    keep = sorted(sorted(range(len(par)), key=lambda j: (-logp[j], j))[:tree.nodes])
+    keep = range(len(par))
+    if tree.reranks:
+        keep = sorted(sorted(keep, key=lambda j: (-logp[j], j))[:tree.nodes])
     new = {j: i for i, j in enumerate(keep)}
     if any(par[j] >= 0 and par[j] not in new for j in keep):
         raise ValueError("budget tree: a kept node's parent was dropped")
@@ -240,11 +255,27 @@ def budget_tree(draft: Cond, tree: BudgetTree, prompt: tuple = ()) -> tuple[tupl
 
 
 def _tree_at(draft: Cond, parents, prompt: tuple, scheme: str) -> tuple[int, ...]:
-    """Static ``parents`` as they are; a ``BudgetTree`` grown after ``prompt`` (deterministic schemes)."""
-    if isinstance(parents, BudgetTree):
-        check_tree_scheme(parents, scheme)
-        return budget_tree(draft, parents, prompt)[0]
-    return check_parents(parents)
+    """The parents of the tree drafted after ``prompt``: a static one's own (a bare ``parents``
+    sequence in any topological order, or a ``Tree`` whose ``parents`` are fixed); a tree grown from
+    the draft's laws (``BudgetTree``, ``DynamicTree``: ``parents`` None) grown by ``budget_tree``."""
+    fixed, tree = _check_tree(parents, scheme)
+    return fixed if fixed is not None else budget_tree(draft, tree, prompt)[0]
+
+
+def _check_tree(parents, scheme: str):
+    """The exact laws' tree argument -> ``(fixed parents or None, tree or None)``: a topological ``parents``
+    sequence (in any order: the exact laws need no level-by-level listing) or a ``Tree``; one grown from the
+    draft's laws needs deterministic candidates (its shape is then a function of the context), and one
+    that re-ranks is checked against ``scheme`` (``check_tree_scheme``)."""
+    if isinstance(parents, (list, tuple)):  # a bare sequence: topological, not necessarily level by level
+        return check_parents(parents), None
+    tree = as_tree(parents, "parents")
+    check_tree_scheme(tree, scheme)
+    if tree.parents is None and scheme not in RERANK_SCHEMES:
+        raise ValueError(f"scheme {scheme!r} with {tree!r}: a tree grown from random draws has no exact law here; "
+                         f"its shape is a function of the context with deterministic candidates only "
+                         f"({', '.join(RERANK_SCHEMES)})")
+    return tree.parents, tree
 
 
 def expected_length(block_law: dict[tuple, float]) -> float:
@@ -253,12 +284,9 @@ def expected_length(block_law: dict[tuple, float]) -> float:
 
 
 def _tree_inputs(draft, verifier, parents, scheme: str, prompt) -> tuple:
-    """``tree_sequence_law`` / ``tree_budget_law``'s tree checked (a ``BudgetTree`` against ``scheme``, else a
-    parents tuple), the memoised draft and verifier, the prompt as a tuple of ints and the vocabulary size."""
-    if isinstance(parents, BudgetTree):
-        check_tree_scheme(parents, scheme)
-    else:
-        check_parents(parents)
+    """``tree_sequence_law`` / ``tree_budget_law``'s tree checked (``_check_tree``), the memoised draft and
+    verifier, the prompt as a tuple of ints and the vocabulary size."""
+    _check_tree(parents, scheme)
     P, Q = memoised(draft, "draft"), memoised(verifier, "verifier")
     prompt = tuple(int(t) for t in prompt)
     return P, Q, prompt, Q(prompt).size

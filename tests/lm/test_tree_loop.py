@@ -21,7 +21,14 @@ import pytest
 import torch
 
 import cactus_theory as ct
-from cactus_theory.core.tree import BudgetTree, DynamicTree, branching_parents, node_depths
+from cactus_theory.core.tree import (
+    BudgetTree,
+    DynamicTree,
+    Grow,
+    as_tree,
+    branching_parents,
+    node_depths,
+)
 from cactus_theory.lm import ModelPair, autoregressive_generate, sampling_probs
 from cactus_theory.lm.cache import FeatureDrafter, Target, TokenDrafter, right_pad, tree_sizes
 from cactus_theory.lm.llama import Llama
@@ -246,6 +253,100 @@ def test_bad_tree_arguments_raise_value_errors():
         BudgetTree(0, 3, 3)
     with pytest.raises(ValueError, match="exceeds the 6 nodes"):  # never fewer nodes than asked, silently
         BudgetTree(7, 2, 2)
+
+
+class _Beam:
+    """A throwaway tree kind, written here only: a beam of ``width`` paths (the root gets ``width``
+    candidates, then the ``width`` most probable paths of each level grow one child each). It implements
+    the ``core.tree_shapes.Tree`` protocol and nothing else: the loop, the caches and the exact laws take
+    it without a line of theirs changed."""
+
+    reranks = False
+    parents = None  # grown by path probability: the shape depends on the draws
+
+    def __init__(self, depth: int, width: int):
+        self.depth, self.width = depth, width
+        self.nodes = self.grown = depth * width
+
+    def level_sizes(self):
+        return (self.width,) * self.depth
+
+    def levels(self):
+        return ((-1,) * self.width, *(Grow(self.width, 1),) * (self.depth - 1))
+
+    def __repr__(self):
+        return f"_Beam({self.depth}, {self.width})"
+
+
+class _Answers:
+    """Another throwaway kind: only a tree's protocol answers, nothing of its class."""
+
+    def __init__(self, tree):
+        tree = as_tree(tree)
+        self.depth, self.nodes, self.grown = tree.depth, tree.nodes, tree.grown
+        self.reranks, self.parents = tree.reranks, tree.parents
+        self._sizes, self._levels = tree.level_sizes(), tree.levels()
+
+    def level_sizes(self):
+        return self._sizes
+
+    def levels(self):
+        return self._levels
+
+
+def test_a_new_tree_kind_runs_through_the_loop_and_the_exact_laws():
+    """Adding a tree kind touches its class only: ``_Beam`` (defined in this test) decodes greedily to the
+    verifier's greedy continuation (compact Llama and the Hugging Face forward); its exact SpS law
+    (``theory.tree``, deterministic candidates: the beam is a function of the context) is the verifier's
+    law to 1e-12; and the loop's tree for it is, step by step, the one ``theory.tree.budget_tree`` grows."""
+    beam = _Beam(3, 2)
+    prompts = [[6], [3, 5, 7, 1, 2, 8, 8], [2, 9], [0, 1, 2, 3]]
+    ar = autoregressive_generate(pair(), prompts, max_new_tokens=12, temperature=0.0, batch_size=4)
+    for compact in (True, False):
+        res = tree_generate(pair(), prompts, ct.SpS(), beam, "deterministic", max_new_tokens=12, temperature=0.0,
+                            batch_size=4, compact=compact)
+        assert res.tokens == ar.tokens and res.stats.k == 6 and res.stats.al > 1
+    d, v = memo(cond(DRAFT)), memo(cond(VERIFIER))
+    law = verifier_first_law(d, v, ct.SpS(), beam, "deterministic", 3, (3, 5, 7))
+    assert np.abs(law - autoregressive_law(v, 3, prompt=(3, 5, 7))).max() < 1e-12
+    with pytest.raises(ValueError, match="random draws"):  # its shape would depend on the draws
+        tree_sequence_law(d, v, ct.SpS(), beam, "iid", 2, prompt=(3,))
+    dm = Llama.from_hf(DRAFT, dtype=torch.float64)
+    drafter = TokenDrafter(dm, 1, 64, "cpu")
+    ids, lens = right_pad([[3, 5]], 0, "cpu")
+    drafter.start(ids, lens, torch.tensor([7]))
+    soft = lambda x: sampling_probs(x, 1.0, 0, 1.0)  # noqa: E731
+    with torch.no_grad():
+        tokens, parents, _ = drafter.propose_tree(beam, "deterministic", (1.0, 0, 1.0), torch.Generator())
+        par, tok = budget_tree(memo(lambda s: soft(_plain(dm, list(s))).double().numpy()), beam, (3, 5, 7))
+    assert parents[0].tolist() == list(par) and tokens[0].tolist() == list(tok)
+
+
+@pytest.mark.parametrize("tree,scheme", [(TREE, "without_replacement"), (DYNAMIC, "iid"), (BUDGET, "deterministic")],
+                         ids=["static", "dynamic", "budget"])
+def test_the_loop_reads_a_tree_through_its_protocol_only(tree, scheme):
+    """A tree's protocol answers alone (``_Answers``: no class of ``core.tree_shapes``) decode exactly as
+    the tree itself: same draws, same node order, same counts."""
+    prompts = [[6], [3, 5, 7, 1, 2], [2, 9]]
+    kw = dict(max_new_tokens=6, batch_size=3, seed=5, **RAW)
+    a = tree_generate(pair(), prompts, ct.Cactus(0.5), tree, scheme, **kw)
+    b = tree_generate(pair(), prompts, ct.Cactus(0.5), _Answers(tree), scheme, **kw)
+    assert a.tokens == b.tokens and (a.stats.accepted, a.stats.drafted) == (b.stats.accepted, b.stats.drafted)
+    assert a.stats.k == b.stats.k == as_tree(tree).nodes
+
+
+def test_tree_shapes_import_without_torch():
+    """``core.tree_shapes`` (the ``Tree`` protocol, the kinds, the command line's caps and trees) loads
+    without torch: the commands check a tree before anything heavy loads."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from cactus_theory.core import tree_shapes as t; "
+            "x = t.flag_tree('budget', (8, 3, 3), '--tree 8'); assert isinstance(x, t.Tree) and x.reranks; "
+            "assert t.as_tree([-1, -1, 0]) == t.StaticTree((-1, -1, 0)); "
+            "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.strip() == "[]"
 
 
 class _CharTokenizer:

@@ -544,7 +544,7 @@ def stale_methods(result: dict) -> dict[str, tuple[str, str]]:
             continue
         now = _build(m["key"], m.get("params", {})).identity
         if m.get("tree"):  # a tree row: its id also names the tree (Method.rule_id)
-            from ...core.tree import BudgetTree
+            from ...core.tree_shapes import BudgetTree
 
             t = m["tree"]
             now = f"{now}|{BudgetTree(t['nodes'], t['depth'], t['topk'])!r}|{t['scheme']}"
@@ -678,7 +678,7 @@ def eval_trees(args) -> list:
     """The ``BudgetTree`` of each ``--tree NODES`` (``ValueError`` naming the flag); torch-free, as every
     check the CLI runs before ``run`` (``theory.stats`` too is imported where used: `eval --rules bogus`
     refuses before scipy or torch loads)."""
-    from ...core.tree_shapes import MAX_GROWN, MAX_KEPT, BudgetTree
+    from ...core.tree_shapes import flag_tree
 
     trees = []
     for n in getattr(args, "tree", None) or []:
@@ -686,14 +686,7 @@ def eval_trees(args) -> list:
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{flag} must be an integer >= 1, got {v!r}")
         shape = f"--tree {n} --tree-depth {args.tree_depth} --tree-topk {args.tree_topk}"
-        try:
-            tree = BudgetTree(n, args.tree_depth, args.tree_topk)
-        except ValueError as e:
-            raise ValueError(f"{shape}: {e}") from None
-        if tree.kept > MAX_KEPT or tree.grown > MAX_GROWN:  # as decode's: a tree the decode could not hold
-            raise ValueError(f"{shape}: at most {MAX_KEPT} nodes kept and {MAX_GROWN} grown, got {tree.kept} kept of "
-                             f"{tree.grown} grown")
-        trees.append(tree)
+        trees.append(flag_tree("budget", (n, args.tree_depth, args.tree_topk), shape))  # as decode's: capped
     return trees
 
 

@@ -39,7 +39,7 @@ import torch
 from ...core.draws import RowGenerators
 from ...core.sampler import sample_rows, verify
 from ...core.transforms import sampling_probs
-from ...core.tree import BudgetTree, verify_tree
+from ...core.tree import as_tree, verify_tree
 from ..loop import autoregressive_generate, speculative_generate, tree_generate
 
 __all__ = ["Recorder", "AuditReport", "audit_decode"]
@@ -419,7 +419,7 @@ def audit_decode(pair, prompts, *, method: str = "chain", rule=None, k: int = 4,
                         x = int(sample_rows(src[None], rand(g, 1))[0])
                         check("drafted", x == toks[j])
                         gone.add(x)
-                elif isinstance(tree, BudgetTree):  # EAGLE-2's tree from the reference laws, plain sorting
+                elif as_tree(tree).reranks:  # EAGLE-2's re-ranked tree from the reference laws, plain sorting
                     def grown(src, L=L, seq=tuple(seq)):
                         memo: dict = {}
 
