@@ -16,7 +16,7 @@ import sys
 import time
 
 from ..core.tree_shapes import BUDGET_DEPTH, BUDGET_TOPK, MODES, RERANK_SCHEMES, SCHEMES, flag_tree
-from ..lm.draft_config import check_draft_built
+from ..lm.draft_config import check_draft_built, check_draft_file
 from ..lm.loading import check_model, quiet_transformers
 from ..util.args import check_writable_file, positive_int, read_prompts
 
@@ -70,6 +70,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                    help="'embedded' (the project's draft built for --verifier by build-draft), 'smollm2', a .gguf file, "
                         "a folder or a hub id")
     g.add_argument("--verifier", default="smollm2", help="'smollm2', a .gguf file, a folder or a hub id")
+    g.add_argument("--draft-path", default=None,
+                   help="with --draft embedded: this draft file (built for --verifier) instead of the cached build")
     g.add_argument("--threads", type=positive_int, default=None,
                    help="torch CPU threads (1 is faster on a busy machine; default: torch's)")
     g.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
@@ -93,8 +95,8 @@ def _prompts(args) -> list[str]:
 
 def check(args: argparse.Namespace) -> None:
     """Every check that needs no model (``ValueError`` naming the flag), the model arguments' files (a
-    GGUF file's magic, a folder's config.json) and, for ``--draft embedded``, that the draft is built;
-    stores the rule and prompts."""
+    GGUF file's magic, a folder's config.json) and, for ``--draft embedded``, that the draft is built (or
+    that ``--draft-path`` is a draft file); stores the rule and prompts."""
     from ..core.registry import rule_from_args
 
     args.rule_obj = rule_from_args(args)
@@ -104,7 +106,11 @@ def check(args: argparse.Namespace) -> None:
     args.tree = _check_tree_args(args)
     if args.json:
         check_writable_file(args.json, "--json")
-    if args.draft == "embedded":  # not built yet: say so now, not after the verifier loads
+    if args.draft_path is not None:
+        if args.draft != "embedded":
+            raise ValueError(f"--draft-path goes with --draft embedded, got --draft {args.draft!r}")
+        check_draft_file(args.draft_path, "--draft-path")
+    elif args.draft == "embedded":  # not built yet: say so now, not after the verifier loads
         check_draft_built(args.verifier)
 
 
@@ -182,7 +188,7 @@ def _load(args):
         if args.draft == args.verifier:  # self-drafting: one model, loaded once
             model, tok = load_model(args.verifier, dtype)
             return ModelPair(model, model, tok, name=f"{args.verifier} (self-draft)")
-        return load_pair(args.draft, args.verifier, dtype=dtype)
+        return load_pair(args.draft, args.verifier, dtype=dtype, draft_path=args.draft_path)
     except OSError as e:  # transformers: not a local folder and not reachable as a hub id
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ValueError(f"could not load --verifier {args.verifier!r} / --draft {args.draft!r}: {first}") from None

@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch import nn
 
+from ..util.atomic import atomic_path
 from .draft_config import (  # torch-free; re-exported here
     BUILD_TIME,
     DEFAULT_VERIFIER,
@@ -59,8 +60,8 @@ from .llama import (
     tree_block_inputs,
 )
 
-__all__ = ["DraftConfig", "FeatureDraft", "HeadArgs", "cache_dir", "draft_path", "load_draft", "MissingDraftError",
-           "FORMAT_VERSION", "export_eagle3", "eagle3_aux_layers", "verifier_tag", "head_args",
+__all__ = ["DraftConfig", "FeatureDraft", "HeadArgs", "cache_dir", "draft_path", "load_draft", "save_draft",
+           "MissingDraftError", "FORMAT_VERSION", "export_eagle3", "eagle3_aux_layers", "verifier_tag", "head_args",
            "DEFAULT_VERIFIER", "DEFAULT_VERIFIER_LAYERS", "BUILD_TIME"]
 
 @dataclass(frozen=True)
@@ -276,6 +277,16 @@ def load_draft(verifier: nn.Module, cfg: DraftConfig | None = None, path: str | 
     draft.info = blob.get("info", {})
     draft.config = cfg
     return draft.eval()
+
+
+def save_draft(draft: FeatureDraft, path: str, info: dict | None = None) -> str:
+    """Write ``draft`` to ``path`` (atomically) in the format ``load_draft`` reads: ``FORMAT_VERSION``, the
+    head's ``HeadArgs``, its own weights (``own_state``: not the verifier's shared embedding) and the build's
+    ``info``; returns ``path``."""
+    with atomic_path(path) as tmp:
+        torch.save({"format": FORMAT_VERSION, "args": asdict(draft.args), "state": draft.own_state(),
+                    "info": {} if info is None else info}, tmp)
+    return path
 
 
 def eagle3_state(draft: FeatureDraft) -> dict[str, torch.Tensor]:

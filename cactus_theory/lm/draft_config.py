@@ -28,7 +28,8 @@ DEFAULT_VERIFIER_LAYERS = 30  # its depth (SmolLM2-135M): names its draft's file
 def eagle3_aux_layers(n_layers: int) -> tuple[int, int, int]:
     """The verifier layers whose input the head reads: EAGLE-3's low / middle / high choice, as vLLM
     sets it, ``(2, L // 2, L - 3)`` for a verifier of ``L`` decoder layers ((2, 15, 27) for ``L = 30``).
-    Defined for ``L >= 6`` (the three indices increase); give ``DraftConfig.aux_layers`` otherwise."""
+    Defined for ``L >= 6`` (the three indices never decrease; ``L = 6`` reads layer 3 twice); give
+    ``DraftConfig.aux_layers`` otherwise."""
     if not isinstance(n_layers, int) or isinstance(n_layers, bool) or n_layers < 6:
         raise ValueError(f"the default aux_layers (2, L // 2, L - 3) need a verifier of >= 6 layers, got L = "
                          f"{n_layers!r}: give DraftConfig(aux_layers=...)")

@@ -28,7 +28,7 @@ from torch import nn
 from torch.nn import functional as F
 
 __all__ = ["LlamaArgs", "Llama", "KVCache", "RMSNorm", "Attention", "MLP", "Block", "rope_tables", "rotate",
-           "attend", "supports_hf", "hf_args", "tree_ancestry", "tree_block_inputs"]
+           "attend", "supports_hf", "hf_args", "HFParts", "hf_parts", "tree_ancestry", "tree_block_inputs"]
 
 
 @dataclass(frozen=True)
@@ -71,6 +71,29 @@ def hf_args(cfg) -> LlamaArgs:
                      hidden=cfg.intermediate_size, vocab=cfg.vocab_size, norm_eps=cfg.rms_norm_eps,
                      rope_theta=float(theta), max_positions=cfg.max_position_embeddings,
                      tie_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)))
+
+
+@dataclass(frozen=True)
+class HFParts:
+    """What a draft built for a Hugging Face Llama reads of it (``hf_parts``): its depth, its input
+    embedding (shared with the draft), and the tensors the draft's output map starts from."""
+
+    n_layers: int  # decoder layers
+    embed: nn.Embedding  # the input embedding module
+    norm: torch.Tensor  # the final RMSNorm's weight (dim,)
+    output: torch.Tensor  # the output embedding (LM head) weight (vocab, dim); the input embedding's if tied
+
+
+def hf_parts(model: nn.Module) -> HFParts:
+    """The parts of a Hugging Face Llama (``LlamaForCausalLM`` layout) that ``lm.train.draft_build`` reads,
+    the model's own tensors (not copies, in its own dtype); a model this module does not reproduce
+    (``supports_hf``) is refused with a ``ValueError`` naming the reason."""
+    why = supports_hf(model)
+    if why:
+        raise ValueError(f"{type(model).__name__} is not a Hugging Face Llama the project's draft can be built for: "
+                         f"{why}")
+    return HFParts(n_layers=int(model.config.num_hidden_layers), embed=model.get_input_embeddings(),
+                   norm=model.model.norm.weight, output=model.get_output_embeddings().weight)
 
 
 class RMSNorm(nn.Module):
@@ -333,14 +356,15 @@ class Llama(nn.Module):
         B = ids.shape[0]
         cos, sin = cos.to(self.dtype), sin.to(self.dtype)
         x = self.embed(ids)
-        aux = []
+        feats = {}
         for i, layer in enumerate(self.layers):
             if i in aux_layers:
-                aux.append(x)
+                feats[i] = x
             x = layer(x, cos, sin, cache.k[i], cache.v[i], slots, mask)
         if logits_at is not None:
             x = x[torch.arange(B, device=x.device), logits_at].unsqueeze(1)
-        return self.head(self.norm(x)).float(), aux
+        # one per aux_layers entry, in its order (a layer listed twice, as (2, 3, 3) for 6 layers, twice)
+        return self.head(self.norm(x)).float(), [feats[i] for i in aux_layers]
 
     @classmethod
     def from_hf(cls, model: nn.Module, dtype: torch.dtype | None = None) -> Llama:

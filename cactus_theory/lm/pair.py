@@ -145,23 +145,29 @@ class ModelPair:
         return int(_vocab_size(self.verifier))
 
 
-def load_pair(draft: str = "embedded", verifier: str = SMOLLM2, dtype: torch.dtype = torch.float32) -> ModelPair:
-    """Load a pair; ``draft="embedded"`` is the project-built draft for ``verifier`` (default
-    ``DraftConfig()``, file ``embedded_draft_path(verifier)``), which must have been built first
-    (``cactus-theory build-draft --verifier``; a missing draft raises ``draft.MissingDraftError``, a
-    ``ValueError``, before the model weights load)."""
+def load_pair(draft: str = "embedded", verifier: str = SMOLLM2, dtype: torch.dtype = torch.float32,
+              draft_path: str | None = None) -> ModelPair:
+    """Load a pair; ``draft="embedded"`` is the project-built draft for ``verifier`` (any Llama the
+    compact Llama reproduces; default ``DraftConfig()``, file ``embedded_draft_path(verifier)``, or the
+    file ``draft_path`` when given), which must have been built first (``cactus-theory build-draft
+    --verifier``; a missing draft raises ``draft.MissingDraftError``, a ``ValueError``, before the model
+    weights load)."""
+    if draft_path is not None and draft != "embedded":
+        raise ValueError(f"draft_path {draft_path!r} goes with draft='embedded', got draft={draft!r}")
     if draft == "embedded":
         from .draft import MissingDraftError
 
-        path = embedded_draft_path(verifier)
+        if draft_path is not None and not os.path.isfile(draft_path):
+            raise ValueError(f"draft_path {draft_path!r}: no such file")
+        path = embedded_draft_path(verifier) if draft_path is None else draft_path
         if not os.path.exists(path):
             raise MissingDraftError.not_built(path, verifier)
     v_model, v_tok = load_model(verifier, dtype)
     if draft == "embedded":
         from .draft import load_draft
 
-        return ModelPair(load_draft(v_model, path=path, spec=verifier), v_model, v_tok,
-                         name=f"{verifier}+embedded-draft")
+        name = f"{verifier}+embedded-draft" if draft_path is None else f"{verifier}+{os.path.basename(draft_path)}"
+        return ModelPair(load_draft(v_model, path=path, spec=verifier), v_model, v_tok, name=name)
     d_model, d_tok = load_model(draft, dtype)
     check_same_tokenizer(d_tok, v_tok)
     return ModelPair(d_model, v_model, v_tok, name=f"{draft}+{verifier}")

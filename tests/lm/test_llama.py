@@ -21,6 +21,12 @@ def test_compact_llama_computes_the_hf_function():
         logits, aux = m(ids, torch.zeros(3, dtype=torch.long), cache, aux_layers=(0, 2))
         assert torch.allclose(logits, out.logits, atol=1e-5)
         assert all(torch.allclose(a, out.hidden_states[i], atol=1e-5) for a, i in zip(aux, (0, 2), strict=True))
+        # one feature per aux_layers entry, in its order, as the Hugging Face stream reads them: a layer listed
+        # twice (eagle3_aux_layers(6) = (2, 3, 3)) and an unsorted list
+        for layers in ((1, 2, 2), (2, 0, 1)):
+            _, aux = m(ids, torch.zeros(3, dtype=torch.long), m.new_cache(3, 32), aux_layers=layers)
+            assert len(aux) == 3
+            assert all(torch.allclose(a, out.hidden_states[i], atol=1e-5) for a, i in zip(aux, layers, strict=True))
         # rows at different offsets, a stale speculative block overwritten in place
         cache = m.new_cache(3, 32)
         m(ids[:, :6], torch.zeros(3, dtype=torch.long), cache)

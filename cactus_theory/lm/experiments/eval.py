@@ -692,27 +692,25 @@ def eval_trees(args) -> list:
 
 def pair_id(draft: str, verifier: str, draft_path: str | None = None) -> str:
     """A name for the pair that changes when the embedded draft's build changes (cache keys): the draft
-    file's name, which encodes its build config (``draft.draft_path``). It does not depend on whether
-    the file exists here, so a fresh clone finds the committed results under the same name."""
+    file's name, which encodes its build config and its verifier (``pair.embedded_draft_path``: for
+    another verifier than the default one its depth is read from its config, no weights), and the
+    verifier argument, so the caches of two verifiers never mix. It does not depend on whether the file
+    exists here, so a fresh clone finds the committed results under the same name."""
     if draft != "embedded":
         return f"{draft}->{verifier}"
     if draft_path is None:
-        from ..draft import draft_path as cached
+        from ..pair import embedded_draft_path
 
-        draft_path = cached()
+        draft_path = embedded_draft_path(verifier)
     return f"embedded:{os.path.basename(draft_path)}->{verifier}"
 
 
 def load_eval_pair(draft: str, verifier: str, draft_path: str | None = None):
-    """``load_pair``, or the embedded draft from ``draft_path`` (a checkpoint of another build)."""
-    from ..pair import ModelPair, load_model, load_pair
+    """``pair.load_pair``: with ``draft_path``, the embedded draft from that file (a checkpoint of another
+    build) for ``verifier``."""
+    from ..pair import load_pair
 
-    if draft_path is None:
-        return load_pair(draft, verifier)
-    from ..draft import load_draft
-
-    v, tok = load_model(verifier)
-    return ModelPair(load_draft(v, path=draft_path), v, tok, name=f"{verifier}+{os.path.basename(draft_path)}")
+    return load_pair(draft, verifier, draft_path=draft_path)
 
 
 def evaluate(pair, cfg: EvalConfig, out_dir: Path, cache_dir: Path | None = None, only: list[str] | None = None,

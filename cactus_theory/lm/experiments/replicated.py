@@ -935,9 +935,6 @@ def check(args) -> None:
     _plan(args)
     check_model(args.verifier, "--verifier")
     check_model(args.draft, "--draft")
-    if args.draft == "embedded" and args.verifier != "smollm2":
-        raise ValueError(f"--draft embedded is built for --verifier smollm2, got --verifier {args.verifier!r}; "
-                         "give a --draft model that shares the verifier's tokenizer")
     if args.draft_path is not None and (args.draft != "embedded" or not os.path.isfile(args.draft_path)):
         raise ValueError(f"--draft-path must be an existing file and goes with --draft embedded, got "
                          f"{args.draft_path!r} with --draft {args.draft!r}")

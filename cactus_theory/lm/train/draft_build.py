@@ -42,9 +42,10 @@ from ..draft import (
     FeatureDraft,
     draft_path,
     head_args,
+    save_draft,
     verifier_tag,
 )
-from ..llama import Llama
+from ..llama import Llama, hf_parts
 from .build_args import args_config, check, configure  # torch-free; re-exported here
 
 __all__ = ["Corpus", "collect_onpolicy", "collect_forced", "choose_shortlist", "train_head", "depth_acceptance",
@@ -452,7 +453,9 @@ def build_draft(cfg: DraftConfig | None = None, path: str | None = None, progres
                 verifier=None, tokenizer=None, spec: str = DEFAULT_VERIFIER) -> str:
     """Build the embedded draft (data, shortlist, training, held-out report) for the verifier ``spec``
     (a model argument of ``pair.load_model``; or the already loaded ``verifier`` and ``tokenizer`` of
-    that argument); returns the file path (default ``draft_path(cfg, spec)``)."""
+    that argument); returns the file path (default ``draft_path(cfg, spec)``). A verifier that is not a
+    Hugging Face Llama the compact Llama reproduces (``llama.hf_parts``) is refused with a ``ValueError``
+    naming the reason, before any data work."""
     from ..data import training_prompts, wiki_answers
     from ..pair import load_model
 
@@ -462,7 +465,8 @@ def build_draft(cfg: DraftConfig | None = None, path: str | None = None, progres
     torch.manual_seed(cfg.seed)
     if verifier is None or tokenizer is None:
         verifier, tokenizer = load_model(spec)
-    cfg = cfg.resolved(verifier.config.num_hidden_layers)  # aux_layers from the verifier's depth
+    parts = hf_parts(verifier)  # what the build reads of the verifier; a non-Llama is refused here
+    cfg = cfg.resolved(parts.n_layers)  # aux_layers from the verifier's depth
     dt = compute_dtype(cfg.dtype, next(verifier.parameters()).device)
     model = Llama.from_hf(verifier, dtype=dt)
     eos = tokenizer.eos_token_id
@@ -503,7 +507,7 @@ def build_draft(cfg: DraftConfig | None = None, path: str | None = None, progres
 
     t = time.time()
     shortlist = choose_shortlist(train, cfg, model.args.vocab, eos)
-    draft = FeatureDraft(head_args(verifier.config, cfg), verifier.get_input_embeddings())
+    draft = FeatureDraft(head_args(verifier.config, cfg), parts.embed)
     init_head(draft, verifier, shortlist)
     draft.to(model.device)
     before = depth_acceptance(draft, held, cfg)
@@ -520,9 +524,7 @@ def build_draft(cfg: DraftConfig | None = None, path: str | None = None, progres
             "peak_rss_gib": peak_rss_gib(),
             "data_phase_resumed": resumed,  # then "seconds" excludes the data phase (its times are the first run's)
             "format": FORMAT_VERSION}
-    with atomic_path(path) as tmp:
-        torch.save({"format": FORMAT_VERSION, "args": asdict(draft.args), "state": draft.own_state(), "info": info},
-                   tmp)
+    save_draft(draft, path, info)
     os.remove(data_file)
     if progress:
         print(f"draft saved to {path} in {info['seconds']:.0f} s; held-out SpS acceptance by draft depth "
@@ -545,13 +547,15 @@ def data_path(cfg: DraftConfig, out: str | None = None, verifier: str = DEFAULT_
 
 
 def init_head(draft: FeatureDraft, verifier, shortlist: torch.Tensor) -> None:
-    """Start from the verifier's own output map: head rows = its LM head rows of the shortlist, final
-    norm = its final norm, ``fc`` picks the highest feature layer; the layer's outputs start at zero."""
+    """Start from the verifier's own output map (``verifier`` a Hugging Face Llama: ``llama.hf_parts``):
+    head rows = its LM head rows of the shortlist, final norm = its final norm, ``fc`` picks the highest
+    feature layer; the layer's outputs start at zero."""
+    parts = hf_parts(verifier)
     with torch.no_grad():
         draft.d2t.copy_(shortlist)
-        w = verifier.get_output_embeddings().weight
+        w = parts.output
         draft.head.weight.copy_(w[shortlist.to(w.device)])  # copy_ moves across devices
-        draft.norm.weight.copy_(verifier.model.norm.weight)
+        draft.norm.weight.copy_(parts.norm)
         d = draft.args.dim
         draft.fc.weight.zero_()
         draft.fc.weight[:, 2 * d:].copy_(torch.eye(d))
