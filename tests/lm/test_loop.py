@@ -302,3 +302,31 @@ def test_draft_stop_is_checked():
     for bad in (0, 1, 1.5, "0.3", True):
         with pytest.raises(ValueError, match="draft_stop"):
             speculative_generate(pair(), [[1]], ct.SpS(), max_new_tokens=4, draft_stop=bad)
+
+
+def test_decode_command_runs_an_adaptive_draft_length(monkeypatch, tmp_path, capsys):
+    """``cactus-theory decode --draft-stop-prob``: the chain with the policy, labelled, its counters in the JSON."""
+    import json
+
+    from cactus_theory import cli
+    from cactus_theory.cli import lm as cli_lm
+
+    class Chars:  # a tokenizer of the tiny vocabulary
+        eos_token_id = None
+
+        def __call__(self, text):
+            return {"input_ids": [ord(c) % V for c in text]}
+
+        def decode(self, ids, skip_special_tokens=True):
+            return "".join(str(i) for i in ids)
+
+    monkeypatch.setattr(cli_lm, "_load", lambda args: ModelPair(DRAFT, VERIFIER, Chars(), name="tiny"))
+    out = tmp_path / "stats.json"
+    rc = cli.main(["decode", "--draft", "smollm2", "--rule", "sps", "-k", "4", "--draft-stop-prob", "path:0.2",
+                   "--no-chat", "--prompt", "abc", "--prompt", "hello", "--max-new-tokens", "12", "--no-warmup",
+                   "--json", str(out)])
+    assert rc == 0
+    cap = capsys.readouterr()
+    assert "k=4 (adaptive, path>=0.2)" in cap.out and "Traceback" not in cap.err
+    s = json.loads(out.read_text())["speculative"]
+    assert s["new_tokens"] == 24 and s["steps"] <= s["drafted"] <= 4 * s["steps"]

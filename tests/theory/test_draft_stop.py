@@ -191,8 +191,7 @@ def test_a_stop_reading_the_candidate_is_not_lossless(decide, V, order, weight, 
 
 @pytest.mark.parametrize("rule,stop", [(ct.SpS(), DraftStop(0.5)), (ct.Cactus(0.5), DraftStop(0.5)),
                                        (ct.Cactus(1.0), DraftStop(0.15, "path")),
-                                       pytest.param(ct.SequenceBudget(0.3), DraftStop(0.1, "path"),
-                                                    marks=pytest.mark.slow)], ids=repr)
+                                       (ct.SequenceBudget(0.3), DraftStop(0.1, "path"))], ids=repr)
 def test_the_toy_loop_with_stopping_follows_its_exact_law(rule, stop):
     """``speculative_decode(..., draft_stop=)`` (ragged blocks through ``verify(..., lengths=)``) fits the
     exact law of ``sequence_law(..., draft_stop=)`` (``budget_law`` for the stateful rule)."""
