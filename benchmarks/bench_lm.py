@@ -13,6 +13,7 @@ targets, each marked met or missed. Writes the results JSON atomically.
     .venv/bin/python benchmarks/bench_lm.py --ks 2 4 6 8 --batch-sizes 1 4 8 --rules sps cactus
     .venv/bin/python benchmarks/bench_lm.py --rules sps cactus --tree-branching 2,2 4,2,1 --tree-dynamic 4,4,2
     .venv/bin/python benchmarks/bench_lm.py --threads 1 --dtype bfloat16 --rules sps cactus --tree-budget 16,5,4
+    .venv/bin/python benchmarks/bench_lm.py --threads 1 --rules sps cactus --ks 4 6 --draft-stop-prob 0.3 path:0.1
 
 Every run also measures this machine's roofs in the same process (``lm.roofline``: a STREAM-like copy
 for the memory bandwidth, a GEMM shaped like the verifier's widest layer in the run's dtype for the
@@ -28,6 +29,11 @@ Cactus only, a 32 MiB copy), not a measurement.
 ``--tree-budget NODES,DEPTH,TOPK``: EAGLE-2's re-ranked tree (``core.tree.BudgetTree``), always with
 deterministic top-k candidates (the only lossless scheme under re-ranking); its rows also get the
 tree targets (``experiment.tree_targets``: met only when the 95% interval clears the target).
+
+``--draft-stop-prob P [SIGNAL:P ...]``: also run every rule at every k with an adaptive draft length
+(``core.draft_stop.DraftStop``: a row stops its block once the draft's top probability, or ``path:`` its path
+probability, falls below P), beside the fixed k in the same run; its row's k reads ``"4 top>=0.3"`` and
+``al_vs_chain`` is its AL over the fixed chain's at the same k (paired).
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ import time
 
 import torch
 
+from cactus_theory.core.draft_stop import DraftStop
 from cactus_theory.core.tree import SCHEMES, BudgetTree, DynamicTree, branching_parents
 from cactus_theory.lm.data import prompt_set
 from cactus_theory.lm.experiments.experiment import (
@@ -74,6 +81,9 @@ def main(argv=None) -> int:
                     help="also run the two-block rules (Cactus) on each --tree-budget tree in mode joint")
     ap.add_argument("--tree-scheme", default="iid", choices=list(SCHEMES),
                     help="how the candidates of --tree-branching / --tree-dynamic trees are drawn")
+    ap.add_argument("--draft-stop-prob", nargs="+", default=[], metavar="P",
+                    help="also run every rule at every k with these adaptive draft lengths (P: the draft's top "
+                         "probability, path:P its path probability; core.draft_stop.DraftStop)")
     ap.add_argument("--rules", nargs="+", default=["all"], choices=sorted(RULE_SETS),
                     help="rule sets: all (SpS, TAS, top-k, interpolation, Cactus 0.25 / 0.5 / 1), sps, cactus")
     ap.add_argument("--seed", type=int, default=0)
@@ -112,6 +122,10 @@ def main(argv=None) -> int:
                 trees.append((f"eagle2 {t} joint", tree, "deterministic", "joint"))
     except (ValueError, TypeError) as e:
         ap.error(f"--tree-branching / --tree-dynamic / --tree-budget: {e}")
+    try:
+        stops = [DraftStop.parse(t) for t in args.draft_stop_prob]
+    except ValueError as e:
+        ap.error(f"--draft-stop-prob: {e}")
     if args.threads:
         torch.set_num_threads(args.threads)
     rules = []
@@ -130,7 +144,7 @@ def main(argv=None) -> int:
     prompts = prompt_set(args.per_style)
     res = run_benchmark(pair, prompts, rules=rules, ks=tuple(args.ks),
                         batch_sizes=tuple(args.batch_sizes), max_new_tokens=args.max_new_tokens, seed=args.seed,
-                        sampling=SAMPLING, trees=trees, tree_scheme=args.tree_scheme)
+                        sampling=SAMPLING, trees=trees, tree_scheme=args.tree_scheme, draft_stops=stops)
     res["draft_info"] = {k: v for k, v in info.items() if k != "losses"}
     from tree_cost import cpu_model
 

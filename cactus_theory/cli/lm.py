@@ -15,6 +15,7 @@ import dataclasses
 import sys
 import time
 
+from ..core.draft_stop import DraftStop
 from ..core.tree_shapes import BUDGET_DEPTH, BUDGET_TOPK, MODES, RERANK_SCHEMES, SCHEMES, flag_tree
 from ..lm.draft_config import check_draft_built, check_draft_file
 from ..lm.loading import check_model, quiet_transformers
@@ -41,6 +42,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     g.add_argument("-k", "--num-drafts", dest="num_drafts", type=positive_int, default=4,
                    help="drafted tokens per step (the paper's m)")
     g.add_argument("--max-new-tokens", type=positive_int, default=128, help="new tokens per prompt at most")
+    g.add_argument("--draft-stop-prob", default=None, metavar="P",
+                   help="adaptive draft length: a row stops drafting its block once the draft's top probability at "
+                        "the next position is below P (or path:P, once the drafted path's probability is below P); "
+                        "at most -k drafts; SpS stays lossless")
     g.add_argument("--tree", type=positive_int, default=None, metavar="NODES",
                    help="tree decoding with EAGLE-2's dynamic tree: grow --tree-depth levels (the --tree-topk most "
                         "probable paths of each level get --tree-topk candidates each), keep the NODES nodes of "
@@ -104,6 +109,7 @@ def check(args: argparse.Namespace) -> None:
     check_model(args.verifier, "--verifier")
     check_model(args.draft, "--draft")
     args.tree = _check_tree_args(args)
+    args.draft_stop = _check_draft_stop(args)
     if args.json:
         check_writable_file(args.json, "--json")
     if args.draft_path is not None:
@@ -112,6 +118,21 @@ def check(args: argparse.Namespace) -> None:
         check_draft_file(args.draft_path, "--draft-path")
     elif args.draft == "embedded":  # not built yet: say so now, not after the verifier loads
         check_draft_built(args.verifier)
+
+
+def _check_draft_stop(args: argparse.Namespace) -> DraftStop | None:
+    """``--draft-stop-prob`` as a ``DraftStop`` (or None); refused with a tree (chains only)."""
+    text = getattr(args, "draft_stop_prob", None)
+    if text is None:
+        return None
+    try:
+        stop = DraftStop.parse(text)
+    except ValueError as e:
+        raise ValueError(f"--draft-stop-prob must be P or path:P with P in (0, 1), got {text!r} ({e})") from None
+    if args.tree is not None:
+        raise ValueError("--draft-stop-prob applies to chains (-k drafts), not to tree decoding: drop --tree / "
+                         "--tree-branching / --tree-dynamic or --draft-stop-prob")
+    return stop
 
 
 def _check_tree_args(args: argparse.Namespace) -> tuple[int, ...] | None:
@@ -261,7 +282,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"loaded {pair.name} in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
 
     sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, chat=not args.no_chat)
-    spec_kw = dict(pair=pair, rule=rule, k=k, **sampling)
+    spec_kw = dict(pair=pair, rule=rule, k=k, draft_stop=getattr(args, "draft_stop", None), **sampling)
     base_kw = dict(pair=pair, **sampling)
     bs = args.batch_size
     batches = [prompts[i:i + bs] for i in range(0, len(prompts), bs)]
@@ -275,6 +296,8 @@ def run(args: argparse.Namespace) -> int:
         shape = (f"EAGLE-2 budget tree ({size} nodes of {grown} grown, depth {nums[1]}, top-{nums[2]}"
                  if kind == "budget" else f"{kind} tree {','.join(map(str, nums))} ({size} nodes")
         k = f"{shape}, {args.tree_scheme}, {args.tree_mode})"
+    elif spec_kw["draft_stop"] is not None:
+        k = f"{k} (adaptive, {spec_kw['draft_stop'].label()})"
     if args.baseline:
         runs.append(("verifier alone", autoregressive_generate, base_kw))
     with quiet_transformers(args.verbose):

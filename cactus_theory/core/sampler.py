@@ -135,6 +135,7 @@ def verify(
     generator: torch.Generator | None = None,
     check: bool = True,
     state=None,
+    lengths: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Verify ``k`` drafted tokens per sequence with ``rule``; return emitted tokens and counts.
 
@@ -156,11 +157,19 @@ def verify(
             rule plans each position (``rule.plan``: Cactus's ``delta`` at position ``j`` from the budget
             left after charging positions ``1..j-1``), then each row is charged the costs of the positions
             it judged (its accepted drafts and the first rejected one). ``None`` for every other rule.
+        lengths: ``[B]`` int64 in ``[1, k]`` or None (every row ``k``): row ``b`` drafted only its first
+            ``lengths[b]`` positions (an adaptive draft length, ``core.draft_stop``); the rest are padding,
+            never judged. All ``lengths[b]`` accepted: the bonus is drawn from row ``lengths[b]`` of
+            ``verifier_probs`` (the verifier's law after the row's last draft). Uniforms as ``verify_flat``
+            draws them: one ``[B, k + 1]`` draw, the emitted token at column ``k``; from ``RowGenerators``,
+            ``lengths[b] + 1`` per row, the emitted token at column ``lengths[b]`` (so a row's draws do not
+            depend on the other rows' lengths).
 
     Returns:
         tokens: ``[B, k + 1]`` int64. The ``a_b`` accepted drafts, then one recovered (or bonus)
             token, then ``-1`` padding.
-        num_accepted: ``[B]`` int64. ``a_b`` in ``[0, k]``, accepted drafts (bonus not counted).
+        num_accepted: ``[B]`` int64. ``a_b`` in ``[0, k]`` (``[0, lengths[b]]``), accepted drafts (bonus not
+            counted).
 
     Acceptance: ``u_j < phi_n`` with ``u_j ~ U[0, 1)``, so ``phi_n = 0`` (e.g. ``p_n = 0``) never
     accepts and ``phi_n = 1`` always does. float16 / bfloat16 inputs are computed in float32.
@@ -171,6 +180,8 @@ def verify(
     draft_probs, verifier_probs = _detached(draft_probs), _detached(verifier_probs)
     if check:
         _validate(draft_tokens, draft_probs, verifier_probs, rule, generator)
+        if lengths is not None:
+            _check_lengths(lengths, *draft_tokens.shape)
     B, k = draft_tokens.shape
     dt = _compute_dtype(draft_probs, verifier_probs)
     n = draft_tokens.long()
@@ -192,22 +203,26 @@ def verify(
         stats = judge.stats_at(q_all[:, :k].to(dt), n) if judge.needs_row_stats else ()  # SpS / Cactus: none
     phi = judge.accept_from(p_n, q_n, *stats)  # [B, k]
 
-    u = uniforms(generator, B, k + 1, draft_probs.device)  # [B, k + 1] float64
-    accepted = u[:, :k] < phi.double()  # [B, k]
-    num_accepted = accepted.long().cumprod(-1).sum(-1)  # [B]: index of the first rejection, or k
-
-    # the one row each sequence draws from: recovery at its first rejection, or the bonus row q[k]
     rows = torch.arange(B, device=n.device)
-    j = num_accepted.clamp_max(k - 1)
+    u, last_col = _uniforms(generator, B, k, lengths, draft_probs.device)  # [B, k + 1] float64, [B]
+    accepted = u[:, :k] < phi.double()  # [B, k]
+    if lengths is not None:  # a row's padded positions are never judged
+        size = lengths.to(n.device, torch.long)
+        accepted &= torch.arange(k, device=n.device) < size[:, None]
+    num_accepted = accepted.long().cumprod(-1).sum(-1)  # [B]: index of the first rejection, or k (lengths[b])
+    ends = k if lengths is None else size  # [B] (or k): the row's last drafted position + 1
+
+    # the one row each sequence draws from: recovery at its first rejection, or the bonus row q[ends]
+    j = num_accepted.clamp_max(k - 1) if lengths is None else torch.minimum(num_accepted, size - 1)
     p_r, q_r, n_r = p_all[rows, j].to(dt), q_all[rows, j].to(dt), n[rows, j]  # [B, V], [B, V], [B]
     at = rule if plan is None else plan.rows(rows, j)  # the rule of each row's last judged position
     g = at.residual(p_r, q_r, n_r, check=False)  # [B, V]
-    full = (num_accepted == k).unsqueeze(-1)
-    q_bonus = q_all[:, k].to(dt)
+    full = (num_accepted == ends).unsqueeze(-1)
+    q_bonus = (q_all[:, k] if lengths is None else q_all[rows, size]).to(dt)
     bonus = q_bonus if rule.bonus_from_q else rule.bonus(q_bonus)  # the rule's bonus law (default q)
     own = g.dtype == dt and g.is_contiguous()  # g is built from our row copies: safe to overwrite
     dist = torch.where(full, bonus, g, out=g if own else None)  # [B, V]
-    last = sample_rows(dist, u[:, k])  # [B]
+    last = sample_rows(dist, u[:, last_col] if isinstance(last_col, int) else u[rows, last_col])  # [B]
 
     pos = torch.arange(k + 1, device=n.device)
     n_pad = torch.cat([n, n.new_full((B, 1), -1)], dim=1)
@@ -215,8 +230,32 @@ def verify(
     tokens.scatter_(1, num_accepted.unsqueeze(-1), last.unsqueeze(-1))
     if plan is not None:  # charge the judged positions: the accepted drafts and the first rejected one
         a = num_accepted.cpu().numpy()
-        state.charge(plan, np.arange(k)[None, :] < np.minimum(a + 1, k)[:, None], a + 1)
+        ends_np = k if lengths is None else size.cpu().numpy()
+        state.charge(plan, np.arange(k)[None, :] < np.minimum(a + 1, ends_np)[:, None], a + 1)
     return tokens, num_accepted
+
+
+def _check_lengths(lengths, B: int, k: int) -> None:
+    """``verify``'s ``lengths``: an integer tensor ``[B]`` with every entry in ``[1, k]``."""
+    if not isinstance(lengths, torch.Tensor) or lengths.dtype.is_floating_point or lengths.dtype == torch.bool:
+        raise ValueError(f"lengths must be an integer torch.Tensor of shape (B,) = ({B},), got {lengths!r}")
+    if tuple(lengths.shape) != (B,):
+        raise ValueError(f"lengths must have shape (B,) = ({B},), got {tuple(lengths.shape)}")
+    if B and (int(lengths.min()) < 1 or int(lengths.max()) > k):
+        raise ValueError(f"lengths must lie in [1, k] = [1, {k}] (drafts judged per row), got {lengths.tolist()}")
+
+
+def _uniforms(generator, B: int, k: int, lengths, device) -> tuple[torch.Tensor, torch.Tensor | int]:
+    """``verify``'s uniforms ``[B, k + 1]`` and the column of each row's emitted token: one draw and column
+    ``k``; with ``lengths`` and ``RowGenerators``, ``lengths[b] + 1`` from row ``b``'s generator, column
+    ``lengths[b]`` (the entries after it unused)."""
+    if lengths is None or not isinstance(generator, RowGenerators):
+        return uniforms(generator, B, k + 1, device), k
+    size = lengths.tolist()
+    u = torch.zeros((B, k + 1), dtype=torch.float64, device=device)
+    for b, g in enumerate(generator):
+        u[b, :size[b] + 1] = torch.rand(size[b] + 1, generator=g, device=g.device, dtype=torch.float64).to(device)
+    return u, lengths.to(device, torch.long)
 
 
 # -- vLLM V1's flat, ragged layout -------------------------------------------------------------

@@ -12,7 +12,7 @@ _WHERE = {
     "DecodeResult": ".metrics", "DecodeStats": ".metrics", "SequenceCounters": ".metrics",
     "autoregressive_generate": ".loop", "speculative_generate": ".loop", "tree_generate": ".loop", "SAMPLING": ".loop",
     "ModelPair": ".pair", "check_same_tokenizer": ".pair", "load_model": ".pair", "load_pair": ".pair",
-    "sampling_probs": "..core.transforms",
+    "sampling_probs": "..core.transforms", "DraftStop": "..core.draft_stop",
 }
 
 __all__ = sorted(_WHERE)

@@ -6,8 +6,9 @@ reads ``[pending, drafts]`` in one forward and returns the verifier's logits at 
 positions (and its features there, for feature-level drafts); ``advance(a, last)`` keeps the pending
 token and the ``a`` accepted drafts and makes ``last`` the new pending token.
 
-Drafters propose ``k`` tokens with their laws: ``propose(k, sampling, gen)``; ``advance(a, tokens,
-feats)`` tells them what the verifier kept. ``TokenDrafter`` wraps a causal LM (its own cache);
+Drafters propose ``k`` tokens with their laws: ``propose(k, sampling, gen, stop)``, each row fewer when
+an adaptive draft length ``stop`` (``core.draft_stop.DraftStop``) ends its block early; ``advance(a,
+tokens, feats)`` tells them what the verifier kept. ``TokenDrafter`` wraps a causal LM (its own cache);
 ``FeatureDrafter`` wraps the EAGLE-3-style head, which reads the verifier's features.
 
 Both adapters talk to a model through one stream interface (``open_stream``): ``length`` (B,) the
@@ -32,7 +33,8 @@ import inspect
 
 import torch
 
-from ..core.draws import uniforms
+from ..core.draft_stop import DraftStop
+from ..core.draws import RowGenerators, uniforms
 from ..core.sampler import draw, sample_rows
 from ..core.transforms import sampling_probs
 from ..core.tree import SCHEMES, Grow, as_tree, rerank, without
@@ -244,6 +246,56 @@ def _sample(logits: torch.Tensor, sampling, gen) -> tuple[torch.Tensor, torch.Te
     return draw(p, gen), p
 
 
+class _Stopping:
+    """One block's adaptive draft length in a drafter's ``propose`` (``core.draft_stop.DraftStop``): the rows
+    still drafting, each row's drafts and the draft's probability of them. Without a policy every row drafts
+    all ``k`` positions and the draws are plain ``draw(p, gen)``.
+
+    ``draw(p, gen)`` draws position ``j``'s drafts (a row that stopped draws nothing from its own generator:
+    its token is 0, padding); then ``drawn()`` applies the path signal (before the drafter reads the drafts)
+    and ``next_law(p)`` the top signal (once it has the law of position ``j + 1``); each returns whether any
+    row still drafts."""
+
+    def __init__(self, stop: DraftStop | None, B: int, device):
+        self.stop = stop
+        if stop is not None:
+            self.going = torch.ones(B, dtype=torch.bool, device=device)
+            self.size = torch.zeros(B, dtype=torch.long, device=device)
+            self.path = torch.ones(B, dtype=torch.float64, device=device)
+
+    @property
+    def lengths(self) -> torch.Tensor | None:
+        """(B,) int64 drafts per row, or None without a policy (every row ``k``)."""
+        return None if self.stop is None else self.size
+
+    def draw(self, p: torch.Tensor, gen) -> torch.Tensor:
+        if self.stop is None:
+            return draw(p, gen)
+        if isinstance(gen, RowGenerators) and not bool(self.going.all()):  # stopped rows keep their streams
+            idx = torch.nonzero(self.going)[:, 0]
+            t = torch.zeros(p.shape[0], dtype=torch.long, device=p.device)
+            t[idx] = draw(p[idx], RowGenerators([gen[i] for i in idx.tolist()]))
+        else:
+            t = draw(p, gen)
+        self.size += self.going.long()
+        self.path = self.path * p.gather(1, t[:, None])[:, 0].double()
+        return t
+
+    def drawn(self) -> bool:
+        if self.stop is None:
+            return True
+        if self.stop.signal == "path":
+            self.going &= self.stop.continues(None, self.path)
+        return bool(self.going.any())
+
+    def next_law(self, p: torch.Tensor) -> bool:
+        if self.stop is None:
+            return True
+        if self.stop.signal == "top":
+            self.going &= self.stop.continues(p, self.path)
+        return bool(self.going.any())
+
+
 def tree_sizes(tree) -> tuple[int, ...]:
     """Nodes per grown level of ``tree`` (a ``core.tree.Tree``, or a parents tuple listed level by level:
     depth never decreases along the node order)."""
@@ -367,17 +419,33 @@ class TokenDrafter:
         self.s.keep(n)
         return logits[:, 0]
 
-    def propose(self, k: int, sampling, gen):
+    def propose(self, k: int, sampling, gen, stop: DraftStop | None = None):
+        """Draft up to ``k`` tokens per row: returns drafts (B, J) int64, their laws (B, J, V) and each row's
+        drafts (B,) int64 (None without ``stop``: every row ``J = k``). ``stop`` (``core.draft_stop``) ends a
+        row's block early; the block ends when every row has stopped (``J`` the longest row; a row's
+        positions past its length are padding). ``forwards``: the draft forwards it took."""
         toks, laws = [], []
-        logits = self._read(self.ids, self.n)
+        block = _Stopping(stop, self.n.shape[0], self.n.device)
+        logits, p = self._read(self.ids, self.n), None
+        self.forwards, self._reads = 1, 0
         for j in range(k):
-            t, p = _sample(logits, sampling, gen)
+            if stop is None:
+                t, p = _sample(logits, sampling, gen)
+            else:
+                p = sampling_probs(logits, *sampling) if p is None else p
+                t = block.draw(p, gen)
             toks.append(t)
             laws.append(p)
-            if j < k - 1:  # speculative reads: not final until the verifier keeps them
-                one = torch.ones_like(self.n)
-                logits = self._read(t[:, None], one)
-        return torch.stack(toks, 1), torch.stack(laws, 1)
+            if j == k - 1 or not block.drawn():
+                break
+            # speculative reads: not final until the verifier keeps them
+            logits, p = self._read(t[:, None], torch.ones_like(self.n)), None
+            self.forwards, self._reads = self.forwards + 1, self._reads + 1
+            if stop is not None and stop.signal == "top":
+                p = sampling_probs(logits, *sampling)
+                if not block.next_law(p):
+                    break
+        return torch.stack(toks, 1), torch.stack(laws, 1), block.lengths
 
     def propose_tree(self, tree, scheme: str, sampling, gen):
         """Draft ``tree`` (see ``grow_tree``) after each row: one forward reads the pending tokens, then
@@ -406,16 +474,17 @@ class TokenDrafter:
         self.n = 1 + unread.long()
 
     def advance(self, a: torch.Tensor, tokens: torch.Tensor, feats=None) -> None:
-        """``a`` (B,) drafts kept; ``tokens`` (B, k + 1) from ``verify``: kept drafts then the new token."""
-        k = tokens.shape[1] - 1
-        read = torch.clamp(a, max=k - 1)  # drafts 1..k-1 were read speculatively; those kept stay
-        self.s.rewind(k - 1 - read)  # the k - 1 drafts read one by one: forget those the verifier rejected
+        """``a`` (B,) drafts kept; ``tokens`` (B, J + 1) from ``verify``: kept drafts then the new token."""
+        R = self._reads  # drafts 1..R were read speculatively (R = k - 1 with a fixed k); those kept stay
+        read = torch.clamp(a, max=R)
+        self.s.rewind(R - read)  # the R drafts read one by one: forget those the verifier rejected
         B = tokens.shape[0]
         rows = torch.arange(B, device=tokens.device)
-        full = a == k
-        # pending: [d_k, t] when all k were kept (d_k was never read), else [t]
-        self.ids = torch.stack([torch.where(full, tokens[rows, k - 1], tokens[rows, a]), tokens[rows, a]], 1)
-        self.n = 1 + full.long()
+        unread = a > R
+        # pending: [d_a, t] when the last kept draft was never read (all k kept), else [t]
+        self.ids = torch.stack([torch.where(unread, tokens[rows, (a - 1).clamp_min(0)], tokens[rows, a]),
+                                tokens[rows, a]], 1)
+        self.n = 1 + unread.long()
 
     def select(self, idx):
         self.s.select(idx)
@@ -453,22 +522,31 @@ class FeatureDrafter:
         used = min(int(slots.max()) + 1, self.cache.capacity)
         return self.head.step(feat, ids, self.cache, slots, used)
 
-    def propose(self, k: int, sampling, gen):
+    def propose(self, k: int, sampling, gen, stop: DraftStop | None = None):
+        """As ``TokenDrafter.propose``: drafts (B, J), their laws (B, J, V) over the full vocabulary, each
+        row's drafts (B,) or None without ``stop``."""
         rows = torch.arange(self.ids.shape[0], device=self.ids.device)
         g = self._step(self.feat, self.ids, self.length)[rows, self.n - 1][:, None]  # (B, 1, dim)
         self.length = self.length + self.n
+        self.forwards = 1
         toks, laws = [], []
         d2t, V = self.head.d2t, self.head.args.vocab
+        block = _Stopping(stop, rows.shape[0], rows.device)
+        # the transforms on the shortlist equal those on the full row (-inf outside it); the law
+        # is then written into the full vocabulary for verify
+        p_s = sampling_probs(self.head.logits(g[:, 0]), *sampling)
         for j in range(k):
-            # the transforms on the shortlist equal those on the full row (-inf outside it); the law
-            # is then written into the full vocabulary for verify
-            p_s = sampling_probs(self.head.logits(g[:, 0]), *sampling)
-            t = d2t[draw(p_s, gen)]
+            t = d2t[block.draw(p_s, gen)]
             toks.append(t)
             laws.append(p_s.new_zeros((p_s.shape[0], V)).index_copy_(1, d2t, p_s))
-            if j < k - 1:
-                g = self._step(g, t[:, None], self.length + j)
-        return torch.stack(toks, 1), torch.stack(laws, 1)
+            if j == k - 1 or not block.drawn():
+                break
+            g = self._step(g, t[:, None], self.length + j)
+            self.forwards += 1
+            p_s = sampling_probs(self.head.logits(g[:, 0]), *sampling)
+            if not block.next_law(p_s):
+                break
+        return torch.stack(toks, 1), torch.stack(laws, 1), block.lengths
 
     def _law(self, g: torch.Tensor, sampling) -> torch.Tensor:
         """The head's transformed law over the full vocabulary (..., V) from its outputs ``g`` (..., dim):

@@ -9,6 +9,13 @@ One step, for every unfinished row (``_speculative_rows``, in the spirit of gpt-
     tokens, a = verify(drafts, p, q, rule)    # the rule's own code accepts a drafts, emits one more
     target.advance(a, tokens[a]); drafter.advance(a, tokens, features)
 
+**Adaptive draft length** (``draft_stop=``, a ``core.draft_stop.DraftStop``): each row stops drafting its
+block once the draft's signal (its next law's top probability, or its path probability) falls below a
+threshold, so rows draft ragged lengths ``n_r`` in ``1..k``; the drafter stops its forwards once every row has
+stopped, the verifier scores the longest row's drafts, and ``verify(..., lengths=n)`` judges each row's own
+``n_r`` (the bonus from ``q`` after its last draft). The decision reads the draft's history only, so SpS stays
+lossless (the argument in ``core/draft_stop.py``; ``theory.toy.sequence_law(..., draft_stop=)`` is the law).
+
 The first new token of each row comes from the verifier's prompt pass (``prefill``), exactly as
 when the verifier decodes alone. Rows stop independently at EOS or after ``max_new_tokens``;
 finished rows leave the batch (``_drop_finished``). Llama-family Hugging Face models run as the
@@ -53,6 +60,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..core.draft_stop import DraftStop, check_draft_stop
 from ..core.draws import RowGenerators
 from ..core.registry import make_rule
 from ..core.rules import Rule
@@ -223,24 +231,26 @@ def _start(draft, verifier, prompts, width, max_new, sampling, gen, stats, per_s
 
 @torch.inference_mode()
 def _speculative_rows(draft, verifier, prompts, rule, k, max_new, sampling, gen, stats, per_seq, track_kl, eos,
-                      obs=None):
+                      obs=None, stop: DraftStop | None = None):
     dev, drafter, target, out, rows = _start(draft, verifier, prompts, k, max_new, sampling, gen, stats, per_seq, eos,
                                              obs)
     tap = HeadTap(verifier) if rule.reads_head else None  # the head's input, only for a rule that reads it
     state = _budget_state(rule, rows, out, max_new)
     while rows:
         t0 = time.perf_counter()
-        drafts, p = drafter.propose(k, sampling, gen)  # (n, k), (n, k, V)
+        # (n, J), (n, J, V), (n,) drafts per row (None with a fixed k: J = k); J the longest row
+        drafts, p, size = drafter.propose(k, sampling, gen, stop)
         t1 = time.perf_counter()
         with tap if tap is not None else contextlib.nullcontext():
-            logits, feats = target.score(drafts)  # (n, k + 1, V)
+            logits, feats = target.score(drafts)  # (n, J + 1, V)
         q = sampling_probs(logits, *sampling)
         t2 = time.perf_counter()
-        step = VerifierStep(k, sampling, gen, logits, tap)
-        tokens, a = verify(drafts, p, q, rule.bind(step), generator=gen, check=False, **_carry(state))
+        step = VerifierStep(drafts.shape[1], sampling, gen, logits, tap)
+        ragged = {} if size is None else {"lengths": size}
+        tokens, a = verify(drafts, p, q, rule.bind(step), generator=gen, check=False, **_carry(state), **ragged)
         t3 = time.perf_counter()
         if obs is not None:
-            obs.chain(rows, drafts, p, q, tokens, a)
+            obs.chain(rows, drafts, p, q, tokens, a, **ragged)
         last = tokens.gather(1, a[:, None])[:, 0]
         target.advance(a, last)
         drafter.advance(a, tokens, feats)
@@ -248,10 +258,11 @@ def _speculative_rows(draft, verifier, prompts, rule, k, max_new, sampling, gen,
         stats.draft_seconds += t1 - t0
         stats.verifier_seconds += t2 - t1
         stats.verify_seconds += t3 - t2
-        stats.draft_calls += k
+        stats.draft_calls += drafter.forwards
         stats.verifier_calls += 1
         t4 = time.perf_counter()
-        _count(stats, per_seq, rows, a.tolist(), kept, k, logits, tokens, p, q, rule, track_kl, state)
+        n = [k] * len(rows) if size is None else size.tolist()
+        _count(stats, per_seq, rows, a.tolist(), kept, n, logits, tokens, p, q, rule, track_kl, state)
         stats.metric_seconds += time.perf_counter() - t4
         rows = _drop_finished(alive, rows, [target, drafter, *_per_row(gen), *_carried(state)], dev)
     return out
@@ -310,8 +321,9 @@ class VerifierStep:
         return self._head().bias
 
 
-def _count(stats, per_seq, rows, a, kept, k, logits, tokens, p, q, rule, track_kl, state=None) -> None:
-    """Counters of one step: AL / acceptance counts, the verifier NLL of kept tokens and, if
+def _count(stats, per_seq, rows, a, kept, n, logits, tokens, p, q, rule, track_kl, state=None) -> None:
+    """Counters of one step (``n[i]``: the drafts row ``i`` made, ``k`` unless the draft length is adaptive):
+    AL / acceptance counts, the verifier NLL of kept tokens and, if
     ``track_kl``, the exact step KL at every judged position whose output was kept (under a stateful rule,
     of the Cactus each position was judged with, recomputed from ``(p, q)``: ``state.last.at``)."""
     nll = nll_of(logits, tokens).tolist()
@@ -320,10 +332,10 @@ def _count(stats, per_seq, rows, a, kept, k, logits, tokens, p, q, rule, track_k
         P, Q = p.cpu().double().numpy(), q.cpu().double().numpy()
     for i, b in enumerate(rows):
         c = per_seq[b]
-        judged = min(a[i] + 1, k)
+        judged = min(a[i] + 1, n[i])
         c.steps += 1
         c.accepted += a[i]
-        c.drafted += k
+        c.drafted += n[i]
         c.judged += judged
         c.nll_sum += sum(nll[i][:kept[i]])
         c.nll_count += kept[i]
@@ -409,9 +421,15 @@ def _run(pair, prompts, max_new_tokens, batch_size, seed, chat, stats, body, see
 def speculative_generate(pair: ModelPair, prompts, rule: Rule | str, k: int = 4, max_new_tokens: int = 64,
                          temperature: float = SAMPLING.temperature, top_k: int = SAMPLING.top_k,
                          top_p: float = SAMPLING.top_p, batch_size: int = 8, seed: int = 0, chat: bool = True,
-                         track_kl: bool = True, compact: bool = True, seeds=None, observer=None) -> DecodeResult:
+                         track_kl: bool = True, compact: bool = True, seeds=None, observer=None,
+                         draft_stop: DraftStop | float | None = None) -> DecodeResult:
     """Speculative decoding of ``prompts`` (strings, chat-wrapped if ``chat``, or token-id lists) with
     ``rule`` deciding every drafted token through ``sampler.verify`` (see the module docstring).
+
+    ``draft_stop``: an adaptive draft length (``core.draft_stop.DraftStop(threshold, signal)``, or a threshold
+    in (0, 1) of the draft's top probability): each row drafts at most ``k`` and stops its block once the
+    draft's signal falls below the threshold (SpS stays lossless). ``stats.drafted`` counts the drafts made,
+    ``stats.draft_calls`` the draft forwards taken.
 
     Randomness: ``seed`` seeds one generator shared by each batch (a row's draws then depend on its
     batch, never its law); ``seeds`` (one integer per prompt) gives row ``i`` its own generator
@@ -428,15 +446,17 @@ def speculative_generate(pair: ModelPair, prompts, rule: Rule | str, k: int = 4,
     ``chain(rows, drafts, p, q, tokens, num_accepted)`` (each ``verify`` call), ``tree(rows, tokens,
     parents, p, q, result)`` (each ``verify_tree`` call) and ``plain(rows, q, tokens)`` (each verifier-alone
     draw); ``rows`` are indices within the batch (add ``start``). Tensors are the loop's own: copy to keep.
+    With ``draft_stop``, ``chain`` also gets ``lengths=`` (the drafts of each row; its later columns are padding).
     """
     rule = _as_rule(rule)
     _check_args(k, batch_size, temperature, top_k, top_p)
+    stop = check_draft_stop(draft_stop)
     stats = DecodeStats("speculative", rule=repr(rule), k=k)
     sampling = (temperature, top_k, top_p)
     draft, verifier = runtime_models(pair, compact)
     return _run(pair, prompts, max_new_tokens, batch_size, seed, chat, stats,
                 lambda b, gen, ps: _speculative_rows(draft, verifier, b, rule, k, max_new_tokens, sampling, gen, stats,
-                                                     ps, track_kl, pair.eos_token_id, observer), seeds, observer)
+                                                     ps, track_kl, pair.eos_token_id, observer, stop), seeds, observer)
 
 
 def autoregressive_generate(pair: ModelPair, prompts, max_new_tokens: int = 64,

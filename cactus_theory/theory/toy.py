@@ -17,6 +17,13 @@ bonus, ``a = k``), with ``phi`` and ``g`` taken from the rule's own ``accept_pro
 ``residual`` and ``b = exact.bonus_distribution(rule, q)`` (``q`` itself unless the rule draws its own
 bonus, as Medusa's ``argmax q``). With a lossy rule the bonus follows ``b`` while other tokens come
 from the rule's mixture, so the law depends on where boundaries fall (on ``k``); SpS gives ``q``'s own law.
+
+Adaptive draft length (``draft_stop``, a ``core.draft_stop.DraftStop``): a block that has drafted
+``j < k`` positions drafts position ``j + 1`` only if the draft's signal (its next law's top
+probability, or its path probability) clears the threshold; the programme branches on that decision
+(``_drafts_next``), and a block that stops after its ``j`` drafts, all accepted, emits the bonus
+from the verifier's law after them. SpS still gives ``q``'s law (the argument is in
+``core/draft_stop.py``).
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..core.draft_stop import DraftStop, check_draft_stop
 from ..core.exact import bonus_distribution, step_divergence
 from ..core.rules import Rule
 from ..core.sampler import sample_rows, verify
@@ -175,6 +183,7 @@ class DecodeResult:
 def speculative_decode(
     draft: Cond, verifier: Cond, rule: Rule, k: int, T: int, *, num_sequences: int = 1,
     prompt: tuple = (), generator: torch.Generator | None = None, sampler: Callable = verify,
+    draft_stop: DraftStop | float | None = None,
 ) -> DecodeResult:
     """Run the speculative decoding loop on ``num_sequences`` independent sequences until each has
     emitted ``T`` tokens (the last block may emit more; they are dropped).
@@ -184,7 +193,12 @@ def speculative_decode(
     (default ``sampler.verify``) once for the whole batch. Conditionals are evaluated once per
     distinct prefix. A stateful ``rule`` (``SequenceBudget``) gets one state per sequence
     (``rule.start(num_sequences, max_tokens=T)``), handed to the sampler as ``state=``.
+
+    ``draft_stop`` (``core.draft_stop.DraftStop``, or a threshold of the top signal): each sequence stops
+    drafting its block once the draft's signal falls below the threshold (its later positions are padding:
+    laws and draws at the context where it stopped), and the sampler gets ``lengths=`` (drafts per sequence).
     """
+    stop = check_draft_stop(draft_stop)
     check_positive_int(k, "k")
     check_positive_int(T, "T")
     check_positive_int(num_sequences, "num_sequences")
@@ -206,23 +220,34 @@ def speculative_decode(
             break
         c = nodes[act]
         ps, qs, ns = [], [], []
-        for _ in range(k):
+        going = np.ones(act.size, dtype=bool)  # rows still drafting this block (draft_stop)
+        size = np.zeros(act.size, dtype=np.int64)
+        path = np.ones(act.size)
+        for j in range(k):
             p, q = trie.rows(P, c), trie.rows(Q, c)
             if p.shape[-1] != V or q.shape[-1] != V:
                 raise ValueError(f"draft and verifier must share one vocabulary of size {V}, got {p.shape[-1]} and {q.shape[-1]}")
+            if stop is not None and j > 0:
+                going &= np.asarray(stop.continues(p, path))
+                if not going.any():
+                    break
             u = torch.rand(act.size, generator=generator, dtype=torch.float64, device=dev).cpu()
             n = sample_rows(torch.from_numpy(p), u).numpy()
+            path = path * p[np.arange(act.size), n]
+            size += going
             ps.append(p), qs.append(q), ns.append(n)
-            c = trie.step(c, n)
-        qs.append(trie.rows(Q, c))
+            c = np.where(going, trie.step(c, n), c)  # a stopped row stays: its later rows are padding, and its
+        qs.append(trie.rows(Q, c))  # row lengths[b] the verifier's law after its last draft (the bonus row)
         p_t, q_t = torch.from_numpy(np.stack(ps, 1)), torch.from_numpy(np.stack(qs, 1))
         kw = {} if state is None else {"state": state.subset(act)}
+        if stop is not None:
+            kw["lengths"] = torch.from_numpy(size)
         tokens, na = sampler(torch.from_numpy(np.stack(ns, 1)), p_t, q_t, rule, generator=generator, **kw)
         if state is not None:
             state.update(act, kw["state"])
         tokens, m = tokens.cpu().numpy(), na.cpu().numpy() + 1
         c = nodes[act]
-        for j in range(k + 1):
+        for j in range(tokens.shape[1]):
             sel = np.flatnonzero(j < m)
             out[act[sel], lens[act[sel]] + j] = tokens[sel, j]
             c[sel] = trie.step(c[sel], tokens[sel, j])
@@ -276,12 +301,16 @@ def toy_generate(verifier: Cond, T: int, *, draft: Cond | None = None, rule: Rul
     return generate
 
 
-def step_parts(rule: Rule, p: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def step_parts(rule: Rule, p: np.ndarray, q: np.ndarray,
+               judged: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """One verification step split by outcome, from the rule's own code, both (V,):
     ``accept[n] = p_n phi_n`` (draft ``n`` accepted) and ``reject[y] = sum_n p_n (1 - phi_n) g_n(y)``
-    (a rejection followed by recovery token ``y``); they sum to 1 together."""
+    (a rejection followed by recovery token ``y``); they sum to 1 together. ``judged`` (V,) bool: only the
+    candidates ``n`` it marks are judged (the others' mass ``p_n`` is left out of both)."""
     V = p.size
     phi = rule.accept_prob_all(p, q)
+    if judged is not None:
+        p = np.where(judged, p, 0.0)
     w = p * (1 - phi)
     live = np.flatnonzero(w > 0)
     reject = np.zeros(V)
@@ -291,9 +320,20 @@ def step_parts(rule: Rule, p: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np
     return p * phi, reject
 
 
+def _drafts_next(stop: DraftStop | None, p: np.ndarray, q: np.ndarray, path: float, j: int):
+    """Whether a block that has drafted ``j`` positions, all accepted, drafts and judges position ``j + 1``:
+    always at ``j = 0``, else ``stop.continues(p, path)`` (``p`` the draft's law at ``j + 1``, ``path`` its
+    probability of the ``j`` drafts); True without a policy. The verifier's law ``q`` there is handed over
+    for the policies tests plant, never read by ``DraftStop``. ``sequence_law`` also takes a (V,) bool array
+    back, a decision per candidate ``x_{j+1}`` (judged where True, withheld for the bonus where False): no
+    ``DraftStop`` reads the candidate; tests plant such a policy to show that it is not lossless."""
+    return True if stop is None or j == 0 else bool(stop.continues(p, path))
+
+
 def sequence_law(draft: Cond | None, verifier: Cond, rule: Rule, k: int, T: int, *, prompt: tuple = (),
                  verifier_first: bool = False,
-                 draft_in_block: Callable[[tuple, tuple], np.ndarray] | None = None) -> np.ndarray:
+                 draft_in_block: Callable[[tuple, tuple], np.ndarray] | None = None,
+                 draft_stop: DraftStop | float | None = None) -> np.ndarray:
     """Exact law of the first ``T`` tokens emitted by ``speculative_decode``: array ``(V,) * T``.
 
     Dynamic programme over block boundaries: ``frontier[s]`` is the probability that a block
@@ -307,17 +347,22 @@ def sequence_law(draft: Cond | None, verifier: Cond, rule: Rule, k: int, T: int,
     feature-level draft reads the verifier's features up to the block start and its own after):
     the law of the next draft given the context at the block start and the drafts so far; it
     replaces ``draft``.
+    ``draft_stop``: the adaptive draft length of ``speculative_decode(..., draft_stop=)``: after ``j`` drafts,
+    all accepted, the block drafts position ``j + 1`` only as ``_drafts_next`` decides, else emits the bonus
+    (from the rule's bonus law of the verifier's row after the ``j`` drafts).
 
     A stateful ``rule`` (``SequenceBudget``): ``budget_law(...).law``, the programme with the budget spent
     along each path in its state.
     """
     check_positive_int(k, "k")
     check_positive_int(T, "T")
+    stop = check_draft_stop(draft_stop)
     if rule.stateful:
         return budget_law(draft, verifier, rule, k, T, prompt=prompt, verifier_first=verifier_first,
-                          draft_in_block=draft_in_block).law
+                          draft_in_block=draft_in_block, draft_stop=stop).law
     Q, P, prompt, V = _block_inputs(draft, verifier, draft_in_block, prompt)
     parts: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+    rows: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
     law = np.zeros((V,) * T)
     frontier: list[dict[tuple, float]] = [{} for _ in range(T)]
     if verifier_first:
@@ -336,32 +381,47 @@ def sequence_law(draft: Cond | None, verifier: Cond, rule: Rule, k: int, T: int,
         else:
             frontier[len(t)][t] = frontier[len(t)].get(t, 0.0) + w
 
+    def bonus(d: tuple, c: tuple, wd: float) -> None:  # the block ends after d, all accepted: the bonus token
+        b = bonus_distribution(rule, Q(c), check=False)
+        for y in np.flatnonzero(b > 0):
+            emit(s + d + (int(y),), wd * b[y])
+
     for length in range(T):
         for s, w in frontier[length].items():
-            stack = [((), w)]
+            stack = [((), w, 1.0)]  # accepted drafts, weight, the draft's probability of them (its path)
             while stack:
-                d, wd = stack.pop()
+                d, wd, path = stack.pop()
                 if len(s) + len(d) >= T:
                     emit(s + d, wd)
                     continue
                 c = prompt + s + d
                 if len(d) == k:  # all k drafts accepted: the bonus token, from the rule's bonus law
-                    b = bonus_distribution(rule, Q(c), check=False)
-                    for y in np.flatnonzero(b > 0):
-                        emit(s + d + (int(y),), wd * b[y])
+                    bonus(d, c, wd)
                     continue
                 key = c if P is not None else (prompt + s, d)
-                if key not in parts:
+                if key not in rows:
                     q = Q(c)
                     p = P(c) if P is not None else np.asarray(draft_in_block(prompt + s, d), dtype=np.float64)
                     if p.size != q.size:
                         raise ValueError(f"draft and verifier must share one vocabulary, got sizes {p.size} and {q.size}")
-                    parts[key] = step_parts(rule, p, q)
-                acc, rej = parts[key]
+                    rows[key] = (p, q)
+                p, q = rows[key]
+                judged = _drafts_next(stop, p, q, path, len(d))
+                if judged is False:  # the draft stops here
+                    bonus(d, c, wd)
+                    continue
+                if judged is True:
+                    if key not in parts:
+                        parts[key] = step_parts(rule, p, q)
+                    acc, rej = parts[key]
+                else:  # a decision per candidate (planted policies): withheld candidates end with the bonus
+                    mask = np.asarray(judged, dtype=bool)
+                    acc, rej = step_parts(rule, p, q, judged=mask)
+                    rej = rej + p[~mask].sum() * bonus_distribution(rule, q, check=False)
                 for y in np.flatnonzero(rej > 0):
                     emit(s + d + (int(y),), wd * rej[y])
                 for n in np.flatnonzero(acc > 0):
-                    stack.append((d + (int(n),), wd * acc[n]))
+                    stack.append((d + (int(n),), wd * acc[n], path * p[n]))
     return law
 
 
@@ -384,7 +444,8 @@ class BudgetLaw:
 
 def budget_law(draft: Cond | None, verifier: Cond, rule: Rule, k: int, T: int, *, prompt: tuple = (),
                verifier_first: bool = False,
-               draft_in_block: Callable[[tuple, tuple], np.ndarray] | None = None) -> BudgetLaw:
+               draft_in_block: Callable[[tuple, tuple], np.ndarray] | None = None,
+               draft_stop: DraftStop | float | None = None) -> BudgetLaw:
     """Exact law of the first ``T`` tokens of ``speculative_decode`` with a stateful ``rule`` (``SequenceBudget``),
     and what it spent (``BudgetLaw``).
 
@@ -396,9 +457,11 @@ def budget_law(draft: Cond | None, verifier: Cond, rule: Rule, k: int, T: int, *
     position is judged by ``plan.at(0, j)`` (``step_parts`` of it gives the accept / reject split), and where the
     block ends the state is charged as ``verify`` charges it (``state.charge``: the judged positions, the emitted
     tokens). ``verifier_first``: the first token from ``q`` (as ``lm.speculative_generate``), the state starting
-    after it with ``T - 1`` tokens to emit."""
+    after it with ``T - 1`` tokens to emit. ``draft_stop``: as ``sequence_law``'s (a block that stops after its
+    ``j`` drafts, all accepted, is charged for them and emits the bonus from ``q``)."""
     check_positive_int(k, "k")
     check_positive_int(T, "T")
+    stop = check_draft_stop(draft_stop)
     if not rule.stateful:
         raise ValueError(f"budget_law needs a stateful rule (SequenceBudget), got {rule!r}: use sequence_law")
     Q, P, prompt, V = _block_inputs(draft, verifier, draft_in_block, prompt)
@@ -441,25 +504,28 @@ def budget_law(draft: Cond | None, verifier: Cond, rule: Rule, k: int, T: int, *
     for length in range(T):
         for (s, key), w in frontier[length].items():
             state, exact = states[key], key[3]
-            stack = [((), w, [], [], 0.0, None)]  # accepted drafts, weight, their rows p, q, recomputed costs, plan
+            # accepted drafts, weight, their rows p, q, recomputed costs, plan, the draft's path probability
+            stack = [((), w, [], [], 0.0, None, 1.0)]
             while stack:
-                d, wd, ps, qs, cum_x, last = stack.pop()
+                d, wd, ps, qs, cum_x, last, path = stack.pop()
                 if len(s) + len(d) >= T:  # the first T tokens are out (what follows is cut): charge what was judged
                     emit(s + d, key_of(state if not d else after(state, last, len(d) - 1, len(d)), exact + cum_x), wd)
                     continue
                 c = prompt + s + d
-                if len(d) == k:  # all k drafts accepted: the bonus token, from q (cost 0)
-                    st = after(state, last, k - 1, k + 1)  # the plan of position k covers 1..k
-                    b = Q(c)
-                    for y in np.flatnonzero(b > 0):
-                        emit(s + d + (int(y),), key_of(st, exact + cum_x), wd * b[y])
-                    continue
                 rk = c if P is not None else (prompt + s, d)
-                if rk not in rows:
+                if len(d) < k and rk not in rows:
                     p = P(c) if P is not None else np.asarray(draft_in_block(prompt + s, d), dtype=np.float64)
                     if p.size != V:
                         raise ValueError(f"draft and verifier must share one vocabulary, got sizes {p.size} and {V}")
                     rows[rk] = (p, Q(c))
+                if len(d) == k or not _drafts_next(stop, *rows[rk], path, len(d)):
+                    # all k (or the block's) drafts accepted: the bonus token, from q (cost 0); the plan of the
+                    # last drafted position covers 1..len(d)
+                    st = after(state, last, len(d) - 1, len(d) + 1)
+                    b = Q(c)
+                    for y in np.flatnonzero(b > 0):
+                        emit(s + d + (int(y),), key_of(st, exact + cum_x), wd * b[y])
+                    continue
                 p, q = rows[rk]
                 j = len(d)
                 plan = rule.plan(state.subset(np.arange(1)), np.stack(ps + [p])[None], np.stack(qs + [q])[None])
@@ -471,7 +537,7 @@ def budget_law(draft: Cond | None, verifier: Cond, rule: Rule, k: int, T: int, *
                     for y in np.flatnonzero(rej > 0):
                         emit(s + d + (int(y),), key_of(st, exact + cum_x + cost_x), wd * rej[y])
                 for n in np.flatnonzero(a > 0):
-                    stack.append((d + (int(n),), wd * a[n], ps + [p], qs + [q], cum_x + cost_x, plan))
+                    stack.append((d + (int(n),), wd * a[n], ps + [p], qs + [q], cum_x + cost_x, plan, path * p[n]))
     return BudgetLaw(law, spent_law, tot["mean"], tot["max"], tot["exact"])
 
 
@@ -523,11 +589,12 @@ def one_step_test(rule: Rule, draft_rows: np.ndarray, verifier_rows: np.ndarray,
 
 def sequence_test(draft: Cond, verifier: Cond, rule: Rule, k: int, T: int, *, num_sequences: int,
                   sampler: Callable = verify, seed: int = 0, alpha: float = 1e-4, prompt: tuple = (),
-                  statistic: str = "chi2"):
-    """Goodness of fit of ``speculative_decode``'s first ``T`` tokens to ``sequence_law``."""
+                  statistic: str = "chi2", draft_stop: DraftStop | float | None = None):
+    """Goodness of fit of ``speculative_decode``'s first ``T`` tokens to ``sequence_law`` (both with
+    ``draft_stop``, the adaptive draft length, when given)."""
     from .stats import goodness_of_fit
 
     res = speculative_decode(draft, verifier, rule, k, T, num_sequences=num_sequences, prompt=prompt,
-                             generator=torch.Generator().manual_seed(seed), sampler=sampler)
-    law = sequence_law(draft, verifier, rule, k, T, prompt=prompt)
+                             generator=torch.Generator().manual_seed(seed), sampler=sampler, draft_stop=draft_stop)
+    law = sequence_law(draft, verifier, rule, k, T, prompt=prompt, draft_stop=draft_stop)
     return goodness_of_fit(res.tokens, law, alpha=alpha, statistic=statistic, kind="samples")

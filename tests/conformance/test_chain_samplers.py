@@ -109,6 +109,58 @@ def test_verify(key):
     tally.check()
 
 
+@pytest.mark.parametrize("key", RULE_KEYS)
+def test_verify_with_lengths(key):
+    """``verify(..., lengths=)`` (an adaptive draft length, ``core.draft_stop``): row ``b`` judges its first
+    ``lengths[b]`` drafts only (the padded positions after them hold rows the walk never reads), the bonus from
+    row ``lengths[b]`` of ``q``. Uniforms: one ``[B, k + 1]`` draw, the emitted token at column ``k``; from
+    ``RowGenerators``, ``lengths[b] + 1`` per row, the emitted token at column ``lengths[b]``."""
+    configs = configurations(key)
+
+    tally = Tally()
+
+    @profile(4)
+    @given(data=st.data())
+    def run(data):
+        rule = configs[data.draw(st.integers(0, len(configs) - 1), label="config")]
+        V, dtype, rng = _case(data, rule)
+        k = data.draw(st.integers(1, 4), label="k")
+        B = data.draw(st.integers(1, 3 if V > 64 else 24), label="B")
+        rows = data.draw(st.booleans(), label="RowGenerators")
+        P, Q, n = chain_rows(rng, B, k, V, float_params(rule, dtype))
+        size = rng.integers(1, k + 1, size=B)
+        Pt, Qt = as_tensor(P, dtype), as_tensor(Q, dtype)
+        P, Q = read64(Pt), read64(Qt)
+        bound = rule_for_rows(rule, P, Q[:, :k], rng)
+        hit = getattr(bound, "hit", None)
+        seeds = [int(s) for s in rng.integers(0, 2**62, size=B)]
+        gen = RowGenerators.from_seeds(seeds) if rows else torch.Generator().manual_seed(seeds[0])
+        tokens, acc = verify(torch.from_numpy(n), Pt, Qt, bound, generator=gen, lengths=torch.from_numpy(size))
+        if not rows:
+            u = torch.rand((B, k + 1), generator=torch.Generator().manual_seed(seeds[0]), dtype=torch.float64).numpy()
+        judge = tally.judge(tolerance(dtype))
+        for b in range(B):
+            m = int(size[b])
+            if rows:
+                ub = torch.rand(m + 1, generator=torch.Generator().manual_seed(seeds[b]), dtype=torch.float64).numpy()
+                last = ub[m]
+            else:
+                ub, last = u[b], u[b, k]
+
+            def rule_of(j, b=b):
+                return row_rule(rule, None if hit is None else hit[b, j])
+            want = chain(rule_of, n[b, :m], P[b, :m], Q[b, :m + 1], ub, last, judge,
+                         bonus_law=reference_bonus(rule_of(0), Q[b, m]))
+            judge.done(want)
+            if want is not None:
+                assert tokens[b].tolist() == pad_block(want, k + 1), (b, m, rule, tokens[b].tolist(), want)
+                assert int(acc[b]) == len(want) - 1
+        judge.check_coverage()
+
+    run()
+    tally.check()
+
+
 # -- sampler.verify_flat -------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("key", RULE_KEYS)

@@ -13,6 +13,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import cactus_theory as ct
+from cactus_theory.core.draft_stop import DraftStop
 from cactus_theory.lm import ModelPair, autoregressive_generate, speculative_generate
 from cactus_theory.stats import goodness_of_fit
 from cactus_theory.toy import autoregressive_law, sequence_law
@@ -240,3 +241,92 @@ def test_first_step_laws_are_the_block_start_laws(feature):
         np.testing.assert_allclose(P[r], ref, atol=1e-5)
     with pytest.raises(ValueError, match="lo"):
         first_step_laws(pr, ids, 5, 3)
+
+
+# -- adaptive draft length (core.draft_stop.DraftStop, issue 30 item 3) ------------------------------------------
+
+@pytest.mark.parametrize("stop,feature,compact", [(DraftStop(0.5), False, True), (DraftStop(0.3, "path"), False, True),
+                                                  (DraftStop(0.5), False, False), (DraftStop(0.45), True, True)],
+                         ids=["top", "path", "top-hf", "top-head"])
+def test_adaptive_sps_gives_the_verifiers_own_law(stop, feature, compact):
+    """SpS with each row stopping its block by the draft's signal (ragged blocks, ``verify(..., lengths=)``)
+    still emits the verifier's own law: the loop's first 3 tokens (the first from the prompt pass, then
+    blocks) against ``autoregressive_law``; the token draft and the feature head."""
+    prompt = [3, 5, 7]
+    pr, ver = (ModelPair(HEAD, HEAD_VER, None), HEAD_VER) if feature else (pair(), VERIFIER)
+    res = speculative_generate(pr, [prompt] * N, ct.SpS(), k=3, max_new_tokens=3, batch_size=N, seed=1,
+                               track_kl=False, compact=compact, draft_stop=stop, **RAW)
+    assert_fits(res.tokens, autoregressive_law(cond(ver), 3, prompt=tuple(prompt)), 3)
+    s = res.stats
+    assert s.steps < s.drafted < 3 * s.steps  # the policy stopped some blocks early, not all
+    assert 0 <= s.accepted <= s.judged <= s.drafted and s.draft_calls <= 3 * s.verifier_calls
+
+
+@pytest.mark.parametrize("rule,stop", [(ct.Cactus(0.5), DraftStop(0.5)), (ct.Cactus(1.0), DraftStop(0.3, "path"))],
+                         ids=["cactus-top", "cactus-path"])
+def test_adaptive_lossy_rule_follows_its_exact_law(rule, stop):
+    """A lossy rule with stopping follows ``sequence_law(..., draft_stop=)`` (the toy programme with the same
+    policy on the models' exact laws), which the test can tell from the verifier's own law."""
+    prompt = [1, 8]
+    res = speculative_generate(pair(), [prompt] * N, rule, k=3, max_new_tokens=3, batch_size=N, seed=2,
+                               track_kl=False, draft_stop=stop, **RAW)
+    law = sequence_law(cond(DRAFT), cond(VERIFIER), rule, 3, 3, prompt=tuple(prompt), verifier_first=True,
+                       draft_stop=stop)
+    assert_fits(res.tokens, law, 3)
+    ar = autoregressive_law(cond(VERIFIER), 3, prompt=tuple(prompt))
+    assert goodness_of_fit(counts_of(res.tokens, T=3), ar, alpha=ALPHA, kind="counts").reject
+
+
+def test_adaptive_rows_are_independent_of_their_batch():
+    """Per-row seeds with stopping: a row that stops early draws nothing more from its generator in that block,
+    so each row's tokens are those it emits alone; counters add up, each block drafting 1..k."""
+    prompts = [[6], [3, 5, 7, 1, 2], [2, 9], [0, 1, 2, 3]]
+    seeds = [101, 7, 55, 9]
+    kw = dict(k=3, max_new_tokens=12, seeds=seeds, draft_stop=DraftStop(0.5), temperature=0.9, top_k=0)
+    whole = speculative_generate(pair(), prompts, ct.Cactus(0.5), batch_size=4, **kw)
+    for i in range(4):
+        alone = speculative_generate(pair(), [prompts[i]], ct.Cactus(0.5), batch_size=1,
+                                     **{**kw, "seeds": [seeds[i]]})
+        assert alone.tokens[0] == whole.tokens[i]
+    s = whole.stats
+    assert s.steps <= s.drafted < 3 * s.steps and s.judged <= s.drafted
+    for name in ("steps", "accepted", "drafted", "judged"):
+        assert sum(getattr(c, name) for c in whole.per_sequence) == getattr(s, name), name
+    # greedy: the top probability is 1, so the policy never stops and the decode is the fixed-k one
+    greedy = dict(k=3, max_new_tokens=10, temperature=0.0, batch_size=4)
+    assert (speculative_generate(pair(), prompts, ct.SpS(), draft_stop=0.9, **greedy).tokens
+            == speculative_generate(pair(), prompts, ct.SpS(), **greedy).tokens)
+
+
+def test_draft_stop_is_checked():
+    for bad in (0, 1, 1.5, "0.3", True):
+        with pytest.raises(ValueError, match="draft_stop"):
+            speculative_generate(pair(), [[1]], ct.SpS(), max_new_tokens=4, draft_stop=bad)
+
+
+def test_decode_command_runs_an_adaptive_draft_length(monkeypatch, tmp_path, capsys):
+    """``cactus-theory decode --draft-stop-prob``: the chain with the policy, labelled, its counters in the JSON."""
+    import json
+
+    from cactus_theory import cli
+    from cactus_theory.cli import lm as cli_lm
+
+    class Chars:  # a tokenizer of the tiny vocabulary
+        eos_token_id = None
+
+        def __call__(self, text):
+            return {"input_ids": [ord(c) % V for c in text]}
+
+        def decode(self, ids, skip_special_tokens=True):
+            return "".join(str(i) for i in ids)
+
+    monkeypatch.setattr(cli_lm, "_load", lambda args: ModelPair(DRAFT, VERIFIER, Chars(), name="tiny"))
+    out = tmp_path / "stats.json"
+    rc = cli.main(["decode", "--draft", "smollm2", "--rule", "sps", "-k", "4", "--draft-stop-prob", "path:0.2",
+                   "--no-chat", "--prompt", "abc", "--prompt", "hello", "--max-new-tokens", "12", "--no-warmup",
+                   "--json", str(out)])
+    assert rc == 0
+    cap = capsys.readouterr()
+    assert "k=4 (adaptive, path>=0.2)" in cap.out and "Traceback" not in cap.err
+    s = json.loads(out.read_text())["speculative"]
+    assert s["new_tokens"] == 24 and s["steps"] <= s["drafted"] <= 4 * s["steps"]

@@ -17,6 +17,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ...core import registry
+from ...core.draft_stop import DraftStop
 from ...core.rules import TAS, Cactus, Interpolation, SpS, TopK
 from ...core.tree import check_mode
 from ..loop import SAMPLING, autoregressive_generate, speculative_generate, tree_generate
@@ -75,7 +76,7 @@ def _row(label, rule, k, batch, res, base_res):
 
 def run_benchmark(pair, prompts, rules=DEFAULT_RULES, ks=(4,), batch_sizes=(1,), max_new_tokens: int = 64,
                   seed: int = 0, sampling: dict = SAMPLING, progress: bool = True, warmup: bool = True,
-                  trees=(), tree_scheme: str = "iid") -> dict:
+                  trees=(), tree_scheme: str = "iid", draft_stops=()) -> dict:
     """Decode ``prompts`` with the verifier alone (a run before and one after the rules, at each batch
     size) and with every (rule, k, batch size); return ``{"rows": [...], "baselines": {...}}``. Each
     row has the run's ``DecodeStats`` fields, ``speedup`` (against the mean of the two baseline runs
@@ -88,7 +89,11 @@ def run_benchmark(pair, prompts, rules=DEFAULT_RULES, ks=(4,), batch_sizes=(1,),
     and is compared with SpS on the tree of the same label without its " joint" suffix); its row's
     ``k`` is the label (``"tree 2,2"``), ``al_vs_sps`` compares with SpS on the same tree, ``al_vs_chain`` (with a paired interval)
     with the same rule's chain at the largest ``k`` of ``ks``, and ``verifier_vs_one`` is its verifier
-    forward over the tree against the one-token forward of the verifier alone."""
+    forward over the tree against the one-token forward of the verifier alone.
+
+    ``draft_stops``: adaptive draft lengths (``core.draft_stop.DraftStop``); each rule also runs at each ``k``
+    with each policy, in the same run as its fixed ``k``: the row's ``k`` is ``"4 top>=0.3"``, ``al_vs_sps``
+    compares with SpS under the same policy and ``al_vs_chain`` (paired) with the rule's fixed chain at that ``k``."""
     kw = dict(max_new_tokens=max_new_tokens, seed=seed, **sampling)
     if warmup:  # first calls pay for allocations and one-off setup (the compact model conversion)
         autoregressive_generate(pair, prompts[:1], **{**kw, "max_new_tokens": 4})
@@ -96,6 +101,7 @@ def run_benchmark(pair, prompts, rules=DEFAULT_RULES, ks=(4,), batch_sizes=(1,),
     jobs = [(b, k, label, rule) for b in batch_sizes for k in ks for label, rule in rules]
     jobs += [(b, tree, label, rule) for b in batch_sizes for tree in trees for label, rule in rules
              if _runs_on(tree, rule)]
+    jobs += [(b, (k, stop), label, rule) for b in batch_sizes for k in ks for stop in draft_stops for label, rule in rules]
     bar = tqdm(total=len(jobs) + 2 * len(batch_sizes), desc="bench_lm", disable=not progress)
     rows, baselines = [], {}
     for b in batch_sizes:
@@ -104,7 +110,10 @@ def run_benchmark(pair, prompts, rules=DEFAULT_RULES, ks=(4,), batch_sizes=(1,),
         mine = [j for j in jobs if j[0] == b]
         results = []
         for _, k, label, rule in mine:
-            if isinstance(k, tuple):  # (label, tree[, scheme[, mode]])
+            if isinstance(k, tuple) and isinstance(k[1], DraftStop):  # (k, adaptive draft length)
+                res = speculative_generate(pair, prompts, rule, k=k[0], batch_size=b, draft_stop=k[1], **kw)
+                k = f"{k[0]} {k[1].label()}"
+            elif isinstance(k, tuple):  # (label, tree[, scheme[, mode]])
                 res = tree_generate(pair, prompts, rule, k[1], k[2] if len(k) > 2 else tree_scheme,
                                     mode=k[3] if len(k) > 3 else "rounds", batch_size=b, **kw)
                 k = k[0]
@@ -137,7 +146,8 @@ def run_benchmark(pair, prompts, rules=DEFAULT_RULES, ks=(4,), batch_sizes=(1,),
         r["al_vs_sps"] = r["al"] / sps["al"] if sps else math.nan
         if sps and r is not sps:  # paired over the same prompts
             r["al_vs_sps_ci"] = _paired_al_ratio(r, sps)
-        chain = next((x for x in rows if x["repr"] == r["repr"] and x["k"] == max(ks)
+        own_k = int(r["k"].split()[0]) if isinstance(r["k"], str) and r["k"].split()[0].isdigit() else max(ks)
+        chain = next((x for x in rows if x["repr"] == r["repr"] and x["k"] == own_k  # adaptive: its own k
                       and x["batch_size"] == r["batch_size"]), None)
         if isinstance(r["k"], str) and chain:
             r["al_vs_chain"] = r["al"] / chain["al"]

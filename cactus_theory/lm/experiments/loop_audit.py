@@ -83,10 +83,11 @@ class Recorder:
         for i in range(len(rows)):
             self._add(rows, i, ("plain", _sparse(q[i]), int(tokens[i])))
 
-    def chain(self, rows, drafts, p, q, tokens, a):
-        for i in range(len(rows)):
-            self._add(rows, i, ("chain", drafts[i].tolist(), [_sparse(r) for r in p[i]], [_sparse(r) for r in q[i]],
-                                tokens[i].tolist(), int(a[i])))
+    def chain(self, rows, drafts, p, q, tokens, a, lengths=None):
+        for i in range(len(rows)):  # an adaptive draft length: the row's own drafts, laws and bonus row only
+            n = drafts.shape[1] if lengths is None else int(lengths[i])
+            self._add(rows, i, ("chain", drafts[i, :n].tolist(), [_sparse(r) for r in p[i, :n]],
+                                [_sparse(r) for r in q[i, :n + 1]], tokens[i, :n + 1].tolist(), int(a[i])))
 
     def tree(self, rows, tokens, parents, p, q, res):
         for i in range(len(rows)):

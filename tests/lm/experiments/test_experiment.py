@@ -63,6 +63,28 @@ def test_run_benchmark_runs_trees():
     assert "dyn 3,2,2" in format_table(res)
 
 
+def test_run_benchmark_runs_adaptive_draft_lengths_beside_fixed_k():
+    """``draft_stops``: each rule at each k with each policy, in the same run as its fixed k; the row's k names
+    the policy, AL/SpS compares with SpS under the same policy, AL/chain (paired) with the fixed k."""
+    from cactus_theory.core.draft_stop import DraftStop
+    from cactus_theory.lm.experiments.experiment import format_table, run_benchmark
+
+    rules = [("SpS", ct.SpS()), ("Cactus d=1.0", ct.Cactus(1.0))]
+    stops = [DraftStop(0.5), DraftStop(0.3, "path")]
+    res = run_benchmark(pair(), [[1, 2], [3], [4, 5]], rules=rules, ks=(3,), batch_sizes=(2,), max_new_tokens=6,
+                        progress=False, draft_stops=stops)
+    rows = res["rows"]
+    assert [(r["rule"], r["k"]) for r in rows] == [(n, k) for k in (3, "3 top>=0.5", "3 path>=0.3")
+                                                   for n in ("SpS", "Cactus d=1.0")]
+    for r in rows:
+        assert r["new_tokens"] == 18 and r["method"] == "speculative" and r["steps"] <= r["drafted"] <= 3 * r["steps"]
+        if isinstance(r["k"], str):
+            fixed = next(x for x in rows if x["rule"] == r["rule"] and x["k"] == 3)
+            assert r["al_vs_chain"] == pytest.approx(r["al"] / fixed["al"])
+    assert all(r["al_vs_sps"] == 1 for r in rows if r["rule"] == "SpS")
+    assert "3 top>=0.5" in format_table(res)
+
+
 def test_run_benchmark_budget_trees_joint_twins_and_tree_targets():
     """EAGLE-2 budget trees with their scheme and mode in the tree entry: a joint twin runs Cactus only
     (SpS's joint law is its rounds law) and is compared with SpS on its rounds twin; ``tree_targets``
