@@ -64,7 +64,7 @@ __all__ = ["DIRECTIONS", "CRITERIA", "rejected_tokens", "level_set_certificate",
            "greedy_certificate", "additive_certificate", "multiplicative_certificate", "top_m_certificate",
            "entropy_certificate", "coverage_certificate", "coverage_minimiser", "margin_bounds",
            "coverage_margin_bounds", "pair_certificate", "kl2", "entropy", "criterion_rule", "certificate_cases",
-           "PARAMS", "TOL_REL", "TOL_REL_INACCURATE", "agreement"]
+           "PARAMS", "TOL_REL", "TOL_REL_INACCURATE", "agreement", "reference_side"]
 
 DIRECTIONS = ("kl", "reverse_kl")
 CRITERIA = ("greedy", "additive", "multiplicative", "top_m", "entropy")
@@ -427,17 +427,29 @@ PARAMS = {"greedy": [{}], "additive": [{"delta": 0.0}, {"delta": 0.05}, {"delta"
 TOL_REL = 1e-6
 """Agreement of a closed form with its convex program: ``|closed - reference| <= TOL_REL max(1, |reference|)``."""
 TOL_REL_INACCURATE = 1e-4
-"""The same where the solver reports only ``optimal_inaccurate`` (near-one-hot rows, where Clarabel stalls); there the
-closed form must also not exceed the reference (the divergence of a point feasible within 1e-9) by more than ``1e-7`` relative."""
+"""The same where the solver reports only ``optimal_inaccurate``; there the closed form must also lie on the right
+side of the reference, within ``1e-7`` relative: not above a primal reference (the divergence of a point feasible
+within 1e-9: ``reverse_kl``), not below a dual one (a lower bound on the minimum: ``kl``)."""
 
 
-def agreement(closed: float, reference: float, status: str) -> tuple[float, bool]:
+def agreement(closed: float, reference: float, status: str, reference_is: str = "upper") -> tuple[float, bool]:
     """``(relative difference, within tolerance)`` of a closed-form certificate and its convex program's value
-    (``TOL_REL``, or ``TOL_REL_INACCURATE`` where ``status`` says the solver was inaccurate); two infinities agree."""
+    (``TOL_REL``, or ``TOL_REL_INACCURATE`` where ``status`` says the solver was inaccurate); two infinities agree.
+    ``reference_is``: ``"upper"`` (a primal value, ``optimize.min_divergence_ordered``'s ``reverse_kl``) or
+    ``"lower"`` (a dual value, its ``kl``)."""
+    if reference_is not in ("upper", "lower"):
+        raise ValueError(f"reference_is must be 'upper' or 'lower', got {reference_is!r}")
     if math.isinf(closed) or math.isinf(reference):
         return (0.0, True) if closed == reference else (math.inf, False)
     scale = max(1.0, abs(reference))
     diff = abs(closed - reference) / scale
     if "inaccurate" in status:
-        return diff, diff <= TOL_REL_INACCURATE and closed <= reference + 1e-7 * scale
+        side = closed <= reference + 1e-7 * scale if reference_is == "upper" else closed >= reference - 1e-7 * scale
+        return diff, diff <= TOL_REL_INACCURATE and side
     return diff, diff <= TOL_REL
+
+
+def reference_side(direction: str) -> str:
+    """Which side of the minimum ``optimize.min_divergence_ordered``'s value lies on: ``"lower"`` for ``kl`` (its
+    dual), ``"upper"`` for ``reverse_kl`` (its primal)."""
+    return "lower" if _direction(direction) == "kl" else "upper"

@@ -34,7 +34,8 @@ def test_closed_form_matches_cvxpy(criterion, direction):
             continue
         rejected = C.rejected_tokens(q, criterion, **params)
         ref = level_set_reference(q, rejected, direction)
-        diff, ok = C.agreement(C.level_set_certificate(q, rejected, direction), ref.value, ref.status)
+        diff, ok = C.agreement(C.level_set_certificate(q, rejected, direction), ref.value, ref.status,
+                               C.reference_side(direction))
         assert ok, (q, params, diff, ref.status)
 
 
@@ -44,7 +45,8 @@ def test_coverage_matches_cvxpy(direction):
         m = 1 + i % 3
         if m < q.size:
             ref = coverage_reference(q, m, direction)
-            diff, ok = C.agreement(C.coverage_certificate(q, m, direction), ref.value, ref.status)
+            diff, ok = C.agreement(C.coverage_certificate(q, m, direction), ref.value, ref.status,
+                               C.reference_side(direction))
             assert ok, (q, m, diff, ref.status)
 
 
