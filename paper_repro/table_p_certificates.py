@@ -145,7 +145,7 @@ def render(d: dict) -> str:
     cfg = d["config"]
     lines = ["# Table p: exact KL certificates of deterministic acceptance (arXiv 2606.30265)", "",
              f"{cfg['n']} verifier rows (seed {cfg['seed']}, V in {cfg['sizes']}; ties, exact zeros, near-one-hot "
-             "rows) x each criterion's parameter settings. Closed form (`theory.certificates`, our derivation) against "
+             "rows), each with one of the criterion's parameter settings in turn. Closed form (`theory.certificates`, our derivation) against "
              "cvxpy (`optimize.level_set_reference` / `coverage_reference`: a minimum over convex programs, KL(p‖q) "
              "through its Lagrange dual); "
              f"difference relative to max(1, cvxpy); tolerance {cfg['tol']:g} ({cfg['tol_inaccurate']:g} where the "
