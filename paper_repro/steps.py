@@ -138,6 +138,11 @@ STEPS: list[Step] = [
          "per answer, spend-down and Lagrangian allocations) against per-token Cactus at the delta that spends the "
          "same mean KL per answer: AL, accuracy, realised KL per answer (the certificate), the eval's setting",
          "-", "LM step (about 1.5 hours)", lm=True, section=True, findings=True),
+    Step("p", "table_p_certificates",
+         "`results/table_p_certificates.md`: **our check** of arXiv 2606.30265's exact KL certificates (strict greedy, "
+         "additive / multiplicative relaxed, top-m, entropy-thresholded, greedy-tree top-m coverage): closed forms "
+         "(`theory.certificates`) against cvxpy, margin bounds, the registry rules inside the radius",
+         "- (arXiv 2606.30265)", "~1 min", section=True),
 ]
 """The steps in run order (``c`` after ``e``: its LM panel reads the rows ``e`` saves)."""
 

@@ -17,6 +17,7 @@ from scipy.optimize import minimize
 from scipy.special import softmax
 
 from ..core.divergences import F_DIVERGENCES
+from ..core.divergences import kl as _kl
 from ..core.exact import induced_distribution
 from ..core.rules import Cactus, Rule
 from ..core.validate import (
@@ -30,7 +31,8 @@ from ..core.validate import (
 __all__ = ["TargetResult", "CouplingResult", "GammaSearchResult", "solve_target", "max_acceptance",
            "MultiCouplingResult", "MultiBoundResult", "MultiTargetResult", "multi_draft_acceptance",
            "max_acceptance_multi", "solve_target_multi", "MULTI_CELLS",
-           "gamma_search", "SOLVER_OPTS", "CVX_DIVERGENCES"]
+           "gamma_search", "SOLVER_OPTS", "CVX_DIVERGENCES", "CertificateResult", "min_divergence_ordered",
+           "level_set_reference", "coverage_reference"]
 
 # Clarabel, tight: the exponential cone stalls near 1e-10, so ask for 1e-11. An "optimal_inaccurate"
 # answer is kept only if our own check finds it feasible (Clarabel sometimes stops at an infeasible,
@@ -462,3 +464,97 @@ def solve_target_multi(p, q, delta: float, num_drafts: int, divergence: str = "k
             break
         sets.append(worst.subset)
     return MultiTargetResult(value=worst.value, h=hv, plan=None, status=status, method="dual", cuts=len(sets))
+
+
+# -- exact KL certificates (theory.certificates): the same minima as convex programs --------------------
+
+@dataclass
+class CertificateResult:
+    """``value = min D(p, q)`` over a union of convex sets, the minimiser ``p`` and the set it lies in (``where``:
+    the rejected greedy token ``y``, or the ``m`` tokens that overtake ``g``)."""
+
+    value: float
+    p: np.ndarray | None
+    where: object
+    status: str
+
+
+def min_divergence_ordered(q, pairs, divergence: str = "kl") -> tuple[float, np.ndarray | None, str]:
+    """``min D(p, q)`` over distributions ``p`` with ``p_a >= p_b`` for every ``(a, b)`` in ``pairs``: one convex
+    program. ``"reverse_kl"`` (``KL(q || p)``): the primal, ``sum rel_entr(q, p)``. ``"kl"`` (``KL(p || q)``, ``p``
+    kept on ``q``'s support): its Lagrange dual, ``max_{lambda >= 0} -log sum_z q_z exp(c_z)`` with ``c = sum_k
+    lambda_k (e_a - e_b)`` (a log-sum-exp program on log scale; strong duality: the constraints are linear); the
+    minimiser is the tilt ``p ~ q exp(c)``. The primal of ``kl`` stalls on near-one-hot rows (Clarabel stops at
+    ``optimal_inaccurate`` up to 1e-3 above the minimum), its dual does not. ``(inf, None, status)`` when no such ``p``
+    has a finite divergence."""
+    q = np.asarray(q, dtype=np.float64)
+    check_probs(q, "q")
+    if divergence not in ("kl", "reverse_kl"):
+        raise ValueError(f"divergence must be 'kl' or 'reverse_kl', got {divergence!r}")
+    V = q.size
+    sup = q > 0
+    if divergence == "kl":
+        if not pairs:
+            return 0.0, q.copy(), "optimal"
+        A = np.zeros((len(pairs), V))
+        for k, (a, b) in enumerate(pairs):
+            A[k, a] += 1.0
+            A[k, b] -= 1.0
+        lam = cp.Variable(len(pairs), nonneg=True)
+        c = A[:, sup].T @ lam
+        prob = cp.Problem(cp.Minimize(cp.log_sum_exp(np.log(q[sup]) + c)))
+        status = _solve(prob, lambda: float(max(0.0, -lam.value.min())) if lam.value is not None else np.inf)
+        if prob.status in ("unbounded", "unbounded_inaccurate") or not np.isfinite(prob.value):
+            return np.inf, None, prob.status
+        x = np.zeros(V)
+        w = np.log(q[sup]) + A[:, sup].T @ np.clip(lam.value, 0, None)
+        x[sup] = np.exp(w - w.max())
+        return max(0.0, -float(prob.value)), x / x.sum(), status
+    p = cp.Variable(V, nonneg=True)
+    cons = [cp.sum(p) == 1] + [p[a] >= p[b] for a, b in pairs]
+    prob = cp.Problem(cp.Minimize(cp.sum(cp.rel_entr(q[sup], p[sup]))), cons)
+
+    def violation() -> float:
+        x = p.value
+        if x is None:
+            return np.inf
+        v = [abs(x.sum() - 1), max(0.0, -x.min())] + [max(0.0, x[b] - x[a]) for a, b in pairs]
+        return float(max(v))
+
+    status = _solve(prob, violation)
+    x = _simplex(p.value)
+    return float(_kl(q, x)), x, status
+
+
+def level_set_reference(q, rejected, divergence: str = "kl") -> CertificateResult:
+    """``min D(p, q)`` over drafts whose greedy token may be a rejected token: the minimum over every rejected
+    ``y`` of the convex program ``p_y >= p_z`` for all ``z`` (``min_divergence_ordered``). The reference of
+    ``certificates.level_set_certificate``."""
+    q = np.asarray(q, dtype=np.float64)
+    V = q.size
+    best = CertificateResult(np.inf, None, None, "nothing rejected")
+    for y in np.flatnonzero(rejected):
+        if divergence == "kl" and q[y] == 0:
+            continue  # p_y = 0 cannot be the top of a distribution
+        value, x, status = min_divergence_ordered(q, [(int(y), z) for z in range(V) if z != y], divergence)
+        if value < best.value:
+            best = CertificateResult(value, x, int(y), status)
+    return best
+
+
+def coverage_reference(q, m: int, divergence: str = "kl") -> CertificateResult:
+    """``min D(p, q)`` over drafts whose top-``m`` candidates may miss ``g = argmax q``: the minimum over every set
+    ``S`` of ``m`` tokens other than ``g`` of the convex program ``p_z >= p_g`` for ``z`` in ``S``. The reference
+    of ``certificates.coverage_certificate``."""
+    from itertools import combinations
+
+    q = np.asarray(q, dtype=np.float64)
+    m = check_positive_int(m, "m")
+    g = int(np.argmax(q))
+    others = [z for z in range(q.size) if z != g]
+    best = CertificateResult(np.inf, None, None, "m >= V" if m > len(others) else "")
+    for S in combinations(others, m):
+        value, x, status = min_divergence_ordered(q, [(z, g) for z in S], divergence)
+        if value < best.value:
+            best = CertificateResult(value, x, S, status)
+    return best
