@@ -208,8 +208,14 @@ def roofline_of(pair, res: dict, prompts, trees, args) -> dict:
     for row in res["rows"]:
         calls = max(1, row["verifier_calls"])
         ctx = prompt_len + row["new_tokens"] / max(1, row["sequences"]) / 2
-        shape = {"tree": by_label[row["k"]]} if isinstance(row["k"], str) else {"k": row["k"]}
+        adaptive = isinstance(row["k"], str) and row["k"] not in by_label  # an adaptive chain: "4 top>=0.3"
+        if adaptive:
+            shape = {"k": int(row["k"].split()[0])}
+        else:
+            shape = {"tree": by_label[row["k"]]} if isinstance(row["k"], str) else {"k": row["k"]}
         costs = step_costs(draft, verifier, ctx, row["steps"] / calls, al=max(1.0, row["al"]), **shape)
+        if adaptive:  # the drafts actually made: the draft steps taken per verifier call, not the cap k
+            costs["draft"] = costs["draft"].times(row["draft_calls"] / calls / shape["k"])
         secs = {ph: row[f"{ph}_seconds"] / calls for ph in ("draft", "verifier", "verify", "bookkeeping")}
         what = row["k"] if isinstance(row["k"], str) else f"k={row['k']}"  # a tree's label names it
         rows = phase_rows(f"{row['rule']} {what} B={row['batch_size']}", secs, costs, roof["bandwidth"],

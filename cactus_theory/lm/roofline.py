@@ -49,7 +49,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from ..core.tree import BudgetTree
+from ..core.tree_shapes import as_tree
 from .cache import tree_sizes
 from .draft import FeatureDraft
 from .llama import Llama
@@ -389,8 +389,9 @@ def step_costs(draft: nn.Module, verifier: Llama, context: float, batch: float =
             draft_c += draft_step_cost(draft, 1, context, batch).times(k - 1)
         N, kept = k, 0.0
     else:
+        tree = as_tree(tree, "tree")
         sizes = tree_sizes(tree)
-        N = tree.kept if isinstance(tree, BudgetTree) else sum(sizes)
+        N = tree.nodes  # verified per step (a BudgetTree grows more than it keeps)
         draft_c = draft_step_cost(draft, al, context, batch)
         for s in sizes[:-1]:
             draft_c += draft_step_cost(draft, s, context, batch, head_rows=s)
