@@ -45,7 +45,7 @@ import port_anchor  # noqa: E402  (tests/ is not a package path when run as a sc
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COPY = ("cactus_theory", "tests", "benchmarks", "pyproject.toml")
 G = "tests/test_port_guards.py"  # the guards added for ports the rest of the suite missed
-TIMEOUT_S = 300
+TIMEOUT_S = 300  # per pytest run (--timeout: a busy machine needs more)
 
 
 @dataclass(frozen=True)
@@ -901,6 +901,9 @@ def baseline(ports: list[Port]) -> None:
     with tempfile.TemporaryDirectory(prefix="mutant-baseline-") as tmp:
         _copy(tmp)
         rc, out = _pytest(tmp, tests)
+    if rc == -1:
+        raise RuntimeError(f"the selected tests did not finish within {TIMEOUT_S} s on an unmodified copy "
+                           f"(a busy machine? pass --timeout)")
     if rc != 0:
         raise RuntimeError("the selected tests fail on an unmodified copy:\n" + out[-3000:])
 
@@ -934,15 +937,18 @@ def _sanity() -> None:
 
 
 def main(argv=None) -> int:
+    global TIMEOUT_S
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ports", default="", help="comma-separated port ids (default: all)")
     ap.add_argument("--workers", type=int, default=2, help="parallel ports (at most 2)")
     ap.add_argument("--check", action="store_true", help="only check the anchors")
     ap.add_argument("--list", action="store_true", help="list the ports")
     ap.add_argument("--no-baseline", action="store_true", help="skip the run on an unmodified copy")
+    ap.add_argument("--timeout", type=float, default=TIMEOUT_S, help="seconds per pytest run (default %(default)s)")
     ap.add_argument("--without-guards", action="store_true",
                     help=f"leave {G} out of every selection (what the suite caught before the guards)")
     args = ap.parse_args(argv)
+    TIMEOUT_S = args.timeout
     ids = [s.strip() for s in args.ports.split(",") if s.strip()]
     known = {p.id for p in PORTS}
     if len(known) != len(PORTS):
