@@ -74,12 +74,12 @@ def _check_choice(value, name: str, choices: tuple) -> None:
 CONVENTIONS = ("ours", "authors")
 """``convention`` of SpS's relatives that the authors' reference code also implements (Cactus, TopK,
 Interpolation, TAS): ``"ours"`` (the conventions of this module's docstring) or ``"authors"`` (the code of
-MANGA-UOFA/Cactus, a patch of vLLM 0.7.3: a drafted token with ``p_n = 0`` is judged by the rule's own test,
+MANGA-UOFA/Cactus, a patch of vLLM: a drafted token with ``p_n = 0`` is judged by the rule's own test,
 and the recovery's degenerate cases follow that code; each class says what changes, docs/production-rules.md
 cites the lines)."""
 
 FLOAT32_TINY = 2.0 ** -126
-"""float32's smallest normal number, ``torch.finfo(torch.float32).tiny``: vLLM 0.7.3's floor on recovery weights
+"""float32's smallest normal number, ``torch.finfo(torch.float32).tiny``: the authors' floor on recovery weights
 (``Interpolation(convention="authors")``) and transformers' "numerically zero" residual (``Ensemble``), both
 computed in float32 upstream; used as the same constant in every dtype (it rounds to 0 in float16)."""
 
@@ -437,8 +437,9 @@ class SpS(ScalingRule):
     """Standard speculative sampling: ``h = q``, ``phi_n = min(1, q_n / p_n)``, ``g_n = (q - p)_+``.
 
     ``rand_bits = b`` (default None: the exact law above): the law of the test ``r <= q_n / p_n`` with ``r``
-    uniform on the grid ``{m 2^-b : m = 0 .. 2^b - 1}``, as transformers up to 5.24 runs it (``r_i <=
-    probability_ratio`` with ``r_i = torch.rand_like``, float32 on the CPU: ``b = 24``):
+    uniform on the grid ``{m 2^-b : m = 0 .. 2^b - 1}``: transformers' assisted sampling test ``r_i <=
+    probability_ratio`` with float32 uniforms ``r_i = torch.rand_like`` is ``b = 24`` (which versions:
+    docs/production-rules.md):
 
         ``phi_n = min(1, (floor(2^b q_n / p_n) + 1) / 2^b)``   (``p_n > 0``),
 
@@ -728,9 +729,8 @@ class TAS(Rule):
     ``q_n > min(epsilon, alpha exp(-H(q)))``; on rejection emit ``argmax q`` (as vLLM does); the bonus
     token is drawn from ``q``.
 
-    Upstream: vLLM ``vllm/model_executor/layers/typical_acceptance_sampler.py`` @ vLLM 0.9.2, the last
-    release that ships it (V0 speculative decoding was removed before 0.10.0; 0.33.0 has no typical
-    acceptance). It accepts iff ``q_n > min(posterior_threshold, posterior_alpha exp(-H))`` with
+    Upstream: vLLM ``vllm/model_executor/layers/typical_acceptance_sampler.py`` (the version matched:
+    docs/production-rules.md). It accepts iff ``q_n > min(posterior_threshold, posterior_alpha exp(-H))`` with
     ``H = -sum_i q_i log(q_i + 1e-5)``, recovers ``argmax q`` (``_get_recovered_token_ids``: first
     maximum on ties, as ``argmax`` here) and takes the bonus token from the target's ordinary sampler
     (``q``). Match: yes with ``entropy_eps=1e-5``; the default ``entropy_eps=0`` is Proposition 4's
@@ -744,7 +744,7 @@ class TAS(Rule):
     Proposition 4: equivalently ``H(e_n, q) = -log q_n < max(-log epsilon, H(q) - log alpha)``
     (see ``cross_entropy_threshold``).
 
-    ``convention="authors"``: the authors' ``tas.py`` runs vLLM 0.7.3's ``TypicalAcceptanceSampler``, which
+    ``convention="authors"``: the authors' ``tas.py`` runs vLLM's ``TypicalAcceptanceSampler``, which
     never reads ``p``: a drafted token with ``p_n = 0`` is accepted iff it passes the test (ours: never). That
     decision has weight ``p_n = 0`` in ``h_alg``, which is ours exactly. The authors' setting is
     ``TAS(entropy_eps=1e-5, convention="authors")``.
@@ -1005,12 +1005,12 @@ class RelaxedAcceptance(Rule):
     as ``q`` to reproduce its decision. Defaults: the values of TensorRT-LLM's DeepSeek-R1 example
     (10, 0.6).
 
-    Upstream: MAX ``max/nn/sampling/rejection_sampler.py`` (``_relaxed_thinking_verdict``) @ max 26.7.0;
+    Upstream: MAX ``max/nn/sampling/rejection_sampler.py`` (``_relaxed_thinking_verdict``);
     TensorRT-LLM ``tensorrt_llm/_torch/speculative/mtp.py`` (``topk_kernel``: ``torch.topk`` of the
     softmax) and ``cpp/tensorrt_llm/kernels/speculativeDecoding/mtpKernels.cu``
     (``mtpRelaxedAcceptanceKernel``: accept iff the draft is one of the ``topk`` ids with value
-    ``>= top1 - delta``; the emitted token after the accepted ones is the top-1 id) in the repository
-    copy this project read (main, 2026; the 1.2.1 wheel was not unpacked). Match: yes, ties aside.
+    ``>= top1 - delta``; the emitted token after the accepted ones is the top-1 id); the versions
+    matched: docs/production-rules.md. Match: yes, ties aside.
     """
 
     topk: int = 10
@@ -1142,7 +1142,7 @@ class FLy(Rule):
     position among the last ``W``, is SpS). The greedy (temperature 0) path is not modelled.
 
     Upstream: vLLM ``vllm/v1/spec_decode/fly.py`` (``compute_fly_entropy``,
-    ``apply_fly_random_acceptance_kernel``) and ``vllm/config/speculative.py`` @ vLLM 0.33.0: native
+    ``apply_fly_random_acceptance_kernel``) and ``vllm/config/speculative.py`` (version: docs/production-rules.md): native
     acceptance ``q_n / p_n >= u``; deferral iff not natively accepted, ``p_n > 0``, ``q_n > 0``,
     ``pos + W < k``, top-k entropy of the processed target probabilities ``>= fly_entropy_threshold``,
     and the next ``W`` drafts natively accepted; recovery and bonus are the native ones (``(q - p)_+``,
@@ -1221,7 +1221,7 @@ class EntropyVerify(Rule):
     Upstream: vllm-project/vllm-ascend ``vllm_ascend/sample/rejection_sampler.py`` (``rejection_random_sample_pytorch``,
     ``ENTROPY_VERIFY``) and ``vllm_ascend/ops/triton/reject_sample.py`` (``rejection_random_sample_kernel``),
     ``vllm_ascend/ascend_config.py`` (``RejectionSamplerConfig``: ``posterior_threshold = 0.95`` in (0, 1],
-    ``posterior_alpha = 0.4`` >= 0) @ main 182b75e (2026-08-22; describe: v0.19.1rc1-1637): accept iff
+    ``posterior_alpha = 0.4`` >= 0) (the commit matched: docs/production-rules.md): accept iff
     ``p_n > 0`` and ``q_n / p_n >= min(exp(-alpha H), threshold) u`` with ``EPSILON = 1e-10`` in the entropy;
     recovery vLLM's ``(q - p)_+`` race. Match: yes where the row ``q`` passed here is the one the entropy is read
     from; upstream reads ``H`` from the softmax of the target's raw logits (before temperature, penalties and
@@ -1487,8 +1487,8 @@ class DropMatch(Rule):
     """DropMatch (Lee et al., "Training-free Dropout Sampling for Semantic Token Acceptance in
     Speculative Decoding", arXiv 2603.03333): Monte Carlo dropout on the verifier's LM head only.
 
-    What the paper states (its abstract; the method section was not reachable from this project's
-    tools, so the formulas below are our reading, marked as such): dropout applied exclusively to the
+    What the paper states (its abstract; the formulas below are our reading, marked as such, see
+    docs/dropmatch.md): dropout applied exclusively to the
     LM head produces several decoding paths; their tokens form an empirical distribution against which
     a draft token is accepted ("matched"); the dropout probability controls how many paths disagree,
     so the accepted set grows where the head is uncertain and stays small where it is confident.

@@ -132,10 +132,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     ``h // (H // Hk)``); ``mask`` (B or 1, 1, W, T) bool, True where query ``i`` may read key ``t``
     (every query must see at least one key). Returns (B, H, W, hd).
 
-    On CPU, bfloat16 inputs are attended in float32 and the result cast back: torch 2.13's bfloat16
-    CPU kernel is several times slower than its float32 one at these sizes (measured on AMD EPYC
-    Zen 5, 2 threads: 6.1 ms against 1.1 ms for a batch of 64 one-token queries over 250 keys), and
-    float32 is the more accurate of the two."""
+    On CPU, bfloat16 inputs are attended in float32 and the result cast back: there the float32 kernel
+    is the faster (timings: docs/decoding.md) and the more accurate of the two."""
     if q.dtype == torch.bfloat16 and q.device.type == "cpu":
         return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask,
                                               enable_gqa=q.shape[1] != k.shape[1]).to(q.dtype)

@@ -56,10 +56,8 @@ TOPK = 32  # teacher tokens kept per position (>= top_k of the sampling, so q' i
 
 def peak_rss_gib() -> float:
     """This process's peak resident memory so far, GiB (``ru_maxrss``; Linux reports KiB). The build
-    no longer serves large allocations from mmap (glibc ``M_MMAP_THRESHOLD`` = 1 MiB, set before to curb
-    heap fragmentation): that made every step fault in fresh pages and the build 2-3x slower (measured:
-    64 transcripts of 40 tokens 15.3 s against 5.6 s; a training step 1.21 s against 0.67 s); the
-    peak is recorded instead."""
+    leaves glibc's mmap threshold as it is (a low one makes every step fault in fresh pages: timings in
+    docs/draft.md) and records the peak instead."""
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
@@ -115,8 +113,8 @@ def _teacher(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def _draw(logits: torch.Tensor, samp: tuple[float, int, float], generator: torch.Generator) -> torch.Tensor:
     """One token per row of ``logits`` (n, V) from ``sampling_probs(logits, *samp)``: (n, 1) int64.
     With top-k on, drawn among the row's top-k logits only (the same ``topk`` call ``sampling_probs``
-    makes, so the same law) instead of over all V: the full-row multinomial was 12-19% of the
-    transcript phase (one 45 ms exponential draw per step at V = 49152, batch 64)."""
+    makes, so the same law) instead of over all V, which is cheaper at a large vocabulary (timings in
+    docs/draft.md)."""
     temperature, top_k, top_p = samp
     if not 0 < top_k < logits.shape[-1]:
         return torch.multinomial(sampling_probs(logits, *samp), 1, generator=generator)
@@ -303,9 +301,9 @@ class _TopLSE(torch.autograd.Function):
     the ``k`` largest values and their rows (``topk``), ``logsumexp`` over the row and ``z`` at
     columns ``at`` (n, K) (``gather``); the backward writes the gradient in one pass,
     ``softmax(z) g_lse``, then adds the top-k and gathered gradients in place (``scatter_add_``, so
-    repeated columns add up as ``gather``'s backward does). Autograd through the three ops allocates
-    and sums three (n, S) gradients (zero fills, scatters, adds): with S = 8,192 that was about a
-    third of a training step (measured: 0.86 s per step before)."""
+    repeated columns add up as ``gather``'s backward does), instead of the three (n, S) gradients
+    (zero fills, scatters, adds) autograd through the three ops allocates and sums (timings in
+    docs/draft.md)."""
 
     @staticmethod
     def forward(ctx, z, k: int, at):
