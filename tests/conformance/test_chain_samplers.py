@@ -68,45 +68,7 @@ def _case(data, rule):
 def test_verify(key):
     """``verify``: one ``[B, k + 1]`` uniform draw (or ``k + 1`` per row from ``RowGenerators``); column ``j``
     accepts position ``j``, column ``k`` draws the recovered or bonus token (the rule's bonus law)."""
-    configs = configurations(key)
-
-    tally = Tally()
-
-    @profile(6)
-    @given(data=st.data())
-    def run(data):
-        rule = configs[data.draw(st.integers(0, len(configs) - 1), label="config")]
-        V, dtype, rng = _case(data, rule)
-        k = data.draw(st.integers(1, 4), label="k")
-        B = data.draw(st.integers(1, 3 if V > 64 else 24), label="B")
-        rows = data.draw(st.booleans(), label="RowGenerators")
-        P, Q, n = chain_rows(rng, B, k, V, float_params(rule, dtype))
-        Pt, Qt = as_tensor(P, dtype), as_tensor(Q, dtype)
-        P, Q = read64(Pt), read64(Qt)
-        bound = rule_for_rows(rule, P, Q[:, :k], rng)
-        hit = getattr(bound, "hit", None)
-        seeds = [int(s) for s in rng.integers(0, 2**62, size=B)]
-        gen = RowGenerators.from_seeds(seeds) if rows else torch.Generator().manual_seed(seeds[0])
-        tokens, acc = verify(torch.from_numpy(n), Pt, Qt, bound, generator=gen)
-        if rows:
-            u = np.stack([torch.rand(k + 1, generator=torch.Generator().manual_seed(s), dtype=torch.float64).numpy()
-                          for s in seeds])
-        else:
-            u = torch.rand((B, k + 1), generator=torch.Generator().manual_seed(seeds[0]), dtype=torch.float64).numpy()
-        judge = tally.judge(tolerance(dtype))
-        for b in range(B):
-            def rule_of(j, b=b):
-                return row_rule(rule, None if hit is None else hit[b, j])
-            want = chain(rule_of, n[b], P[b], Q[b], u[b], u[b, k], judge,
-                         bonus_law=reference_bonus(rule_of(0), Q[b, k]))
-            judge.done(want)
-            if want is not None:
-                assert tokens[b].tolist() == pad_block(want, k + 1), (b, rule, tokens[b].tolist(), want)
-                assert int(acc[b]) == len(want) - 1
-        judge.check_coverage()
-
-    run()
-    tally.check()
+    _check_verify(key, ragged=False, examples=6)
 
 
 @pytest.mark.parametrize("key", RULE_KEYS)
@@ -115,11 +77,17 @@ def test_verify_with_lengths(key):
     ``lengths[b]`` drafts only (the padded positions after them hold rows the walk never reads), the bonus from
     row ``lengths[b]`` of ``q``. Uniforms: one ``[B, k + 1]`` draw, the emitted token at column ``k``; from
     ``RowGenerators``, ``lengths[b] + 1`` per row, the emitted token at column ``lengths[b]``."""
+    _check_verify(key, ragged=True, examples=4)
+
+
+def _check_verify(key, ragged: bool, examples: int) -> None:
+    """``verify`` against the reference chain walk over generated cases; ``ragged``: with per-row ``lengths``
+    (row ``b`` drafted ``m_b`` in 1..k), else every row ``m_b = k`` and no ``lengths`` argument."""
     configs = configurations(key)
 
     tally = Tally()
 
-    @profile(4)
+    @profile(examples)
     @given(data=st.data())
     def run(data):
         rule = configs[data.draw(st.integers(0, len(configs) - 1), label="config")]
@@ -128,14 +96,15 @@ def test_verify_with_lengths(key):
         B = data.draw(st.integers(1, 3 if V > 64 else 24), label="B")
         rows = data.draw(st.booleans(), label="RowGenerators")
         P, Q, n = chain_rows(rng, B, k, V, float_params(rule, dtype))
-        size = rng.integers(1, k + 1, size=B)
+        size = rng.integers(1, k + 1, size=B) if ragged else np.full(B, k)
         Pt, Qt = as_tensor(P, dtype), as_tensor(Q, dtype)
         P, Q = read64(Pt), read64(Qt)
         bound = rule_for_rows(rule, P, Q[:, :k], rng)
         hit = getattr(bound, "hit", None)
         seeds = [int(s) for s in rng.integers(0, 2**62, size=B)]
         gen = RowGenerators.from_seeds(seeds) if rows else torch.Generator().manual_seed(seeds[0])
-        tokens, acc = verify(torch.from_numpy(n), Pt, Qt, bound, generator=gen, lengths=torch.from_numpy(size))
+        lengths = {"lengths": torch.from_numpy(size)} if ragged else {}
+        tokens, acc = verify(torch.from_numpy(n), Pt, Qt, bound, generator=gen, **lengths)
         if not rows:
             u = torch.rand((B, k + 1), generator=torch.Generator().manual_seed(seeds[0]), dtype=torch.float64).numpy()
         judge = tally.judge(tolerance(dtype))
