@@ -514,6 +514,20 @@ def _validate_block(draft_tokens, draft_probs, verifier_probs, rule, generator):
     check_probs(verifier_probs, "verifier_probs")
 
 
+def _block_rows(draft_tokens, draft_probs, verifier_probs):
+    """Both block verifiers' inputs in their compute dtype (float32 for half types): the drafted tokens ``n``
+    [B, k] int64, the draft's and the verifier's rows ``p_rows``, ``q_rows`` [B, k, V] and their values at
+    ``n``, ``p_n``, ``q_n`` [B, k]; on the draft's device."""
+    k = draft_tokens.shape[1]
+    dt = torch.promote_types(draft_probs.dtype, verifier_probs.dtype)
+    dt = torch.float32 if dt in (torch.float16, torch.bfloat16) else dt
+    n = draft_tokens.to(draft_probs.device).long()
+    p_rows, q_rows = draft_probs.to(dt), verifier_probs[:, :k].to(dt)
+    p_n = p_rows.gather(-1, n.unsqueeze(-1)).squeeze(-1)
+    q_n = q_rows.gather(-1, n.unsqueeze(-1)).squeeze(-1)
+    return n, p_rows, q_rows, p_n, q_n
+
+
 def _block_quantities(p_n, q_n, p_rows, q_rows):
     """Block verification's weights, numpy or torch (batch axes first):
 
@@ -582,12 +596,7 @@ def verify_block(
         _validate_block(draft_tokens, draft_probs, verifier_probs, rule, generator)
     B, k = draft_tokens.shape
     dev = draft_probs.device
-    dt = torch.promote_types(draft_probs.dtype, verifier_probs.dtype)
-    dt = torch.float32 if dt in (torch.float16, torch.bfloat16) else dt
-    n = draft_tokens.to(dev).long()
-    p_rows, q_rows = draft_probs.to(dt), verifier_probs[:, :k].to(dt)
-    p_n = p_rows.gather(-1, n.unsqueeze(-1)).squeeze(-1)
-    q_n = q_rows.gather(-1, n.unsqueeze(-1)).squeeze(-1)
+    n, p_rows, q_rows, p_n, q_n = _block_rows(draft_tokens, draft_probs, verifier_probs)
     w, rho, h = _block_quantities(p_n, q_n, p_rows, q_rows)
     gdev = generator.device if generator is not None else dev
     u = torch.rand((B, k + 1), generator=generator, device=gdev, dtype=torch.float64).to(dev)
@@ -597,7 +606,7 @@ def verify_block(
     rows = torch.arange(B, device=dev)
     res = rho[rows, tau.clamp_max(k - 1)]  # [B, V]
     res = torch.where(res.sum(-1, keepdim=True) > 0, res, q_rows[rows, tau.clamp_max(k - 1)])  # a 0-prob event
-    dist = torch.where((tau == k).unsqueeze(-1), verifier_probs[:, k].to(dt), res)
+    dist = torch.where((tau == k).unsqueeze(-1), verifier_probs[:, k].to(p_rows.dtype), res)
     y = sample_rows(dist, u[:, k])
     pos = torch.arange(k + 1, device=dev)
     n_pad = torch.cat([n, n.new_full((B, 1), -1)], 1)
@@ -703,12 +712,7 @@ def verify_block_ascend(
     del scale_rule
     B, k = draft_tokens.shape
     dev = draft_probs.device
-    dt = torch.promote_types(draft_probs.dtype, verifier_probs.dtype)
-    dt = torch.float32 if dt in (torch.float16, torch.bfloat16) else dt
-    n = draft_tokens.to(dev).long()
-    p_rows, q_rows = draft_probs.to(dt), verifier_probs[:, :k].to(dt)
-    p_n = p_rows.gather(-1, n.unsqueeze(-1)).squeeze(-1)
-    q_n = q_rows.gather(-1, n.unsqueeze(-1)).squeeze(-1)
+    n, p_rows, q_rows, p_n, q_n = _block_rows(draft_tokens, draft_probs, verifier_probs)
     w, _, _ = _block_quantities(p_n, q_n, p_rows, q_rows)
     c = _ascend_scales(rule, q_rows)
     c = torch.ones_like(p_n) if c is None else c
@@ -722,7 +726,7 @@ def verify_block_ascend(
     res = (q_rows[rows, j] - p_rows[rows, j]).clamp_min(0)
     res = torch.where(res.sum(-1, keepdim=True) > 0, res, torch.nn.functional.one_hot(torch.zeros_like(j), res.shape[-1])
                       .to(res.dtype))  # an all-zero residual: token 0 (vLLM's race over zeros)
-    dist = torch.where((tau == k).unsqueeze(-1), verifier_probs[:, k].to(dt), res)
+    dist = torch.where((tau == k).unsqueeze(-1), verifier_probs[:, k].to(p_rows.dtype), res)
     y = sample_rows(dist, u[:, k])
     pos = torch.arange(k + 1, device=dev)
     n_pad = torch.cat([n, n.new_full((B, 1), -1)], 1)
