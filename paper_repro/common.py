@@ -173,6 +173,17 @@ def cached_step(ctx: Ctx, name: str, cfg: dict, compute: Callable[[], dict],
     return StepResult(name, d, plot(d, ctx), rows, time.perf_counter() - t0)
 
 
+def write_markdown(name: str, text: Callable[[dict], str]) -> Callable[[dict, Ctx], list[Path]]:
+    """A table step's ``plot`` for ``cached_step``: ``results/<name>.md`` holding ``text(d)``, written atomically."""
+
+    def write(d: dict, ctx: Ctx) -> list[Path]:
+        path = ctx.results / f"{name}.md"
+        atomic_write_text(path, text(d))
+        return [path]
+
+    return write
+
+
 def standalone(run: Callable[[Ctx], StepResult], argv: list[str] | None = None) -> StepResult:
     """``python -m paper_repro.<step> [--fast] [--force]``: run one step on the default paths."""
     import argparse

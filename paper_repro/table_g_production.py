@@ -22,7 +22,14 @@ from cactus_theory import registry
 from cactus_theory.rules import TAS, FLy, MedusaTypical, RelaxedAcceptance, SGLangThreshold
 from cactus_theory.tradeoff import matched_cactus
 
-from .common import Ctx, StepResult, atomic_write_text, cached_step, file_digest, standalone
+from .common import (
+    Ctx,
+    StepResult,
+    cached_step,
+    file_digest,
+    standalone,
+    write_markdown,
+)
 from .fig_c_tradeoff import load_lm_pairs, random_pairs
 
 NAME = "table_g_production"
@@ -98,12 +105,8 @@ def run(ctx: Ctx) -> StepResult:
     cfg = config(ctx)
     note = f"Random pairs: {cfg['R']} rows, V = {cfg['V']}, seed {cfg['seed']}{' (fast mode)' if ctx.fast else ''}."
 
-    def write(d, c):
-        path = c.results / f"{NAME}.md"
-        atomic_write_text(path, render(d, note) + "\n")
-        return [path]
-
-    return cached_step(ctx, NAME, cfg, lambda: compute(ctx, cfg), write, lambda d: [])
+    return cached_step(ctx, NAME, cfg, lambda: compute(ctx, cfg), write_markdown(NAME, lambda d: render(d, note) + "\n"),
+                       lambda d: [])
 
 
 if __name__ == "__main__":

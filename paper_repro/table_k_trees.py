@@ -40,7 +40,15 @@ from cactus_theory.tree import (
     tree_step_law,
 )
 
-from .common import Claim, Ctx, StepResult, atomic_write_text, cached_step, fmt, standalone
+from .common import (
+    Claim,
+    Ctx,
+    StepResult,
+    cached_step,
+    fmt,
+    standalone,
+    write_markdown,
+)
 
 NAME = "table_k_trees"
 EXACT_TOL = 1e-12  # exact checks: float64 sums of a few hundred terms
@@ -306,12 +314,10 @@ def section(d: dict) -> str:
 def run(ctx: Ctx) -> StepResult:
     cfg = config(ctx)
 
-    def write(d, c):
-        path = c.results / f"{NAME}.md"
-        atomic_write_text(path, "# Table k: trees, what the exact laws say\n\n" + section(d).split("\n", 2)[2] + "\n")
-        return [path]
+    def text(d):
+        return "# Table k: trees, what the exact laws say\n\n" + section(d).split("\n", 2)[2] + "\n"
 
-    return cached_step(ctx, NAME, cfg, lambda: compute(cfg), write, claims)
+    return cached_step(ctx, NAME, cfg, lambda: compute(cfg), write_markdown(NAME, text), claims)
 
 
 if __name__ == "__main__":

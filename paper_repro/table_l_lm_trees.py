@@ -40,7 +40,15 @@ from cactus_theory.tree import (
     tree_step_law,
 )
 
-from .common import Claim, Ctx, StepResult, atomic_write_text, cached_step, fmt, standalone
+from .common import (
+    Claim,
+    Ctx,
+    StepResult,
+    cached_step,
+    fmt,
+    standalone,
+    write_markdown,
+)
 from .lm_runs import set_threads
 
 NAME = "table_l_lm_trees"
@@ -365,12 +373,7 @@ def findings(results, claims: list[Claim]) -> list[str]:
 def run(ctx: Ctx) -> StepResult:
     cfg = config(ctx)
 
-    def write(d, c):
-        path = c.results / f"{NAME}.md"
-        atomic_write_text(path, render(d))
-        return [path]
-
-    return cached_step(ctx, NAME, cfg, lambda: compute(ctx, cfg), write, claims)
+    return cached_step(ctx, NAME, cfg, lambda: compute(ctx, cfg), write_markdown(NAME, render), claims)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,15 @@ import os
 
 from cactus_theory.core.sampling import SAMPLING
 
-from .common import Claim, Ctx, Parts, StepResult, atomic_write_text, cached_step, standalone
+from .common import (
+    Claim,
+    Ctx,
+    Parts,
+    StepResult,
+    cached_step,
+    standalone,
+    write_markdown,
+)
 from .lm_runs import set_threads
 
 NAME = "table_m_lossless"
@@ -207,12 +215,7 @@ def findings(results, claims: list[Claim]) -> list[str]:
 def run(ctx: Ctx) -> StepResult:
     cfg = config(ctx)
 
-    def write(d, c):
-        path = c.results / f"{NAME}.md"
-        atomic_write_text(path, render(d))
-        return [path]
-
-    return cached_step(ctx, NAME, cfg, lambda: compute(ctx, cfg), write, claims)
+    return cached_step(ctx, NAME, cfg, lambda: compute(ctx, cfg), write_markdown(NAME, render), claims)
 
 
 if __name__ == "__main__":

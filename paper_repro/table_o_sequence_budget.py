@@ -37,7 +37,15 @@ import numpy as np
 
 from cactus_theory.core.sampling import SAMPLING
 
-from .common import Claim, Ctx, StepResult, atomic_write_text, cached_step, fmt, standalone
+from .common import (
+    Claim,
+    Ctx,
+    StepResult,
+    cached_step,
+    fmt,
+    standalone,
+    write_markdown,
+)
 from .lm_runs import set_threads
 
 NAME = "table_o_sequence_budget"
@@ -312,12 +320,7 @@ def _tally(rows: list[Claim]) -> str:
 def run(ctx: Ctx) -> StepResult:
     cfg = config(ctx)
 
-    def write(d, c):
-        path = c.results / f"{NAME}.md"
-        atomic_write_text(path, render(d))
-        return [path]
-
-    return cached_step(ctx, NAME, cfg, lambda: compute(ctx, cfg), write, claims)
+    return cached_step(ctx, NAME, cfg, lambda: compute(ctx, cfg), write_markdown(NAME, render), claims)
 
 
 if __name__ == "__main__":

@@ -42,7 +42,15 @@ from cactus_theory.claims.ledger import exact_verdict
 from cactus_theory.theory import certificates as C
 from cactus_theory.theory.optimize import coverage_reference, level_set_reference
 
-from .common import Claim, Ctx, StepResult, atomic_write_text, cached_step, fmt, standalone
+from .common import (
+    Claim,
+    Ctx,
+    StepResult,
+    cached_step,
+    fmt,
+    standalone,
+    write_markdown,
+)
 
 NAME = "table_p_certificates"
 PAPER = "not stated (only the abstract of arXiv 2606.30265 was readable here)"
@@ -204,12 +212,7 @@ def claims(d: dict) -> list[Claim]:
 def run(ctx: Ctx) -> StepResult:
     cfg = config(ctx)
 
-    def write(d, c):
-        path = c.results / f"{NAME}.md"
-        atomic_write_text(path, render(d))
-        return [path]
-
-    return cached_step(ctx, NAME, cfg, lambda: compute(cfg), write, claims)
+    return cached_step(ctx, NAME, cfg, lambda: compute(cfg), write_markdown(NAME, render), claims)
 
 
 if __name__ == "__main__":
