@@ -1,12 +1,14 @@
 """Tree shapes without torch: the ``Tree`` protocol every tree kind implements (``StaticTree``,
 ``DynamicTree``, ``BudgetTree``), ``as_tree`` (the one place a public entry point's tree argument,
 a ``Tree`` or a bare ``parents`` sequence, is checked and converted), the candidate schemes and modes,
-the command line's caps and trees (``flag_tree``), and node counts computed arithmetically (a tree of
-depth 10^9 is counted at once, never walked level by level).
+the command line's caps and trees (``flag_tree``), a tree's name and its record in a result (``tree_name``,
+``tree_record``, ``tree_from_record``), and node counts computed arithmetically (a tree of depth 10^9 is
+counted at once, never walked level by level).
 
 The runtime (``lm.loop``, ``lm.cache``), the exact laws (``theory.tree``) and the commands read a tree
 through the protocol only (``depth``, ``nodes``, ``grown``, ``reranks``, ``parents``, ``level_sizes()``,
-``levels()``): a new kind is its class (and its tests), with no dispatch on kinds anywhere else.
+``levels()``): a new kind is its class (and its tests), with no dispatch on kinds anywhere else. A kind that
+results record (the eval's tree rows) also declares its ``kind`` name (``TREE_KINDS``) and a short ``label``.
 ``core.tree`` (the sampler) re-exports everything here; the command line's argument checks read these
 names directly, so a bad tree is refused before torch loads.
 """
@@ -14,7 +16,7 @@ names directly, so a bad tree is refused before torch loads.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import NamedTuple, Protocol, runtime_checkable
 
 from .validate import check_positive_int
@@ -22,7 +24,7 @@ from .validate import check_positive_int
 __all__ = ["SCHEMES", "MODES", "RERANK_SCHEMES", "BUDGET_DEPTH", "BUDGET_TOPK", "MAX_KEPT", "MAX_GROWN", "Tree",
            "Grow", "StaticTree", "DynamicTree", "BudgetTree", "as_tree", "dynamic_tree_nodes", "branching_nodes",
            "check_parents", "node_depths", "chain_parents", "branching_parents", "check_scheme", "check_tree_scheme",
-           "check_caps", "flag_tree"]
+           "check_caps", "flag_tree", "TREE_KINDS", "tree_name", "tree_record", "tree_from_record"]
 
 SCHEMES = ("iid", "without_replacement", "deterministic", "eagle")
 MODES = ("rounds", "joint")
@@ -175,11 +177,17 @@ class StaticTree:
 
     parents: tuple[int, ...]
     reranks = False  # a plain class attribute, not a dataclass field
+    kind = "static"  # its name in a result's record (``tree_record``)
 
     def __post_init__(self):
         par = check_parents(self.parents)
         node_depths(par, "parents")
         object.__setattr__(self, "parents", par)
+
+    @property
+    def label(self) -> str:
+        """Its name in tables: ``static tree`` and its parents (two static trees differ in their parents)."""
+        return f"static tree {','.join(map(str, self.parents))}"
 
     @property
     def depth(self) -> int:
@@ -222,10 +230,16 @@ class DynamicTree:
     children: int
     reranks = False  # a plain class attribute, not a dataclass field
     parents = None  # the shape depends on the draws
+    kind = "dynamic"  # its name in a result's record (``tree_record``)
 
     def __post_init__(self):
         for name in ("depth", "width", "children"):
             object.__setattr__(self, name, check_positive_int(getattr(self, name), name))
+
+    @property
+    def label(self) -> str:
+        """Its name in tables: ``dynamic tree depth/width/children``."""
+        return f"dynamic tree {self.depth}/{self.width}/{self.children}"
 
     def level_sizes(self) -> tuple[int, ...]:
         """Nodes per level: ``children``, then ``min(width, previous level) * children`` (one entry
@@ -272,6 +286,7 @@ class BudgetTree:
     topk: int = BUDGET_TOPK
     reranks = True  # a plain class attribute, not a dataclass field
     parents = None  # the shape depends on the draft's laws
+    kind = "budget"  # its name in a result's record (``tree_record``: left out there, see ``RECORD_DEFAULT_KIND``)
 
     def __post_init__(self):
         for name in ("nodes", "depth", "topk"):
@@ -279,6 +294,11 @@ class BudgetTree:
         if self.nodes > self.grown:  # never verify fewer nodes than asked without saying so
             raise ValueError(f"nodes = {self.nodes} exceeds the {self.grown} nodes a tree of depth {self.depth} and "
                              f"top-{self.topk} grows: lower nodes or raise depth / topk")
+
+    @property
+    def label(self) -> str:
+        """Its name in tables (the eval's tree rows since issue 19): ``EAGLE-2 tree nodes/depth/topk``."""
+        return f"EAGLE-2 tree {self.nodes}/{self.depth}/{self.topk}"
 
     @property
     def width(self) -> int:
@@ -360,3 +380,48 @@ def flag_tree(kind: str, nums: Sequence[int], shape: str) -> Tree:
         return make(nums)
     except (ValueError, TypeError) as e:
         raise ValueError(f"{shape}: {e}") from None
+
+
+# -- a tree in a result: its name and its record ---------------------------------------------------------
+
+TREE_KINDS = {"static": StaticTree, "dynamic": DynamicTree, "budget": BudgetTree}  # the kinds results record
+RECORD_DEFAULT_KIND = "budget"  # a record without "kind": the eval recorded only BudgetTrees before other kinds
+
+
+def _recorded_kind(tree) -> str:
+    """The declared ``kind`` of a tree that results can record (one of ``TREE_KINDS``); ``ValueError`` otherwise."""
+    kind = getattr(tree, "kind", None)
+    if TREE_KINDS.get(kind) is not type(tree):
+        raise ValueError(f"a recorded tree must be one of the kinds {tuple(TREE_KINDS)} (core.tree_shapes), "
+                         f"got {tree!r}")
+    return kind
+
+
+def tree_name(tree) -> str:
+    """A tree's short name in tables and method labels (its kind's ``label``): ``EAGLE-2 tree 12/5/4``,
+    ``dynamic tree 3/2/2``, ``static tree -1,-1,0,0``; distinct trees have distinct names."""
+    _recorded_kind(tree)
+    return tree.label
+
+
+def tree_record(tree) -> dict:
+    """What a result records of a tree (JSON: its fields, tuples as lists, and its ``kind``), rebuilt by
+    ``tree_from_record``. A ``BudgetTree`` records ``{"nodes", "depth", "topk"}`` without a kind, as results did
+    before the other kinds could be recorded (``RECORD_DEFAULT_KIND``), so those records read the same."""
+    kind = _recorded_kind(tree)
+    params = {f.name: (list(v) if isinstance(v := getattr(tree, f.name), tuple) else v) for f in fields(tree)}
+    return params if kind == RECORD_DEFAULT_KIND else {"kind": kind, **params}
+
+
+def tree_from_record(record: dict) -> Tree:
+    """The tree ``tree_record`` recorded (keys other than its kind's fields, e.g. the eval's ``scheme``, are
+    ignored); ``ValueError`` for an unknown kind or missing fields."""
+    kind = record.get("kind", RECORD_DEFAULT_KIND)
+    if kind not in TREE_KINDS:
+        raise ValueError(f"tree record: kind must be one of {tuple(TREE_KINDS)}, got {kind!r}")
+    cls = TREE_KINDS[kind]
+    names = [f.name for f in fields(cls)]
+    missing = [n for n in names if n not in record]
+    if missing:
+        raise ValueError(f"tree record of kind {kind!r} lacks {missing}: {record!r}")
+    return cls(**{n: record[n] for n in names})

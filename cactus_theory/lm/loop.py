@@ -3,11 +3,23 @@
 One step, for every unfinished row (``_speculative_rows``, in the spirit of gpt-fast's
 ``speculative_decode``)::
 
-    drafts, p = drafter.propose(k)            # n_1..n_k ~ p(. | prefix, n_<j), with their laws
-    logits = target.score(drafts)             # ONE verifier forward over [pending, n_1..n_k]
+    drafts, p = drafter.propose(k)            # draft: n_1..n_k ~ p(. | prefix, n_<j), with their laws
+    logits = target.score(drafts)             # score: ONE verifier forward over [pending, n_1..n_k]
     q = sampling_probs(logits)                # the same transforms as p (temperature, top-k, top-p)
-    tokens, a = verify(drafts, p, q, rule)    # the rule's own code accepts a drafts, emits one more
-    target.advance(a, tokens[a]); drafter.advance(a, tokens, features)
+    tokens, a = verify(drafts, p, q, rule)    # verify: the rule's own code accepts a drafts, emits one more
+    target.advance(a, tokens[a]); drafter.advance(a, tokens, features)    # advance
+    _count(ctx, rows, a, kept, n, nll, kl=...)                            # count
+
+**What a step reads** is named once per batch: a ``DecodeContext`` (the runtime draft and verifier, ``max_new``,
+the sampling transforms, the run's ``DecodeStats``, EOS, the observer, and per batch its generator and its
+rows' ``SequenceCounters``), built by each entry point and specialised per batch by ``_run``
+(``DecodeContext.for_batch``); the loops (``_speculative_rows``, ``_tree_rows``, ``_autoregressive_rows``) take
+it and their method's own arguments only. Its ``PhaseTimer`` times each step's phases (``with
+timer.phase("draft")``: ``draft``, ``verifier``, ``verify``, ``metric``) into ``DecodeStats``; the metric time
+(NLL, step KL) is left out of ``stats.seconds`` and of each sequence's ``seconds`` (``_run``). Every loop keeps
+its counters through one function, ``_count`` (steps, accepted, drafted, judged, NLL of the kept tokens, and the
+KL of judged kept positions from a KL source: the chain's exact step KL ``_step_kls``, the tree's charged node
+costs ``_node_costs``; the verifier alone counts steps that accept and draft nothing).
 
 **Adaptive draft length** (``draft_stop=``, a ``core.draft_stop.DraftStop``): each row stops drafting its
 block once the draft's signal (its next law's top probability, or its path probability) falls below a
@@ -37,14 +49,15 @@ topological ``parents`` listed level by level) or dynamic (``core.tree.DynamicTr
 children)``: the root gets ``children`` candidates, then at each level the ``width`` nodes of highest
 draft path probability get ``children`` each; per-row parents, nothing pruned after drawing, so the
 lossless schemes stay lossless) or EAGLE-2's re-ranked ``core.tree.BudgetTree``; any ``core.tree.Tree``
-(the protocol of ``core.tree_shapes``: the loop reads its node counts and levels, never its kind). Tree attention and the cache compaction to the
-accepted path are ``Llama.forward_tree`` / ``KVCache.keep_path`` on the compact Llama (other Hugging
-Face models, or ``compact=False``: a 4D mask through their own forward, the unkept slots masked out,
-``cache._HFStream``); the EAGLE-3-style feature draft grows the tree
-with the head's ``tree_step`` (each node reads its parent's output and its token) and takes the
-verifier's features along the accepted path. First token, EOS, ragged rows and finished rows as in the chain
-loop (``_first_tokens``, ``_emit``, ``_drop_finished``). AL is tokens per verifier call, bonus
-included; ``drafted`` counts the N nodes of each tree, ``judged`` the path plus one.
+(the protocol of ``core.tree_shapes``: the loop reads its node counts and levels, never its kind). Tree
+attention and the cache compaction to the accepted path are ``Llama.forward_tree`` / ``KVCache.keep_path``
+on the compact Llama (other Hugging Face models, or ``compact=False``: a 4D mask through their own forward,
+the unkept slots masked out, ``cache._HFStream``); the EAGLE-3-style feature draft grows the tree with the
+head's ``tree_step`` (each node reads its parent's output and its token) and takes the verifier's features
+along the accepted path. First token, EOS, ragged rows and finished rows as in the chain
+loop (``_first_tokens``, ``_emit``, ``_drop_finished``), counted by the same ``_count``. AL is tokens per
+verifier call, bonus included; ``drafted`` counts the N nodes of each tree, ``judged`` the path plus one, and
+under a stateful rule (``SequenceBudget``) the KL is its nodes' charged costs along the path.
 
 SpS with ``"iid"``, ``"without_replacement"`` or ``"deterministic"`` emits exactly the verifier's
 law (``theory.tree``; tests on tiny Llama pairs); any rule emits ``theory.tree.tree_sequence_law``.
@@ -55,7 +68,7 @@ from __future__ import annotations
 import contextlib
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -162,9 +175,103 @@ def runtime_models(pair: ModelPair, compact: bool = True):
     return run_as(pair.draft), run_as(pair.verifier)
 
 
-def _emit(out, rows, toks, counts, eos, max_new) -> tuple[list[int], torch.Tensor]:
-    """Append each row's emitted tokens (cut after EOS and at the budget); return how many each row
+# -- what a batch's decode reads: its context, the phase timer, the one counting path -------------------
+
+_PHASES = ("draft", "verifier", "verify", "metric")
+
+
+class PhaseTimer:
+    """Wall-clock seconds of a decode step's phases, added to the run's ``DecodeStats``: ``"draft"`` (draft
+    forwards and sampling: ``draft_seconds``), ``"verifier"`` (its forward and the transforms of ``q``:
+    ``verifier_seconds``), ``"verify"`` (the sampler: ``verify_seconds``) and ``"metric"`` (NLL and step KL:
+    ``metric_seconds``, which ``_run`` takes out of ``seconds`` and of each sequence's share)::
+
+        with timer.phase("draft"):
+            drafts, p, size = drafter.propose(k, sampling, gen, stop)
+    """
+
+    def __init__(self, stats: DecodeStats):
+        self.stats = stats
+
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        if name not in _PHASES:
+            raise ValueError(f"phase must be one of {_PHASES}, got {name!r}")
+        field_name = f"{name}_seconds"
+        t0 = time.perf_counter()
+        yield
+        setattr(self.stats, field_name, getattr(self.stats, field_name) + (time.perf_counter() - t0))
+
+
+@dataclass(frozen=True, eq=False)
+class DecodeContext:
+    """What every step of a batch reads, named once: the runtime ``draft`` (None when the verifier decodes
+    alone) and ``verifier`` modules (``runtime_models``), ``max_new`` tokens per row, the ``sampling``
+    transforms ``(temperature, top_k, top_p)``, the run's ``stats``, the ``eos`` token and the ``observer``
+    (None, or the audit's: ``speculative_generate``); then, per batch (``for_batch``, called by ``_run``), its
+    random source ``gen`` (the run's generator, or the batch's ``RowGenerators``) and the ``per_seq`` counters
+    of its rows. ``timer`` times each step's phases into ``stats`` (``PhaseTimer``)."""
+
+    draft: torch.nn.Module | None
+    verifier: torch.nn.Module
+    max_new: int
+    sampling: tuple
+    stats: DecodeStats
+    eos: int | None = None
+    observer: object = None
+    gen: torch.Generator | RowGenerators | None = None
+    per_seq: list = field(default_factory=list)
+    timer: PhaseTimer = field(init=False, repr=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "timer", PhaseTimer(self.stats))
+
+    def for_batch(self, gen, per_seq: list) -> DecodeContext:
+        """This context for one batch: its random source and its rows' counters."""
+        return replace(self, gen=gen, per_seq=per_seq)
+
+
+def _count(ctx: DecodeContext, rows, a, kept, n, nll, *, judged=None, kl=None) -> None:
+    """The one place a decode step's counters are kept (the chain, the tree and the verifier alone). For each
+    running row ``i`` (sequence ``rows[i]`` of the batch): one step, ``a[i]`` accepted drafts, ``n[i]`` drafted
+    (the chain's ``k`` or its adaptive length, the tree's N nodes, 0 for the verifier alone), ``judged[i]``
+    positions judged (default ``min(a + 1, n)``: the accepted drafts and the rejected one; a tree judges its path
+    plus one), the verifier NLL ``nll[i][:kept[i]]`` of the ``kept[i]`` tokens the row kept and, given a KL source
+    ``kl(i, j)``, the KL of every judged position ``j`` whose output was kept (``None``: skipped, counted in
+    ``stats.kl_skipped``): the chain's exact step KL (``_step_kls``), the tree's charged node costs
+    (``_node_costs``)."""
+    for i, b in enumerate(rows):
+        c = ctx.per_seq[b]
+        judge = min(a[i] + 1, n[i]) if judged is None else judged[i]
+        c.steps += 1
+        c.accepted += a[i]
+        c.drafted += n[i]
+        c.judged += judge
+        c.nll_sum += sum(nll[i][:kept[i]])
+        c.nll_count += kept[i]
+        if kl is None:
+            continue
+        for j in range(min(judge, kept[i])):
+            v = kl(i, j)
+            if v is None:
+                ctx.stats.kl_skipped += 1
+            else:
+                c.kl_sum += v
+                c.kl_count += 1
+
+
+def _step_kls(rule, state, p, q):
+    """The chain's KL source for ``_count``: the exact step KL at judged position ``j`` of row ``i``, of the rule
+    that judged it (under a stateful rule, the Cactus its plan gave that position: ``state.last.at``), from the
+    step's ``(p, q)`` in float64 (``metrics.step_kl``; None where it is skipped)."""
+    P, Q = p.cpu().double().numpy(), q.cpu().double().numpy()
+    return lambda i, j: step_kl(rule if state is None else state.last.at(i, j), P[i, j], Q[i, j])
+
+
+def _emit(ctx: DecodeContext, out, rows, toks, counts) -> tuple[list[int], torch.Tensor]:
+    """Append each row's emitted tokens (cut after EOS and at ``max_new``); return how many each row
     kept and a mask of rows still running."""
+    eos, max_new = ctx.eos, ctx.max_new
     kept, alive = [], []
     toks_l, counts_l = toks.tolist(), counts.tolist()
     for i, b in enumerate(rows):
@@ -196,74 +303,72 @@ def _per_row(gen) -> list:
     return [gen] if isinstance(gen, RowGenerators) else []
 
 
-def _first_tokens(target, ids, lens, sampling, gen, out, per_seq, stats, eos, max_new, obs=None):
+def _first_tokens(ctx: DecodeContext, target, ids, lens, out):
+    """The prompts' prefill and each row's first token, drawn from the verifier (as when it decodes alone), its
+    NLL counted. Returns (the first tokens, the verifier's features, the rows still running)."""
     logits, feats = target.prefill(ids, lens)
-    stats.prefill_calls += 1
-    p = sampling_probs(logits, *sampling)
-    first = draw(p, gen)
+    ctx.stats.prefill_calls += 1
+    p = sampling_probs(logits, *ctx.sampling)
+    first = draw(p, ctx.gen)
     rows = list(range(len(out)))
-    if obs is not None:
-        obs.first(rows, p, first)
-    kept, alive = _emit(out, rows, first[:, None], torch.ones_like(first), eos, max_new)
+    if ctx.observer is not None:
+        ctx.observer.first(rows, p, first)
+    kept, alive = _emit(ctx, out, rows, first[:, None], torch.ones_like(first))
     nll = nll_of(logits[:, None], first[:, None])[:, 0].tolist()
     for b in rows:
-        per_seq[b].nll_sum += nll[b]
-        per_seq[b].nll_count += 1
+        ctx.per_seq[b].nll_sum += nll[b]
+        ctx.per_seq[b].nll_count += 1
     target.pending = first
     return first, feats, alive
 
 
-def _start(draft, verifier, prompts, width, max_new, sampling, gen, stats, per_seq, eos, obs=None):
+def _start(ctx: DecodeContext, prompts, width: int):
     """Both loops' first step: caches for ``width`` drafted positions per step, the prompts' prefill and
     first tokens (from the verifier), the drafter started on them. Returns (device, drafter, target,
     the per-row outputs, the rows still running)."""
-    dev = _device(verifier)
+    dev = _device(ctx.verifier)
     B = len(prompts)
-    ids, lens = right_pad(prompts, eos or 0, dev)
-    cap = int(lens.max()) + max_new + width + 2
-    drafter = make_drafter(draft, B, cap, dev)
-    target = Target(verifier, B, cap, dev, drafter.feature_layers if drafter.needs_features else ())
+    ids, lens = right_pad(prompts, ctx.eos or 0, dev)
+    cap = int(lens.max()) + ctx.max_new + width + 2
+    drafter = make_drafter(ctx.draft, B, cap, dev)
+    target = Target(ctx.verifier, B, cap, dev, drafter.feature_layers if drafter.needs_features else ())
     out: list[list[int]] = [[] for _ in range(B)]
-    first, feats, alive = _first_tokens(target, ids, lens, sampling, gen, out, per_seq, stats, eos, max_new, obs)
+    first, feats, alive = _first_tokens(ctx, target, ids, lens, out)
     drafter.start(ids, lens, first, feats)
-    return dev, drafter, target, out, _drop_finished(alive, list(range(B)), [target, drafter, *_per_row(gen)], dev)
+    return dev, drafter, target, out, _drop_finished(alive, list(range(B)), [target, drafter, *_per_row(ctx.gen)],
+                                                     dev)
 
 
 @torch.inference_mode()
-def _speculative_rows(draft, verifier, prompts, rule, k, max_new, sampling, gen, stats, per_seq, track_kl, eos,
-                      obs=None, stop: DraftStop | None = None):
-    dev, drafter, target, out, rows = _start(draft, verifier, prompts, k, max_new, sampling, gen, stats, per_seq, eos,
-                                             obs)
-    tap = HeadTap(verifier) if rule.reads_head else None  # the head's input, only for a rule that reads it
-    state = _budget_state(rule, rows, out, max_new)
+def _speculative_rows(ctx: DecodeContext, prompts, rule, k: int, track_kl: bool, stop: DraftStop | None):
+    """One batch of the chain loop (module docstring): draft, score, verify, advance, count, until every row
+    has stopped. Returns the rows' tokens."""
+    dev, drafter, target, out, rows = _start(ctx, prompts, k)
+    sampling, gen, timer = ctx.sampling, ctx.gen, ctx.timer
+    tap = HeadTap(ctx.verifier) if rule.reads_head else None  # the head's input, only for a rule that reads it
+    state = _budget_state(rule, rows, out, ctx.max_new)
     while rows:
-        t0 = time.perf_counter()
-        # (n, J), (n, J, V), (n,) drafts per row (None with a fixed k: J = k); J the longest row
-        drafts, p, size = drafter.propose(k, sampling, gen, stop)
-        t1 = time.perf_counter()
-        with tap if tap is not None else contextlib.nullcontext():
-            logits, feats = target.score(drafts)  # (n, J + 1, V)
-        q = sampling_probs(logits, *sampling)
-        t2 = time.perf_counter()
-        step = VerifierStep(drafts.shape[1], sampling, gen, logits, tap)
-        ragged = {} if size is None else {"lengths": size}
-        tokens, a = verify(drafts, p, q, rule.bind(step), generator=gen, check=False, **_carry(state), **ragged)
-        t3 = time.perf_counter()
-        if obs is not None:
-            obs.chain(rows, drafts, p, q, tokens, a, **ragged)
-        last = tokens.gather(1, a[:, None])[:, 0]
-        target.advance(a, last)
+        with timer.phase("draft"):  # (n, J), (n, J, V), (n,) drafts per row (None with a fixed k: J = k); J the longest
+            drafts, p, size = drafter.propose(k, sampling, gen, stop)
+        with timer.phase("verifier"):
+            with tap if tap is not None else contextlib.nullcontext():
+                logits, feats = target.score(drafts)  # (n, J + 1, V)
+            q = sampling_probs(logits, *sampling)
+        with timer.phase("verify"):
+            step = VerifierStep(drafts.shape[1], sampling, gen, logits, tap)
+            ragged = {} if size is None else {"lengths": size}
+            tokens, a = verify(drafts, p, q, rule.bind(step), generator=gen, check=False, **_carry(state), **ragged)
+        if ctx.observer is not None:
+            ctx.observer.chain(rows, drafts, p, q, tokens, a, **ragged)
+        target.advance(a, tokens.gather(1, a[:, None])[:, 0])
         drafter.advance(a, tokens, feats)
-        kept, alive = _emit(out, rows, tokens, a + 1, eos, max_new)
-        stats.draft_seconds += t1 - t0
-        stats.verifier_seconds += t2 - t1
-        stats.verify_seconds += t3 - t2
-        stats.draft_calls += drafter.forwards
-        stats.verifier_calls += 1
-        t4 = time.perf_counter()
-        n = [k] * len(rows) if size is None else size.tolist()
-        _count(stats, per_seq, rows, a.tolist(), kept, n, logits, tokens, p, q, rule, track_kl, state)
-        stats.metric_seconds += time.perf_counter() - t4
+        kept, alive = _emit(ctx, out, rows, tokens, a + 1)
+        ctx.stats.draft_calls += drafter.forwards
+        ctx.stats.verifier_calls += 1
+        with timer.phase("metric"):
+            n = [k] * len(rows) if size is None else size.tolist()
+            nll = nll_of(logits, tokens).tolist()
+            _count(ctx, rows, a.tolist(), kept, n, nll, kl=_step_kls(rule, state, p, q) if track_kl else None)
         rows = _drop_finished(alive, rows, [target, drafter, *_per_row(gen), *_carried(state)], dev)
     return out
 
@@ -321,63 +426,32 @@ class VerifierStep:
         return self._head().bias
 
 
-def _count(stats, per_seq, rows, a, kept, n, logits, tokens, p, q, rule, track_kl, state=None) -> None:
-    """Counters of one step (``n[i]``: the drafts row ``i`` made, ``k`` unless the draft length is adaptive):
-    AL / acceptance counts, the verifier NLL of kept tokens and, if
-    ``track_kl``, the exact step KL at every judged position whose output was kept (under a stateful rule,
-    of the Cactus each position was judged with, recomputed from ``(p, q)``: ``state.last.at``)."""
-    nll = nll_of(logits, tokens).tolist()
-    P = Q = None
-    if track_kl:
-        P, Q = p.cpu().double().numpy(), q.cpu().double().numpy()
-    for i, b in enumerate(rows):
-        c = per_seq[b]
-        judged = min(a[i] + 1, n[i])
-        c.steps += 1
-        c.accepted += a[i]
-        c.drafted += n[i]
-        c.judged += judged
-        c.nll_sum += sum(nll[i][:kept[i]])
-        c.nll_count += kept[i]
-        if track_kl:
-            for j in range(min(judged, kept[i])):
-                v = step_kl(rule if state is None else state.last.at(i, j), P[i, j], Q[i, j])
-                if v is None:
-                    stats.kl_skipped += 1
-                else:
-                    c.kl_sum += v
-                    c.kl_count += 1
-
-
 @torch.inference_mode()
-def _autoregressive_rows(verifier, prompts, max_new, sampling, gen, stats, per_seq, eos, obs=None):
-    dev = _device(verifier)
+def _autoregressive_rows(ctx: DecodeContext, prompts):
+    """One batch of the verifier decoding alone: one forward and one draw per token, counted as steps that
+    accept and draft nothing (``_count``). Returns the rows' tokens."""
+    dev = _device(ctx.verifier)
     B = len(prompts)
-    ids, lens = right_pad(prompts, eos or 0, dev)
-    target = Target(verifier, B, int(lens.max()) + max_new + 2, dev)
+    ids, lens = right_pad(prompts, ctx.eos or 0, dev)
+    target = Target(ctx.verifier, B, int(lens.max()) + ctx.max_new + 2, dev)
     out: list[list[int]] = [[] for _ in range(B)]
-    _, _, alive = _first_tokens(target, ids, lens, sampling, gen, out, per_seq, stats, eos, max_new, obs)
-    rows = _drop_finished(alive, list(range(B)), [target, *_per_row(gen)], dev)
+    _, _, alive = _first_tokens(ctx, target, ids, lens, out)
+    rows = _drop_finished(alive, list(range(B)), [target, *_per_row(ctx.gen)], dev)
     zero = torch.zeros(B, dtype=torch.long, device=dev)
     while rows:
-        t1 = time.perf_counter()
-        logits, _ = target.score(None)  # (n, 1, V)
-        q = sampling_probs(logits[:, 0], *sampling)  # (n, V)
-        t = draw(q, gen)[:, None]  # (n, 1)
-        stats.verifier_seconds += time.perf_counter() - t1
-        stats.verifier_calls += 1
-        if obs is not None:
-            obs.plain(rows, q, t[:, 0])
+        with ctx.timer.phase("verifier"):
+            logits, _ = target.score(None)  # (n, 1, V)
+            q = sampling_probs(logits[:, 0], *ctx.sampling)  # (n, V)
+            t = draw(q, ctx.gen)[:, None]  # (n, 1)
+        ctx.stats.verifier_calls += 1
+        if ctx.observer is not None:
+            ctx.observer.plain(rows, q, t[:, 0])
         target.advance(zero[:len(rows)], t[:, 0])
-        kept, alive = _emit(out, rows, t, torch.ones(len(rows), dtype=torch.long), eos, max_new)
-        t4 = time.perf_counter()
-        nll = nll_of(logits, t)[:, 0].tolist()
-        for i, b in enumerate(rows):
-            per_seq[b].steps += 1
-            per_seq[b].nll_sum += nll[i] * kept[i]
-            per_seq[b].nll_count += kept[i]
-        stats.metric_seconds += time.perf_counter() - t4
-        rows = _drop_finished(alive, rows, [target, *_per_row(gen)], dev)
+        kept, alive = _emit(ctx, out, rows, t, torch.ones(len(rows), dtype=torch.long))
+        with ctx.timer.phase("metric"):
+            none = [0] * len(rows)
+            _count(ctx, rows, none, kept, none, nll_of(logits, t).tolist())
+        rows = _drop_finished(alive, rows, [target, *_per_row(ctx.gen)], dev)
     return out
 
 
@@ -390,20 +464,24 @@ def _check_seeds(seeds, n: int) -> list[int] | None:
     return [int(x) for x in seeds]
 
 
-def _run(pair, prompts, max_new_tokens, batch_size, seed, chat, stats, body, seeds=None, observer=None) -> DecodeResult:
-    ids = prepare_prompts(pair, prompts, max_new_tokens, chat)
+def _run(pair, prompts, ctx: DecodeContext, body, *, batch_size: int, seed: int, chat: bool, seeds) -> DecodeResult:
+    """Decode ``prompts`` ``batch_size`` at a time: ``body(ctx.for_batch(gen, counters), batch)`` (one of the
+    ``_*_rows``) returns each row's tokens; then each sequence's share of its batch's time and the run's totals
+    (``stats.seconds`` and the shares without the metric time)."""
+    ids = prepare_prompts(pair, prompts, ctx.max_new, chat)
     seeds = _check_seeds(seeds, len(ids))
     dev = _device(pair.verifier)
     gen = torch.Generator(dev).manual_seed(int(seed))
+    stats = ctx.stats
     tokens: list[list[int]] = []
     per_seq = [SequenceCounters() for _ in ids]
     t0 = time.perf_counter()
     for s in range(0, len(ids), batch_size):
         chunk, t1, m1 = per_seq[s:s + batch_size], time.perf_counter(), stats.metric_seconds
         rng = gen if seeds is None else RowGenerators.from_seeds(seeds[s:s + batch_size], dev)
-        if observer is not None:
-            observer.batch(s, ids[s:s + batch_size])
-        tokens += body(ids[s:s + batch_size], rng, chunk)
+        if ctx.observer is not None:
+            ctx.observer.batch(s, ids[s:s + batch_size])
+        tokens += body(ctx.for_batch(rng, chunk), ids[s:s + batch_size])
         for c in chunk:
             c.seconds = (time.perf_counter() - t1 - (stats.metric_seconds - m1)) / len(chunk)
     stats.seconds = time.perf_counter() - t0 - stats.metric_seconds
@@ -454,9 +532,9 @@ def speculative_generate(pair: ModelPair, prompts, rule: Rule | str, k: int = 4,
     stats = DecodeStats("speculative", rule=repr(rule), k=k)
     sampling = (temperature, top_k, top_p)
     draft, verifier = runtime_models(pair, compact)
-    return _run(pair, prompts, max_new_tokens, batch_size, seed, chat, stats,
-                lambda b, gen, ps: _speculative_rows(draft, verifier, b, rule, k, max_new_tokens, sampling, gen, stats,
-                                                     ps, track_kl, pair.eos_token_id, observer, stop), seeds, observer)
+    ctx = DecodeContext(draft, verifier, max_new_tokens, sampling, stats, pair.eos_token_id, observer)
+    return _run(pair, prompts, ctx, lambda c, batch: _speculative_rows(c, batch, rule, k, track_kl, stop),
+                batch_size=batch_size, seed=seed, chat=chat, seeds=seeds)
 
 
 def autoregressive_generate(pair: ModelPair, prompts, max_new_tokens: int = 64,
@@ -469,9 +547,8 @@ def autoregressive_generate(pair: ModelPair, prompts, max_new_tokens: int = 64,
     stats = DecodeStats("autoregressive")
     sampling = (temperature, top_k, top_p)
     _, verifier = runtime_models(pair, compact)
-    return _run(pair, prompts, max_new_tokens, batch_size, seed, chat, stats,
-                lambda b, gen, ps: _autoregressive_rows(verifier, b, max_new_tokens, sampling, gen, stats, ps,
-                                                        pair.eos_token_id, observer), seeds, observer)
+    ctx = DecodeContext(None, verifier, max_new_tokens, sampling, stats, pair.eos_token_id, observer)
+    return _run(pair, prompts, ctx, _autoregressive_rows, batch_size=batch_size, seed=seed, chat=chat, seeds=seeds)
 
 
 @torch.inference_mode()
@@ -511,55 +588,52 @@ def check_tree(tree):
 
 
 @torch.inference_mode()
-def _tree_rows(draft, verifier, prompts, rules, tree, scheme, mode, max_new, sampling, gen, stats, per_seq,
-               eos, obs=None):
+def _tree_rows(ctx: DecodeContext, prompts, rules, tree, scheme: str, mode: str):
+    """One batch of the tree loop (module docstring): draft a tree, score it, verify it, advance along the
+    accepted path, count, until every row has stopped. Returns the rows' tokens."""
     N, grown = tree_nodes(tree)
-    dev, drafter, target, out, rows = _start(draft, verifier, prompts, grown + 1, max_new, sampling, gen, stats,
-                                             per_seq, eos, obs)
-    # draft forwards per step: the pending tokens, then each level but the last
-    levels = tree.depth
-    state = _budget_state(rules[0], rows, out, max_new)
+    dev, drafter, target, out, rows = _start(ctx, prompts, grown + 1)
+    sampling, gen, timer = ctx.sampling, ctx.gen, ctx.timer
+    levels = tree.depth  # draft forwards per step: the pending tokens, then each level but the last
+    state = _budget_state(rules[0], rows, out, ctx.max_new)
     while rows:
-        t0 = time.perf_counter()
-        tokens, par, p = drafter.propose_tree(tree, scheme, sampling, gen)  # (n, N), (n, N), (n, N, V)
-        t1 = time.perf_counter()
-        logits, feats = target.score_tree(tokens, par)  # (n, N + 1, V)
-        q = sampling_probs(logits, *sampling)
-        t2 = time.perf_counter()
-        res = verify_tree(tokens, par, p, q, rules, scheme, generator=gen, check=False, mode=mode, **_carry(state))
-        t3 = time.perf_counter()
-        if obs is not None:
-            obs.tree(rows, tokens, par, p, q, res)
+        with timer.phase("draft"):
+            tokens, par, p = drafter.propose_tree(tree, scheme, sampling, gen)  # (n, N), (n, N), (n, N, V)
+        with timer.phase("verifier"):
+            logits, feats = target.score_tree(tokens, par)  # (n, N + 1, V)
+            q = sampling_probs(logits, *sampling)
+        with timer.phase("verify"):
+            res = verify_tree(tokens, par, p, q, rules, scheme, generator=gen, check=False, mode=mode,
+                              **_carry(state))
+        if ctx.observer is not None:
+            ctx.observer.tree(rows, tokens, par, p, q, res)
         a, path = res.num_accepted, res.accepted_nodes
-        last = res.tokens.gather(1, a[:, None])[:, 0]
-        target.advance_tree(path, a, last)
+        target.advance_tree(path, a, res.tokens.gather(1, a[:, None])[:, 0])
         drafter.advance_tree(a, path, res.tokens, feats)
-        kept, alive = _emit(out, rows, res.tokens, a + 1, eos, max_new)
-        stats.draft_seconds += t1 - t0
-        stats.verifier_seconds += t2 - t1
-        stats.verify_seconds += t3 - t2
-        stats.draft_calls += levels
-        stats.verifier_calls += 1
-        t4 = time.perf_counter()
-        # the verifier's logits along the path: column 0 (pending), then after each accepted node
-        cols = torch.cat([torch.zeros_like(a)[:, None], torch.where(path >= 0, path + 1, 0)], 1)
-        nll = nll_of(logits.gather(1, cols[:, :, None].expand(-1, -1, logits.shape[-1])), res.tokens).tolist()
-        slots = torch.cat([torch.zeros_like(a)[:, None], path + 1], 1).tolist()  # the judged nodes, root first
-        for i, b in enumerate(rows):
-            c = per_seq[b]
-            c.steps += 1
-            c.accepted += int(a[i])
-            c.drafted += N
-            c.judged += int(a[i]) + 1
-            c.nll_sum += sum(nll[i][:kept[i]])
-            c.nll_count += kept[i]
-            if state is not None:  # a budget's exact node costs along the path, as charged (the certificate's sum)
-                for d in range(min(int(a[i]) + 1, kept[i])):
-                    c.kl_sum += float(state.last.cost[i, slots[i][d]])
-                    c.kl_count += 1
-        stats.metric_seconds += time.perf_counter() - t4
+        kept, alive = _emit(ctx, out, rows, res.tokens, a + 1)
+        ctx.stats.draft_calls += levels
+        ctx.stats.verifier_calls += 1
+        with timer.phase("metric"):
+            acc = a.tolist()
+            nll = _path_nll(logits, a, path, res.tokens)
+            _count(ctx, rows, acc, kept, [N] * len(rows), nll, judged=[x + 1 for x in acc],
+                   kl=None if state is None else _node_costs(state, a, path))
         rows = _drop_finished(alive, rows, [target, drafter, *_per_row(gen), *_carried(state)], dev)
     return out
+
+
+def _path_nll(logits, a, path, tokens) -> list[list[float]]:
+    """The verifier NLL of each row's emitted tokens along its accepted path: its logits at column 0 (the pending
+    token), then after each accepted node."""
+    cols = torch.cat([torch.zeros_like(a)[:, None], torch.where(path >= 0, path + 1, 0)], 1)
+    return nll_of(logits.gather(1, cols[:, :, None].expand(-1, -1, logits.shape[-1])), tokens).tolist()
+
+
+def _node_costs(state, a, path):
+    """The tree's KL source for ``_count``: a budget's exact cost of the node judged at position ``j`` of row
+    ``i``'s path (the root first), as charged (the certificate's sum)."""
+    slots = torch.cat([torch.zeros_like(a)[:, None], path + 1], 1).tolist()  # the judged nodes, root first
+    return lambda i, j: float(state.last.cost[i, slots[i][j]])
 
 
 def tree_nodes(tree) -> tuple[int, int]:
@@ -627,7 +701,6 @@ def tree_generate(pair: ModelPair, prompts, rule, tree, scheme: str = "iid", mod
     draft, verifier = runtime_models(pair, compact)
     stats = DecodeStats("tree", rule=repr(rules[0] if len(rules) == 1 else rules), k=tree.nodes)
     sampling = (temperature, top_k, top_p)
-    return _run(pair, prompts, max_new_tokens, batch_size, seed, chat, stats,
-                lambda b, gen, ps: _tree_rows(draft, verifier, b, rules, tree, scheme, mode, max_new_tokens,
-                                              sampling, gen, stats, ps, pair.eos_token_id, observer), seeds,
-                observer)
+    ctx = DecodeContext(draft, verifier, max_new_tokens, sampling, stats, pair.eos_token_id, observer)
+    return _run(pair, prompts, ctx, lambda c, batch: _tree_rows(c, batch, rules, tree, scheme, mode),
+                batch_size=batch_size, seed=seed, chat=chat, seeds=seeds)

@@ -6,6 +6,7 @@ ALPHA = 1e-3, N = 20000, power asserted)."""
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 import pytest
@@ -201,6 +202,38 @@ def test_stats_are_consistent_and_kl_matches_exact():
     assert [c.new_tokens for c in res.per_sequence] == [30, 30] and all(c.nll_count == 30 for c in res.per_sequence)
     ar = autoregressive_generate(pair(), [[1, 2], [3, 4, 5]], max_new_tokens=30, temperature=0.9, seed=5)
     assert ar.stats.verifier_calls == 29 and ar.stats.new_tokens == 60 and ar.stats.nll > 0
+
+
+def test_phase_timer_keeps_the_metric_time_out_of_the_decode_time(monkeypatch):
+    """``PhaseTimer`` adds each phase's seconds to its ``DecodeStats`` field (an unknown phase is refused); the
+    metric phase (here made slow: each step KL sleeps) is counted in ``metric_seconds`` and left out of
+    ``stats.seconds`` and of each sequence's share."""
+    from cactus_theory.lm import loop
+    from cactus_theory.lm.metrics import DecodeStats
+
+    timer = loop.PhaseTimer(DecodeStats("x"))
+    with timer.phase("verify"):
+        time.sleep(0.002)
+    assert timer.stats.verify_seconds >= 0.002 and timer.stats.draft_seconds == 0
+    with pytest.raises(ValueError, match="phase"):
+        with timer.phase("bookkeeping"):
+            pass
+    real = loop.step_kl
+
+    def slow(*args):
+        time.sleep(0.02)
+        return real(*args)
+
+    monkeypatch.setattr(loop, "step_kl", slow)
+    t0 = time.perf_counter()
+    res = speculative_generate(pair(), [[1, 2], [3, 4, 5], [6]], ct.Cactus(1.0), k=2, max_new_tokens=8,
+                               batch_size=2, seed=5)
+    wall = time.perf_counter() - t0
+    s = res.stats
+    assert s.metric_seconds >= 0.02 * s.kl_count > 0
+    assert min(s.draft_seconds, s.verifier_seconds, s.verify_seconds) > 0
+    assert s.seconds + s.metric_seconds <= wall  # the sleeps are not in seconds (they are most of the wall time)
+    assert sum(c.seconds for c in res.per_sequence) <= s.seconds + 1e-9
 
 
 def test_bad_input_raises_clear_errors():

@@ -52,6 +52,7 @@ import numpy as np
 from ...core import registry
 from ...core.sampling import SAMPLING as _SAMPLING
 from ...core.sampling import Sampling
+from ...core.tree_shapes import tree_from_record, tree_name, tree_record
 from ...util.atomic import atomic_path, atomic_write_json, atomic_write_text
 from ...util.keyed_cache import config_key, keyed_subdir, read_json
 from ..metrics import COUNTERS, al_of
@@ -86,7 +87,7 @@ class Method:
     params: dict = field(default_factory=dict)
     rule: object = None
     colour: str = "black"
-    tree: object = None  # a core.tree.BudgetTree: tree decoding (deterministic candidates) instead of a chain
+    tree: object = None  # a core.tree_shapes tree (any kind): tree decoding (deterministic candidates), not a chain
 
     @property
     def slug(self) -> str:
@@ -117,15 +118,18 @@ TREE_RULES = (("sps", {}), ("cactus", {"delta": 1.0}))  # the rules run on each 
 
 
 def tree_label(rule_label: str, tree) -> str:
-    return f"{rule_label}, EAGLE-2 tree {tree.nodes}/{tree.depth}/{tree.topk}"
+    """A tree row's label: the rule's, then the tree's name (``core.tree_shapes.tree_name``: ``EAGLE-2 tree
+    nodes/depth/topk`` for a ``BudgetTree``, as every tree row was labelled before other kinds)."""
+    return f"{rule_label}, {tree_name(tree)}"
 
 
 def methods(grid: dict[str, list[dict]] | None = None, only: list[str] | None = None, trees=()) -> list[Method]:
     """The verifier alone, then every registry rule at its ``grid`` values (``EVAL_GRID`` by
     default; a rule the grid does not name runs once at its defaults); ``only``: keep the methods
-    whose registry key or label is listed (SpS, the reference, always stays); then, for each
-    ``core.tree.BudgetTree`` of ``trees``, SpS and Cactus delta = 1 decoding that tree (``TREE_RULES``;
-    deterministic top-k candidates, the scheme that keeps SpS lossless under re-ranking)."""
+    whose registry key or label is listed (SpS, the reference, always stays); then, for each tree of
+    ``trees`` (any kind of ``core.tree_shapes``: ``BudgetTree``, ``DynamicTree``, ``StaticTree``), SpS and Cactus
+    delta = 1 decoding that tree (``TREE_RULES``; deterministic top-k candidates, the scheme that keeps SpS
+    lossless under a ``BudgetTree``'s re-ranking)."""
     grid = EVAL_GRID if grid is None else grid
     out = [Method("verifier alone", None)]
     for key in registry.RULES:
@@ -273,10 +277,11 @@ def _timing(batch_value: dict) -> dict:
 
 
 def method_info(m: Method) -> dict:
-    """What a result records of a method: label, registry key, parameters, rule identity, colour (and its tree)."""
+    """What a result records of a method: label, registry key, parameters, rule identity, colour (and its tree:
+    ``core.tree_shapes.tree_record`` and the scheme; a ``BudgetTree`` as ``{nodes, depth, topk, scheme}``)."""
     out = {"label": m.label, "key": m.key, "params": m.params, "rule": m.rule_id, "colour": m.colour}
     if m.tree is not None:
-        out["tree"] = {"nodes": m.tree.nodes, "depth": m.tree.depth, "topk": m.tree.topk, "scheme": "deterministic"}
+        out["tree"] = {**tree_record(m.tree), "scheme": "deterministic"}
     return out
 
 
@@ -543,11 +548,8 @@ def stale_methods(result: dict) -> dict[str, tuple[str, str]]:
         if m.get("key") is None or "rule" not in m:  # the verifier alone; a result that records no rule
             continue
         now = _build(m["key"], m.get("params", {})).identity
-        if m.get("tree"):  # a tree row: its id also names the tree (Method.rule_id)
-            from ...core.tree_shapes import BudgetTree
-
-            t = m["tree"]
-            now = f"{now}|{BudgetTree(t['nodes'], t['depth'], t['topk'])!r}|{t['scheme']}"
+        if m.get("tree"):  # a tree row: its id also names the tree (Method.rule_id), rebuilt from its record
+            now = f"{now}|{tree_from_record(m['tree'])!r}|{m['tree']['scheme']}"
         if m["rule"] != now:
             out[m["label"]] = (m["rule"], now)
     return out
@@ -716,7 +718,7 @@ def load_eval_pair(draft: str, verifier: str, draft_path: str | None = None):
 def evaluate(pair, cfg: EvalConfig, out_dir: Path, cache_dir: Path | None = None, only: list[str] | None = None,
              ablation: bool = True, lawtests: dict | None = None, progress: bool = True, trees=()) -> dict:
     """Run everything and write ``eval.json`` (without texts), ``eval.md`` and ``fig_eval_accuracy_al``;
-    ``trees``: ``BudgetTree`` s whose tree rows join the table (``methods``)."""
+    ``trees``: trees (any ``core.tree_shapes`` kind) whose tree rows join the table (``methods``)."""
     out_dir = Path(out_dir)
     cache_dir = out_dir / "cache" if cache_dir is None else Path(cache_dir)
     t0 = time.perf_counter()

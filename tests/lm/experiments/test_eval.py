@@ -214,6 +214,67 @@ def test_eval_tree_rows_decode_trees_and_key_their_own_cache(tmp_path):
     assert {r["method"] for r in lt["step"]}.isdisjoint(m.label for m in trees)
 
 
+def test_tree_rows_of_every_kind_keep_the_budget_trees_keys_and_round_trip(tmp_path):
+    """A tree row reads its tree through ``core.tree_shapes`` (``tree_name``, ``tree_record``, ``tree_from_record``),
+    never its class: a ``BudgetTree`` row keeps the label, the ``rule_id`` (cache key) and the recorded dict that
+    results and caches were written under (pinned literally here); a ``DynamicTree`` or ``StaticTree`` row gets its
+    own label and id, and every kind round-trips through its record (JSON) to the same tree and the same id, so
+    ``stale_methods`` finds none stale."""
+    from cactus_theory.core.tree_shapes import (
+        BudgetTree,
+        DynamicTree,
+        StaticTree,
+        branching_parents,
+        tree_from_record,
+        tree_record,
+    )
+
+    trees = [BudgetTree(4, 3, 2), DynamicTree(3, 2, 2), StaticTree(branching_parents((2, 2)))]
+    ml = [m for m in ev.methods(grid={"sps": [{}], "cactus": [{"delta": 1.0}]}, only=["cactus"], trees=trees)
+          if m.tree is not None]
+    assert len(ml) == 6
+    sps_budget, cactus_budget = ml[0], ml[1]
+    assert sps_budget.label == "SpS, EAGLE-2 tree 4/3/2"
+    assert sps_budget.rule_id == "SpS()|BudgetTree(nodes=4, depth=3, topk=2)|deterministic"
+    assert sps_budget.slug == "SpS__EAGLE-2_tree_4_3_2-83ae1081"
+    assert json.dumps(ev.method_info(sps_budget)) == (
+        '{"label": "SpS, EAGLE-2 tree 4/3/2", "key": "sps", "params": {}, "rule": "SpS()|BudgetTree(nodes=4, '
+        'depth=3, topk=2)|deterministic", "colour": "black", "tree": {"nodes": 4, "depth": 3, "topk": 2, '
+        '"scheme": "deterministic"}}')
+    assert cactus_budget.label == "Cactus delta=1, EAGLE-2 tree 4/3/2"
+    assert cactus_budget.rule_id == ("Cactus(delta=1.0, divergence='kl', solver='taylor')|BudgetTree(nodes=4, "
+                                     "depth=3, topk=2)|deterministic")
+    assert [m.label for m in ml[2:]] == ["SpS, dynamic tree 3/2/2", "Cactus delta=1, dynamic tree 3/2/2",
+                                         "SpS, static tree -1,-1,0,0,1,1", "Cactus delta=1, static tree -1,-1,0,0,1,1"]
+    assert ml[2].rule_id == "SpS()|DynamicTree(depth=3, width=2, children=2)|deterministic"
+    assert len({m.label for m in ml}) == len({m.rule_id for m in ml}) == len({m.slug for m in ml}) == 6
+    infos = json.loads(json.dumps([ev.method_info(m) for m in ml]))  # as a result file holds them
+    assert infos[2]["tree"] == {"kind": "dynamic", "depth": 3, "width": 2, "children": 2, "scheme": "deterministic"}
+    assert infos[4]["tree"] == {"kind": "static", "parents": [-1, -1, 0, 0, 1, 1], "scheme": "deterministic"}
+    for m, info in zip(ml, infos, strict=True):
+        assert tree_from_record(info["tree"]) == m.tree and info["rule"] == m.rule_id
+    assert ev.stale_methods({"methods": infos}) == {}
+    bumped = [dict(i, rule=i["rule"].replace("depth=3", "depth=2")) for i in infos[:3]]
+    assert set(ev.stale_methods({"methods": bumped})) == {m.label for m in ml[:3]}  # the tree is part of the id
+    for tree in trees:
+        assert tree_from_record(json.loads(json.dumps(tree_record(tree)))) == tree
+    chain = [m for m in small_methods() if m.key in (None, "sps")]
+    res = ev.run_eval(PAIR, ev.EvalConfig(**{**CFG, "problems": 4}), chain + [ml[2]], tmp_path, ablation=False,
+                      progress=False)  # a DynamicTree row decodes (tree_generate) and records itself
+    assert all(r["drafted"] == trees[1].nodes * r["steps"] for r in res["records"][ml[2].label])
+    assert res["methods"][-1]["tree"]["kind"] == "dynamic" and ev.stale_methods(res) == {}
+
+    class Unrecorded:  # a Tree of another kind: it decodes (tests/lm/test_tree_loop.py) but results cannot record it
+        depth, grown, nodes, reranks, parents = 1, 2, 2, False, (-1, -1)
+
+    with pytest.raises(ValueError, match="recorded tree"):
+        tree_record(Unrecorded())
+    with pytest.raises(ValueError, match="kind"):
+        tree_from_record({"kind": "beam", "depth": 2})
+    with pytest.raises(ValueError, match="lacks"):
+        tree_from_record({"nodes": 4, "depth": 3})
+
+
 def test_eval_resumes_from_cache_and_recomputes_only_what_is_missing(tmp_path, monkeypatch):
     cfg = ev.EvalConfig(**CFG)
     ml = small_methods()[:2]
