@@ -42,7 +42,7 @@ from .draft import FeatureDraft
 from .llama import Llama, tree_ancestry
 
 __all__ = ["Target", "TokenDrafter", "FeatureDrafter", "make_drafter", "right_pad", "open_stream",
-           "grow_tree", "tree_sizes"]
+           "grow_tree", "tree_sizes", "ranked_tokens"]
 
 
 def right_pad(prompts: list[list[int]], pad: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -302,7 +302,125 @@ def tree_sizes(tree) -> tuple[int, ...]:
     return as_tree(tree, "parents").level_sizes()
 
 
-def grow_tree(p0: torch.Tensor, read_level, tree, scheme: str, gen):
+def ranked_tokens(p: torch.Tensor, m: int) -> torch.Tensor:
+    """The ``m`` most likely tokens of each law ``p`` (..., V), most likely first, ties to the lower id:
+    exactly the first ``m`` indices of a stable descending sort of each row, found without sorting the
+    vocabulary. ``topk`` gives the ``m``-th largest value ``t`` and a set of ``m`` tokens; every token above
+    ``t`` is in it, and the set is the sort's unless the tokens at ``t`` straddle the cut. Then the lowest
+    ids at ``t`` fill the rest: when ``t = 0`` (the law's support is smaller than ``m``) they are among ids
+    ``0 .. m - 1``; otherwise they are found by a cumulative count over the row. Only the ``m`` chosen
+    tokens are sorted. Returns (..., m) int64."""
+    V = p.shape[-1]
+    if not 1 <= m <= V:
+        raise ValueError(f"m must be in [1, V = {V}], got {m}")
+    flat = p.reshape(-1, V)
+    vals, ids = flat.topk(m, dim=-1)  # (R, m) descending
+    t = vals[:, m - 1:]  # (R, 1) the m-th largest value
+    above = (vals > t).sum(-1, keepdim=True)  # (R, 1) tokens above t, all in the top m
+    straddle = (above + (flat == t).sum(-1, keepdim=True) > m)[:, 0]  # ties at t cut by the top m
+    if bool(straddle.any()):
+        r = torch.nonzero(straddle)[:, 0]
+        sub, tr, need = flat[r], t[r], m - above[r]
+        zero = tr[:, 0] == 0
+        head = torch.arange(m, device=p.device).expand(len(r), m)
+        # t = 0: the tokens above t are the top m's first ``above``; the lowest zero ids lie in 0 .. m - 1
+        z = sub[:, :m] == 0
+        zeros = torch.cat([torch.where(vals[r] > 0, ids[r], V), torch.where(z & (z.cumsum(-1) <= need), head, V)], 1)
+        fill = zeros.sort(-1).values[:, :m]
+        if bool((~zero).any()):  # t > 0: the lowest ids at t over the whole row
+            at = sub == tr
+            take = (sub > tr) | (at & (at.cumsum(-1) <= need))
+            general = torch.full_like(fill, V)
+            rows, cols = torch.nonzero(take & ~zero[:, None], as_tuple=True)
+            general[~zero] = cols.view(-1, m)
+            fill = torch.where(zero[:, None], fill, general)
+        ids[r] = fill
+    ids = ids.sort(-1).values  # ascending ids, so that the stable sort below keeps ties in id order
+    order = torch.sort(-flat.gather(1, ids), dim=-1, stable=True).indices
+    return ids.gather(1, order).view(*p.shape[:-1], m)
+
+
+def _level_shape(d: int, level, sizes, lo: int, parents: torch.Tensor, logpath: torch.Tensor):
+    """Parents of level ``d``'s nodes (written into ``parents[:, lo:hi]``), each node's rank among its
+    siblings and its sibling group (the nodes of one group share a parent in every row)."""
+    size = sizes[d]
+    hi = lo + size
+    if isinstance(level, Grow):  # the previous level's best paths grow ``children`` each, kept in node order
+        if d == 0 or level.width * level.children != size:
+            raise ValueError(f"tree: level {d} grows {level} but holds {size} nodes")
+        plo = lo - sizes[d - 1]
+        order = torch.sort(-logpath[:, plo + 1:lo + 1], dim=-1, stable=True).indices
+        best = order[:, :level.width].sort(-1).values + plo
+        parents[:, lo:hi] = best.repeat_interleave(level.children, dim=1)
+        return [j % level.children for j in range(size)], [j // level.children for j in range(size)]
+    first = lo - sizes[d - 1] if d else -1  # a level's parents are the previous level's nodes (the root's)
+    if len(level) != size or any(not first <= a < max(lo, 0) for a in level):
+        raise ValueError(f"tree: level {d}'s parents {level} must be {size} nodes of the previous level")
+    parents[:, lo:hi] = torch.tensor(level, dtype=torch.long, device=parents.device)
+    seen: dict[int, int] = {}
+    ranks = []
+    for a in level:  # fixed parents, the same every row: a node's rank is its place among its siblings
+        ranks.append(seen.get(a, 0))
+        seen[a] = ranks[-1] + 1
+    return ranks, list(level)
+
+
+def _ranked_level(P: torch.Tensor, ranks: list[int], groups: list[int], support) -> tuple[torch.Tensor, torch.Tensor]:
+    """Deterministic candidates of one level: node ``i`` is the ``ranks[i]``-th most likely token of its
+    parent's law ``P[:, i]`` (B, W, S), ranked over the whole vocabulary; the nodes of one group share that
+    law, ranked once. ``support = (ids, V)`` when the laws are over the ascending tokens ``ids`` only: a law
+    with at least ``m`` tokens of positive probability is ranked on ``ids`` (its top ``m`` lie there, in id
+    order), the others over the vocabulary. Returns the tokens (B, W) int64 and their probabilities (B, W)."""
+    reps = list(dict.fromkeys(groups))  # the groups in order of first appearance
+    first = [groups.index(g) for g in reps]
+    law = P[:, first]  # (B, G, S)
+    m = max(ranks) + 1
+    if m > (law.shape[-1] if support is None else support[1]):
+        raise ValueError(f"a node has more than V = {law.shape[-1] if support is None else support[1]} "
+                         f"deterministic children")
+    if support is None:
+        ranked = ranked_tokens(law, m)  # (B, G, m)
+        probs = law.gather(2, ranked)
+    else:
+        ids, V = support
+        flat = law.reshape(-1, law.shape[-1])
+        short = (flat > 0).sum(-1) < m  # (B G,) laws with fewer than m tokens: zeros are ranked too
+        ranked = torch.empty((flat.shape[0], m), dtype=torch.long, device=P.device)
+        probs = flat.new_empty((flat.shape[0], m))
+        if m <= flat.shape[-1] and not bool(short.all()):
+            r = torch.nonzero(~short)[:, 0]
+            at = ranked_tokens(flat[r], m)
+            ranked[r], probs[r] = ids[at], flat[r].gather(1, at)
+        if bool(short.any()):
+            r = torch.nonzero(short)[:, 0]
+            whole = flat.new_zeros((len(r), V)).index_copy_(-1, ids, flat[r])
+            ranked[r] = ranked_tokens(whole, m)
+            probs[r] = whole.gather(1, ranked[r])
+        ranked, probs = ranked.view(*law.shape[:2], m), probs.view(*law.shape[:2], m)
+    col = torch.tensor([reps.index(g) for g in groups], device=P.device)
+    rank = torch.tensor(ranks, device=P.device)
+    return ranked[:, col, rank], probs[:, col, rank]  # (B, W) tokens, their probabilities
+
+
+def _drawn_level(P, slot, removed, gen) -> torch.Tensor:
+    """Random candidates of one level, node by node in node order (one float64 uniform per row and node
+    from ``gen``): i.i.d. from the parent's law ``P[:, i]`` (B, W, V), or without the earlier siblings
+    (``removed`` (B, N + 1, V) per parent slot ``slot`` (B, W))."""
+    B, W, _ = P.shape
+    rows = torch.arange(B, device=P.device)
+    out = []
+    for i in range(W):
+        p = P[:, i]
+        src = p if removed is None else without(p, removed[rows, slot[:, i]])
+        src = torch.where(src.sum(-1, keepdim=True) > 0, src, p)  # support exhausted: placeholder
+        x = sample_rows(src, uniforms(gen, B, 1, P.device)[:, 0])
+        if removed is not None:
+            removed[rows, slot[:, i], x] = True
+        out.append(x)
+    return torch.stack(out, 1)
+
+
+def grow_tree(p0: torch.Tensor, read_level, tree, scheme: str, gen, support: tuple | None = None):
     """Draw a draft tree after each row (both drafters' ``propose_tree``).
 
     ``p0`` (B, V) the draft law at the root; ``read_level(tokens, parents, lo)`` reads nodes
@@ -314,8 +432,9 @@ def grow_tree(p0: torch.Tensor, read_level, tree, scheme: str, gen):
     ``"iid"`` i.i.d. from ``p``; ``"without_replacement"`` from ``p`` without the earlier siblings,
     renormalised (once ``p``'s support is exhausted a placeholder ``x ~ p`` is stored, which
     ``verify_tree`` skips); ``"deterministic"`` / ``"eagle"`` the ``rank``-th most likely token (ties to the
-    lower id). Each random node takes one float64 uniform per row from ``gen`` (inverse CDF,
-    ``sampler.sample_rows``), in node order. Every level but the last is read (one call per level).
+    lower id; ``ranked_tokens``, once per parent and level, batched). Each random node takes one float64
+    uniform per row from ``gen`` (inverse CDF, ``sampler.sample_rows``), in node order. Every level but the
+    last is read (one call per level).
 
     A tree that ``reranks`` (``core.tree.BudgetTree``) is then cut (``core.tree.rerank``): its ``nodes``
     nodes of highest path probability remain, renumbered in grown order.
@@ -323,76 +442,63 @@ def grow_tree(p0: torch.Tensor, read_level, tree, scheme: str, gen):
     Returns ``tokens`` (B, N) int64, ``parents`` (B, N) int64, ``draft_probs`` (B, N, V) (``p`` at each
     node's parent, as ``verify_tree`` reads them), ``read`` (B, N) bool (the nodes read) and ``nodes``
     (B, N) int64 (each node's index in the grown tree: where a drafter's tree forward wrote it); N the
-    nodes verified."""
+    nodes verified.
+
+    ``support = (ids, V)``: the laws ``p0`` and ``read_level``'s are over the tokens ``ids`` (S,) int64,
+    ascending, only (0 elsewhere in the vocabulary of ``V``; the feature draft's shortlist); the tree is
+    grown in that space and only what ranking and ``draft_probs`` need is written over the vocabulary:
+    the same tree and laws, less memory traffic. Deterministic schemes only."""
     if scheme not in SCHEMES:
         raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
     tree = as_tree(tree)
     levels = tree.levels()
     sizes = tree.level_sizes()
     N = sum(sizes)
-    (B, V), dev = p0.shape, p0.device
-    rows = torch.arange(B, device=dev)
-    laws = p0.new_zeros((B, N + 1, V))  # slot 0: the root, slot j + 1: after node j
+    (B, S), dev = p0.shape, p0.device
+    if support is None:
+        V = S
+
+        def full(law):
+            return law
+    else:
+        if scheme not in ("deterministic", "eagle"):
+            raise ValueError(f"support: a law on a subset of the vocabulary grows deterministic trees only, got "
+                             f"scheme {scheme!r}")
+        ids, V = support
+
+        def full(law):  # (..., S) -> (..., V), 0 outside ``ids``
+            return law.new_zeros((*law.shape[:-1], V)).index_copy_(-1, ids, law)
+    rows = torch.arange(B, device=dev)[:, None]
+    laws = p0.new_empty((B, N + 1, S))  # slot 0: the root, slot j + 1: after node j (slots of read nodes only)
     laws[:, 0] = p0
     tokens = torch.full((B, N), -1, dtype=torch.long, device=dev)
     parents = torch.full((B, N), -1, dtype=torch.long, device=dev)
-    probs = p0.new_zeros((B, N, V))
     logpath = torch.zeros((B, N + 1), dtype=torch.float64, device=dev)
     removed = torch.zeros((B, N + 1, V), dtype=torch.bool, device=dev) if scheme == "without_replacement" else None
     read = torch.zeros((B, N), dtype=torch.bool, device=dev)
     lo = 0
-    for d, (size, level) in enumerate(zip(sizes, levels, strict=True)):
-        hi = lo + size
-        if isinstance(level, Grow):  # the previous level's best paths grow ``children`` each, kept in node order
-            if d == 0 or level.width * level.children != size:
-                raise ValueError(f"tree: level {d} grows {level} but holds {size} nodes")
-            plo = lo - sizes[d - 1]
-            order = torch.sort(-logpath[:, plo + 1:lo + 1], dim=-1, stable=True).indices
-            best = order[:, :level.width].sort(-1).values + plo
-            parents[:, lo:hi] = best.repeat_interleave(level.children, dim=1)
-            ranks = [(j - lo) % level.children for j in range(lo, hi)]
-            groups = [(j - lo) // level.children for j in range(lo, hi)]
-        else:  # fixed parents, the same every row: a node's rank is its place among its siblings
-            first = lo - sizes[d - 1] if d else -1  # a level's parents are the previous level's nodes (the root's)
-            if len(level) != size or any(not first <= a < max(lo, 0) for a in level):
-                raise ValueError(f"tree: level {d}'s parents {level} must be {size} nodes of the previous level")
-            parents[:, lo:hi] = torch.tensor(level, dtype=torch.long, device=dev)
-            seen: dict[int, int] = {}
-            ranks = []
-            for a in level:
-                ranks.append(seen.get(a, 0))
-                seen[a] = ranks[-1] + 1
-            groups = list(level)
-        ranked = {}  # deterministic: each parent slot's tokens by rank, one sort per slot column
-        for j in range(lo, hi):
-            slot = parents[:, j] + 1
-            p = laws[rows, slot]
-            rank = ranks[j - lo]
-            if scheme in ("deterministic", "eagle"):
-                if rank >= V:
-                    raise ValueError(f"a node has more than V = {V} deterministic children")
-                group = groups[j - lo]
-                if group not in ranked:
-                    ranked[group] = torch.sort(-p, dim=-1, stable=True).indices
-                x = ranked[group][:, rank]
-            else:
-                src = p if removed is None else without(p, removed[rows, slot])
-                src = torch.where(src.sum(-1, keepdim=True) > 0, src, p)  # support exhausted: placeholder
-                x = sample_rows(src, uniforms(gen, B, 1, dev)[:, 0])
-                if removed is not None:
-                    removed[rows, slot, x] = True
-            tokens[:, j] = x
-            probs[:, j] = p
-            logpath[:, j + 1] = logpath[rows, slot] + p[rows, x].double().log()
+    for d, level in enumerate(levels):
+        hi = lo + sizes[d]
+        ranks, groups = _level_shape(d, level, sizes, lo, parents, logpath)
+        slot = parents[:, lo:hi] + 1  # (B, W) each node's parent slot
+        P = laws[rows, slot]  # (B, W, S) each node's parent law (whole rows copied, no per-entry index)
+        if scheme in ("deterministic", "eagle"):
+            x, px = _ranked_level(P, ranks, groups, support)
+        else:
+            x = _drawn_level(P, slot, removed, gen)
+            px = P.gather(2, x[:, :, None])[:, :, 0]
+        tokens[:, lo:hi] = x
+        logpath[:, lo + 1:hi + 1] = logpath.gather(1, slot) + px.double().log()
         if d + 1 < len(sizes):  # speculative read: nothing becomes final
             laws[:, lo + 1:hi + 1] = read_level(tokens[:, lo:hi], parents[:, :hi], lo)
             read[:, lo:hi] = True
         lo = hi
     nodes = torch.arange(N, device=dev).expand(B, N)
+    slots = parents + 1  # each grown node's parent slot, before any renumbering
     if tree.reranks and tree.nodes < N:  # EAGLE-2's re-ranking: the most probable paths
         nodes, parents = rerank(logpath[:, 1:], parents, tree.nodes)
-        tokens, read = tokens.gather(1, nodes), read.gather(1, nodes)
-        probs = probs.gather(1, nodes[:, :, None].expand(-1, -1, V))
+        tokens, read, slots = tokens.gather(1, nodes), read.gather(1, nodes), slots.gather(1, nodes)
+    probs = full(laws[rows, slots])  # (B, N, V) p at each kept node's parent
     return tokens, parents, probs, read, nodes
 
 
@@ -572,9 +678,19 @@ class FeatureDrafter:
             feat = G.gather(1, (par[:, lo:] + 1)[:, :, None].expand(-1, -1, G.shape[-1]))
             g = self.head.tree_step(feat, tok, self.cache, self.length, par, lo)
             G[:, lo + 1:lo + W + 1] = g
-            return self._law(g, sampling)
+            return law(g)
 
-        tokens, parents, probs, _, _ = grow_tree(self._law(g0, sampling), read_level, tree, scheme, gen)
+        if scheme in ("deterministic", "eagle"):  # grown over the shortlist, written into the vocabulary at the end
+            def law(g):
+                return sampling_probs(self.head.logits(g), *sampling)
+
+            support = (self.head.d2t, self.head.args.vocab)
+        else:
+            def law(g):
+                return self._law(g, sampling)
+
+            support = None
+        tokens, parents, probs, _, _ = grow_tree(law(g0), read_level, tree, scheme, gen, support)
         return tokens, parents, probs
 
     def advance_tree(self, a: torch.Tensor, path: torch.Tensor, tokens: torch.Tensor, feats) -> None:

@@ -251,16 +251,14 @@ def tree_ancestry(parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     j = torch.arange(M, device=dev)
     if bool(((parents < -1) | (parents >= j[None])).any()):
         raise ValueError(f"parents must be topological (-1 <= parents[b, j] < j), got {parents.tolist()}")
-    anc = torch.zeros((B, M, M), dtype=torch.bool, device=dev)
-    depth = torch.zeros((B, M), dtype=torch.long, device=dev)
-    rows = torch.arange(B, device=dev)
-    for i in range(M):
-        par = parents[:, i]
-        has = par >= 0
-        pc = par.clamp_min(0)
-        anc[:, i] = anc[rows, pc] & has[:, None]
-        anc[:, i, i] = True
-        depth[:, i] = torch.where(has, depth[rows, pc] + 1, torch.zeros_like(pc))
+    # reachability by squaring: anc holds paths of up to 2^s steps after s squarings (M - 1 steps suffice)
+    has = parents >= 0
+    anc = torch.eye(M, dtype=torch.float32, device=dev).repeat(B, 1, 1)
+    anc[torch.arange(B, device=dev)[:, None].expand(B, M)[has], j.expand(B, M)[has], parents[has]] = 1.0
+    for _ in range(max(0, M - 2).bit_length()):
+        anc = torch.bmm(anc, anc).clamp_max_(1.0)  # 0 / 1 entries: the product counts paths, exactly
+    anc = anc > 0
+    depth = anc.sum(-1) - 1  # a node's ancestors, itself excluded
     return anc, depth
 
 

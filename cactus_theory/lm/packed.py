@@ -1,0 +1,87 @@
+"""Prepacked linear maps for decoding on CPU: the weight reordered once into oneDNN's blocked layout.
+
+At decode time every linear map multiplies a few rows (W = 1 to a few dozen positions) by a weight that is
+read once from memory: the phase is bound by how fast the kernel streams the weight. ``F.linear`` hands the
+weight to oneDNN in its plain (out, in) layout, and oneDNN reorders it into its blocked layout on every call;
+a prepacked weight (``torch.ops.mkldnn._reorder_linear_weight``, the op ``torch.compile``'s CPU freezing
+uses) is streamed as is. On the AMD Zen 5 machine of ``benchmarks/results/lm/roofline_bf16.json`` a verifier
+forward's thirty layers ran about 1.7x faster packed in bfloat16 (``benchmarks/bench_lm.py --prepack``
+measures it in the run that reports it).
+
+``PackedLinear`` is an ``nn.Linear`` (same ``weight``, ``in_features``, ``out_features``: the roofline counts
+its bytes and FLOPs as before) whose forward reads the packed copy; the packed copy is a plain attribute,
+not a buffer, so the module's state (and ``lm.roofline``'s byte count) is the weight's. ``prepack(module)``
+swaps every ``nn.Linear`` inside ``module`` for one; it is explicit (nothing is packed unless asked), CPU
+only, and refused with a ``ValueError`` where oneDNN's op is missing. The product is oneDNN's GEMM either
+way; whether it is bit for bit ``F.linear``'s is measured, not assumed (``tests/lm/test_packed.py`` reports
+the largest difference per dtype and width).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+__all__ = ["PackedLinear", "prepack", "can_prepack"]
+
+
+def can_prepack(device=None) -> str | None:
+    """``None`` if linear maps on ``device`` can be prepacked here, else the reason they cannot."""
+    dev = torch.device("cpu" if device is None else device)
+    if dev.type != "cpu":
+        return f"prepacking is for CPU decoding; the model is on {dev}"
+    if not torch.backends.mkldnn.is_available():
+        return "this torch build has no oneDNN (torch.backends.mkldnn.is_available() is False)"
+    if not hasattr(torch.ops.mkldnn, "_reorder_linear_weight") or not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+        return "this torch build lacks torch.ops.mkldnn._reorder_linear_weight / _linear_pointwise"
+    return None
+
+
+class PackedLinear(nn.Linear):
+    """``nn.Linear`` (no bias or a bias) whose forward multiplies by a copy of ``weight`` packed once for
+    ``rows`` rows per call (a hint to oneDNN's blocking, not a limit). ``x`` (..., in) -> (..., out), in
+    the weight's dtype."""
+
+    def __init__(self, linear: nn.Linear, rows: int = 1):
+        why = can_prepack(linear.weight.device)
+        if why is not None:
+            raise ValueError(f"cannot prepack {linear}: {why}")
+        if not isinstance(rows, int) or isinstance(rows, bool) or rows < 1:
+            raise ValueError(f"rows must be an integer >= 1, got {rows!r}")
+        nn.Module.__init__(self)
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight = linear.weight  # the same Parameter (a tied LM head stays tied to its embedding)
+        self.bias = linear.bias
+        self.rows = rows
+        self.repack()
+
+    def repack(self) -> None:
+        """Pack ``weight`` again (after its values or dtype changed)."""
+        with torch.no_grad():
+            self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), self.rows)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        b = None if self.bias is None else self.bias.detach()
+        y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, self.in_features), self._packed, b, "none", [], "")
+        return y.view(*lead, self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, packed for {self.rows} row(s)"
+
+
+def prepack(module: nn.Module, rows: int = 1) -> int:
+    """Swap every ``nn.Linear`` inside ``module`` (in place) for a ``PackedLinear`` of the same weight;
+    returns how many were swapped (0 when already packed). ``ValueError`` naming the reason where the
+    module is not on a CPU with oneDNN. Pack after the last ``.to(dtype)``: a packed copy does not follow."""
+    params = list(module.parameters())
+    why = can_prepack(params[0].device if params else None)
+    if why is not None:
+        raise ValueError(f"cannot prepack {type(module).__name__}: {why}")
+    swapped = 0
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, nn.Linear) and not isinstance(child, PackedLinear):
+                setattr(parent, name, PackedLinear(child, rows))
+                swapped += 1
+    return swapped

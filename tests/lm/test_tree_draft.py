@@ -1,0 +1,119 @@
+"""The tree drafter's pieces against independent references over generated cases: ``ranked_tokens`` against a
+stable descending sort (ties, zeros, one-hot and uniform laws, every ``m``), ``tree_ancestry`` against a
+node-by-node walk up the parents, and ``grow_tree`` on a shortlist (``support``) against the same tree grown
+over the whole vocabulary, for static, dynamic and re-ranked trees."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cactus_theory.core.tree import BudgetTree, DynamicTree, branching_parents
+from cactus_theory.lm.cache import grow_tree, ranked_tokens
+from cactus_theory.lm.llama import tree_ancestry
+
+
+def _laws(g: torch.Generator, rows: int, V: int, dtype=torch.float32) -> torch.Tensor:
+    """Laws with ties and zeros: a random support, values from {1, 2, 3} (normalised), some one-hot, some
+    uniform."""
+    p = torch.zeros(rows, V, dtype=torch.float64)
+    for r in range(rows):
+        kind = int(torch.randint(0, 4, (1,), generator=g))
+        if kind == 0:
+            p[r, int(torch.randint(0, V, (1,), generator=g))] = 1.0
+        elif kind == 1:
+            p[r] = 1.0
+        else:
+            k = int(torch.randint(1, V + 1, (1,), generator=g))
+            cols = torch.randperm(V, generator=g)[:k]
+            p[r, cols] = torch.randint(1, 4, (k,), generator=g).double()
+    return (p / p.sum(-1, keepdim=True)).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_ranked_tokens_is_the_stable_sort(dtype):
+    g = torch.Generator().manual_seed(0)
+    for case in range(60):
+        V = [1, 2, 5, 9, 33, 200][case % 6]
+        p = _laws(g, 7, V, dtype)
+        ref = torch.sort(-p, dim=-1, stable=True).indices
+        for m in range(1, V + 1):
+            assert torch.equal(ranked_tokens(p, m), ref[:, :m]), (case, m)
+    p = _laws(g, 6, 11).view(2, 3, 11)  # leading dimensions are kept
+    assert torch.equal(ranked_tokens(p, 4), torch.sort(-p, dim=-1, stable=True).indices[..., :4])
+    for m in (0, 12):
+        with pytest.raises(ValueError, match="m must be"):
+            ranked_tokens(p, m)
+
+
+def _ancestry_walk(parents: list[int]) -> tuple[list[set[int]], list[int]]:
+    anc, depth = [], []
+    for j in range(len(parents)):
+        seen, i = {j}, parents[j]
+        while i >= 0:
+            seen.add(i)
+            i = parents[i]
+        anc.append(seen)
+        depth.append(len(seen) - 1)
+    return anc, depth
+
+
+def test_tree_ancestry_walks_up_the_parents():
+    g = torch.Generator().manual_seed(1)
+    for case in range(80):
+        B, M = 1 + case % 3, 1 + (case * 7) % 70
+        rows = []
+        for _ in range(B):
+            chain = case % 5 == 0  # a chain: the deepest tree of M nodes
+            rows.append([j - 1 if chain else (int(torch.randint(-1, j, (1,), generator=g)) if j else -1)
+                         for j in range(M)])
+        anc, depth = tree_ancestry(torch.tensor(rows))
+        assert anc.dtype == torch.bool and depth.dtype == torch.int64
+        for b, par in enumerate(rows):
+            ref_anc, ref_depth = _ancestry_walk(par)
+            assert depth[b].tolist() == ref_depth
+            for j in range(M):
+                assert set(torch.nonzero(anc[b, j])[:, 0].tolist()) == ref_anc[j]
+    with pytest.raises(ValueError, match="topological"):
+        tree_ancestry(torch.tensor([[-1, 1]]))
+
+
+def _reader(g, B: int, S: int, V: int, ids):
+    """A level reader with fixed random laws over ``ids`` per (tokens, parents, level), and the map of a law
+    over ``ids`` into the vocabulary of ``V``."""
+    table: dict = {}
+
+    def short(tok, par, lo):
+        key = (tuple(tok.flatten().tolist()), tuple(par.flatten().tolist()), lo)
+        if key not in table:
+            table[key] = _laws(g, B * tok.shape[1], S).view(B, tok.shape[1], S)
+        return table[key]
+
+    def whole(law):
+        return law.new_zeros((*law.shape[:-1], V)).index_copy_(-1, ids, law)
+
+    return short, whole
+
+
+TREES = [branching_parents((2, 2)), branching_parents((3, 1, 2)), DynamicTree(3, 2, 2), BudgetTree(6, 3, 2),
+         BudgetTree(5, 4, 3)]
+
+
+@pytest.mark.parametrize("tree", TREES, ids=repr)
+def test_grow_tree_on_a_shortlist_is_the_whole_vocabulary_tree(tree):
+    """The support path (laws over ascending ids only) grows the same tokens, parents and laws as the same
+    laws written into the vocabulary; laws whose support is smaller than the children rank zeros too."""
+    g = torch.Generator().manual_seed(2)
+    for case in range(25):
+        B, V = 2, [6, 12, 40][case % 3]
+        S = int(torch.randint(1, V + 1, (1,), generator=g))
+        ids = torch.randperm(V, generator=g)[:S].sort().values
+        short, whole = _reader(g, B, S, V, ids)
+
+        p0 = _laws(g, B, S)
+        a = grow_tree(p0, short, tree, "deterministic", None, support=(ids, V))
+        b = grow_tree(whole(p0), lambda t, p, lo, s=short, w=whole: w(s(t, p, lo)), tree, "deterministic", None)
+        for x, y in zip(a, b, strict=True):
+            assert x.shape == y.shape and torch.equal(x, y), case
+    with pytest.raises(ValueError, match="deterministic"):
+        grow_tree(p0, short, tree, "iid", torch.Generator(), support=(ids, V))
