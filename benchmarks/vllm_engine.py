@@ -206,8 +206,9 @@ class Exact:
         from cactus_theory.lm.loop import first_step_laws
 
         lo, hi = min(positions), max(positions) + 1
-        P, _ = first_step_laws(self.pair, ids, lo, hi, *p_sampling)
-        _, Q = first_step_laws(self.pair, ids, lo, hi, *q_sampling)
+        names = ("temperature", "top_k", "top_p")
+        P, _ = first_step_laws(self.pair, ids, lo, hi, **dict(zip(names, p_sampling, strict=True)))
+        _, Q = first_step_laws(self.pair, ids, lo, hi, **dict(zip(names, q_sampling, strict=True)))
         rows = [i - lo for i in positions]
         P, Q = P[rows], Q[rows]
         return P / P.sum(-1, keepdims=True), Q / Q.sum(-1, keepdims=True)  # float32 rounding, in float64

@@ -420,7 +420,8 @@ def _drawn_level(P, slot, removed, gen) -> torch.Tensor:
     return torch.stack(out, 1)
 
 
-def grow_tree(p0: torch.Tensor, read_level, tree, scheme: str, gen, support: tuple | None = None):
+def grow_tree(p0: torch.Tensor, read_level, tree, scheme: str, gen, support: tuple | None = None,
+              sparse: bool = False):
     """Draw a draft tree after each row (both drafters' ``propose_tree``).
 
     ``p0`` (B, V) the draft law at the root; ``read_level(tokens, parents, lo)`` reads nodes
@@ -447,7 +448,13 @@ def grow_tree(p0: torch.Tensor, read_level, tree, scheme: str, gen, support: tup
     ``support = (ids, V)``: the laws ``p0`` and ``read_level``'s are over the tokens ``ids`` (S,) int64,
     ascending, only (0 elsewhere in the vocabulary of ``V``; the feature draft's shortlist); the tree is
     grown in that space and only what ranking and ``draft_probs`` need is written over the vocabulary:
-    the same tree and laws, less memory traffic. Deterministic schemes only."""
+    the same tree and laws, less memory traffic. Deterministic schemes only.
+
+    ``sparse``: a level followed by a ``Grow`` level is read only at the nodes that level expands (its
+    ``width`` best paths): ``read_level(tokens, parents, lo, nodes)`` gets those nodes' tokens (B, w) and their
+    indices ``nodes`` (B, w) int64 in the grown tree, and returns the laws after them (B, w, S). Nothing else
+    reads the other nodes' laws, and a read node attends to its ancestors only, so the tree and its laws are
+    those of a full read."""
     if scheme not in SCHEMES:
         raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
     tree = as_tree(tree)
@@ -490,8 +497,15 @@ def grow_tree(p0: torch.Tensor, read_level, tree, scheme: str, gen, support: tup
         tokens[:, lo:hi] = x
         logpath[:, lo + 1:hi + 1] = logpath.gather(1, slot) + px.double().log()
         if d + 1 < len(sizes):  # speculative read: nothing becomes final
-            laws[:, lo + 1:hi + 1] = read_level(tokens[:, lo:hi], parents[:, :hi], lo)
-            read[:, lo:hi] = True
+            nxt = levels[d + 1]
+            if sparse and isinstance(nxt, Grow):  # only the nodes the next level expands (``_level_shape``'s choice)
+                order = torch.sort(-logpath[:, lo + 1:hi + 1], dim=-1, stable=True).indices
+                which = order[:, :nxt.width].sort(-1).values + lo  # (B, w)
+                laws[rows, which + 1] = read_level(tokens.gather(1, which), parents[:, :hi], lo, which)
+                read[rows, which] = True
+            else:
+                laws[:, lo + 1:hi + 1] = read_level(tokens[:, lo:hi], parents[:, :hi], lo)
+                read[:, lo:hi] = True
         lo = hi
     nodes = torch.arange(N, device=dev).expand(B, N)
     slots = parents + 1  # each grown node's parent slot, before any renumbering
@@ -673,11 +687,15 @@ class FeatureDrafter:
         G = g0.new_zeros((g0.shape[0], N + 1, g0.shape[-1]))  # the head's output at the root and each node
         G[:, 0] = g0
 
-        def read_level(tok, par, lo):
+        def read_level(tok, par, lo, nodes=None):  # nodes (B, w): a sparse read (grow_tree's ``sparse``)
             W = tok.shape[1]
-            feat = G.gather(1, (par[:, lo:] + 1)[:, :, None].expand(-1, -1, G.shape[-1]))
-            g = self.head.tree_step(feat, tok, self.cache, self.length, par, lo)
-            G[:, lo + 1:lo + W + 1] = g
+            up = par[:, lo:] if nodes is None else par.gather(1, nodes)  # (B, W) each read node's parent
+            feat = G.gather(1, (up + 1)[:, :, None].expand(-1, -1, G.shape[-1]))
+            g = self.head.tree_step(feat, tok, self.cache, self.length, par, lo, nodes)
+            if nodes is None:
+                G[:, lo + 1:lo + W + 1] = g
+            else:
+                G[rows[:, None], nodes + 1] = g
             return law(g)
 
         if scheme in ("deterministic", "eagle"):  # grown over the shortlist, written into the vocabulary at the end
@@ -690,7 +708,7 @@ class FeatureDrafter:
                 return self._law(g, sampling)
 
             support = None
-        tokens, parents, probs, _, _ = grow_tree(law(g0), read_level, tree, scheme, gen, support)
+        tokens, parents, probs, _, _ = grow_tree(law(g0), read_level, tree, scheme, gen, support, sparse=True)
         return tokens, parents, probs
 
     def advance_tree(self, a: torch.Tensor, path: torch.Tensor, tokens: torch.Tensor, feats) -> None:

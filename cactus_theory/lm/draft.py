@@ -58,6 +58,7 @@ from .llama import (
     hf_args,
     rope_tables,
     tree_block_inputs,
+    tree_node_inputs,
 )
 
 __all__ = ["DraftConfig", "FeatureDraft", "HeadArgs", "cache_dir", "draft_path", "load_draft", "save_draft",
@@ -131,14 +132,18 @@ class FeatureDraft(nn.Module):
         return self._layers(feat, tokens, cache, slots, cos, sin, mask)
 
     def tree_step(self, feat: torch.Tensor, tokens: torch.Tensor, cache: KVCache, start: torch.Tensor,
-                  parents: torch.Tensor, lo: int) -> torch.Tensor:
-        """``step`` for nodes ``lo .. lo + W - 1`` of a tree (``llama.tree_block_inputs``): ``feat`` (B, W, dim)
-        each node's parent output (or the root's), ``tokens`` (B, W) the nodes' tokens, ``parents``
-        (B, >= lo + W) int64; node ``j`` is written at slot ``start + j``, placed at ``start + depth(j)``
+                  parents: torch.Tensor, lo: int, nodes: torch.Tensor | None = None) -> torch.Tensor:
+        """``step`` for nodes ``lo .. lo + W - 1`` of a tree (``llama.tree_block_inputs``), or for the nodes
+        ``nodes`` (B, W) int64 of each row (``llama.tree_node_inputs``): ``feat`` (B, W, dim) each node's parent
+        output (or the root's), ``tokens`` (B, W) the nodes' tokens, ``parents`` (B, M) int64 (every node
+        up to the last read); node ``j`` is written at slot ``start + j``, placed at ``start + depth(j)``
         and attends to the slots before ``start`` and to its ancestors. Returns ``g`` (B, W, dim)."""
-        M = lo + tokens.shape[1]
-        slots, cos, sin, mask = tree_block_inputs(parents[:, :M].long(), start, lo, self.cos, self.sin,
-                                                  cache.capacity)
+        if nodes is None:
+            M = lo + tokens.shape[1]
+            slots, cos, sin, mask = tree_block_inputs(parents[:, :M].long(), start, lo, self.cos, self.sin,
+                                                      cache.capacity)
+        else:
+            slots, cos, sin, mask = tree_node_inputs(parents.long(), start, nodes, self.cos, self.sin, cache.capacity)
         return self._layers(feat, tokens, cache, slots, cos, sin, mask)
 
     def _layers(self, feat, tokens, cache, slots, cos, sin, mask) -> torch.Tensor:

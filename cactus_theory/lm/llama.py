@@ -28,7 +28,8 @@ from torch import nn
 from torch.nn import functional as F
 
 __all__ = ["LlamaArgs", "Llama", "KVCache", "RMSNorm", "Attention", "MLP", "Block", "rope_tables", "rotate",
-           "attend", "supports_hf", "hf_args", "HFParts", "hf_parts", "tree_ancestry", "tree_block_inputs"]
+           "attend", "supports_hf", "hf_args", "HFParts", "hf_parts", "tree_ancestry", "tree_block_inputs",
+           "tree_node_inputs"]
 
 
 @dataclass(frozen=True)
@@ -266,20 +267,33 @@ def tree_block_inputs(parents: torch.Tensor, start: torch.Tensor, lo: int, cos_t
                       capacity: int):
     """Inputs of a tree block, nodes ``lo .. M - 1`` of the tree ``parents`` (B, M): their ``slots``
     (B, W) = ``start + j``, cos / sin (B, 1, W, hd) at positions ``start + depth(j)`` and the mask
-    (B, 1, W, used): the final slots ``< start`` and the node's ancestors and itself."""
+    (B, 1, W, used): the final slots ``< start`` and the node's ancestors and itself (``tree_node_inputs``
+    of those nodes)."""
     B, M = parents.shape
-    W = M - lo
+    nodes = torch.arange(lo, M, device=parents.device).expand(B, M - lo)
+    return tree_node_inputs(parents, start, nodes, cos_t, sin_t, capacity)
+
+
+def tree_node_inputs(parents: torch.Tensor, start: torch.Tensor, nodes: torch.Tensor, cos_t: torch.Tensor,
+                     sin_t: torch.Tensor, capacity: int):
+    """Inputs of any nodes of the tree ``parents`` (B, M): ``nodes`` (B, W) int64, each row its own (a drafter
+    reads only the nodes a level will expand). Their ``slots`` (B, W) = ``start + nodes``, cos / sin
+    (B, 1, W, hd) at positions ``start + depth(node)`` and the mask (B, 1, W, used): the final slots
+    ``< start`` and the node's ancestors and itself."""
+    B, M = parents.shape
+    W = nodes.shape[1]
     dev = parents.device
     anc, depth = tree_ancestry(parents)
-    slots = start[:, None] + torch.arange(lo, M, device=dev)[None]
-    pos = start[:, None] + depth[:, lo:]
+    slots = start[:, None] + nodes
+    pos = start[:, None] + depth.gather(1, nodes)
     used = min(int(slots.max()) + 1, capacity)
     if int(pos.max()) >= cos_t.shape[0]:
         raise ValueError(f"tree positions reach {int(pos.max())}, past the model's {cos_t.shape[0]} positions")
     cos, sin = cos_t[pos].unsqueeze(1), sin_t[pos].unsqueeze(1)
     rel = torch.arange(used, device=dev)[None] - start[:, None]  # (B, used): key slot - start
     inside = (rel >= 0) & (rel < M)
-    seen = anc[:, lo:].gather(2, rel.clamp(0, M - 1)[:, None, :].expand(B, W, used))  # (B, W, used)
+    own = anc.gather(1, nodes[:, :, None].expand(B, W, M))  # (B, W, M) each node's ancestors and itself
+    seen = own.gather(2, rel.clamp(0, M - 1)[:, None, :].expand(B, W, used))  # (B, W, used)
     mask = ((rel < 0)[:, None, :] | (seen & inside[:, None, :])).unsqueeze(1)
     return slots, cos, sin, mask
 

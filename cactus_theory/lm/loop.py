@@ -177,13 +177,14 @@ def runtime_models(pair: ModelPair, compact: bool = True):
 
 # -- what a batch's decode reads: its context, the phase timer, the one counting path -------------------
 
-_PHASES = ("draft", "verifier", "verify", "metric")
+_PHASES = ("draft", "verifier", "verify", "prefill", "metric")
 
 
 class PhaseTimer:
     """Wall-clock seconds of a decode step's phases, added to the run's ``DecodeStats``: ``"draft"`` (draft
     forwards and sampling: ``draft_seconds``), ``"verifier"`` (its forward and the transforms of ``q``:
-    ``verifier_seconds``), ``"verify"`` (the sampler: ``verify_seconds``) and ``"metric"`` (NLL and step KL:
+    ``verifier_seconds``), ``"verify"`` (the sampler: ``verify_seconds``), ``"prefill"`` (the prompts' prefill and
+    first tokens: ``prefill_seconds``, not the loop's bookkeeping) and ``"metric"`` (NLL and step KL:
     ``metric_seconds``, which ``_run`` takes out of ``seconds`` and of each sequence's share)::
 
         with timer.phase("draft"):
@@ -306,10 +307,11 @@ def _per_row(gen) -> list:
 def _first_tokens(ctx: DecodeContext, target, ids, lens, out):
     """The prompts' prefill and each row's first token, drawn from the verifier (as when it decodes alone), its
     NLL counted. Returns (the first tokens, the verifier's features, the rows still running)."""
-    logits, feats = target.prefill(ids, lens)
+    with ctx.timer.phase("prefill"):
+        logits, feats = target.prefill(ids, lens)
+        p = sampling_probs(logits, *ctx.sampling)
+        first = draw(p, ctx.gen)
     ctx.stats.prefill_calls += 1
-    p = sampling_probs(logits, *ctx.sampling)
-    first = draw(p, ctx.gen)
     rows = list(range(len(out)))
     if ctx.observer is not None:
         ctx.observer.first(rows, p, first)
@@ -496,7 +498,7 @@ def _run(pair, prompts, ctx: DecodeContext, body, *, batch_size: int, seed: int,
     return DecodeResult(tokens, texts, stats, ids, per_seq)
 
 
-def speculative_generate(pair: ModelPair, prompts, rule: Rule | str, k: int = 4, max_new_tokens: int = 64,
+def speculative_generate(pair: ModelPair, prompts, rule: Rule | str, k: int = 4, max_new_tokens: int = 64, *,
                          temperature: float = SAMPLING.temperature, top_k: int = SAMPLING.top_k,
                          top_p: float = SAMPLING.top_p, batch_size: int = 8, seed: int = 0, chat: bool = True,
                          track_kl: bool = True, compact: bool = True, seeds=None, observer=None,
@@ -537,7 +539,7 @@ def speculative_generate(pair: ModelPair, prompts, rule: Rule | str, k: int = 4,
                 batch_size=batch_size, seed=seed, chat=chat, seeds=seeds)
 
 
-def autoregressive_generate(pair: ModelPair, prompts, max_new_tokens: int = 64,
+def autoregressive_generate(pair: ModelPair, prompts, max_new_tokens: int = 64, *,
                             temperature: float = SAMPLING.temperature, top_k: int = SAMPLING.top_k,
                             top_p: float = SAMPLING.top_p, batch_size: int = 8, seed: int = 0,
                             chat: bool = True, compact: bool = True, seeds=None, observer=None) -> DecodeResult:
@@ -552,7 +554,7 @@ def autoregressive_generate(pair: ModelPair, prompts, max_new_tokens: int = 64,
 
 
 @torch.inference_mode()
-def first_step_laws(pair: ModelPair, ids: list[int], lo: int, hi: int, temperature: float = SAMPLING.temperature,
+def first_step_laws(pair: ModelPair, ids: list[int], lo: int, hi: int, *, temperature: float = SAMPLING.temperature,
                     top_k: int = SAMPLING.top_k, top_p: float = SAMPLING.top_p):
     """Teacher-forced laws along a token sequence: for each position ``i`` in ``[lo, hi)``, the
     verifier's law ``q_i`` of token ``i + 1`` given ``ids[:i + 1]`` and the draft's law ``p_i`` of the
@@ -644,7 +646,7 @@ def tree_nodes(tree) -> tuple[int, int]:
 
 
 @torch.inference_mode()
-def first_tree_step(pair: ModelPair, ids: list[int], tree, scheme: str = "deterministic",
+def first_tree_step(pair: ModelPair, ids: list[int], tree, scheme: str = "deterministic", *,
                     temperature: float = SAMPLING.temperature, top_k: int = SAMPLING.top_k,
                     top_p: float = SAMPLING.top_p, seed: int = 0, compact: bool = True):
     """The runtime's first tree step after ``ids`` (a prompt whose last token is the pending one, as
@@ -677,7 +679,7 @@ def first_tree_step(pair: ModelPair, ids: list[int], tree, scheme: str = "determ
     return tokens, parents, p, sampling_probs(logits, *sampling)
 
 
-def tree_generate(pair: ModelPair, prompts, rule, tree, scheme: str = "iid", mode: str = "rounds",
+def tree_generate(pair: ModelPair, prompts, rule, tree, scheme: str = "iid", mode: str = "rounds", *,
                   max_new_tokens: int = 64, temperature: float = SAMPLING.temperature, top_k: int = SAMPLING.top_k,
                   top_p: float = SAMPLING.top_p, batch_size: int = 8, seed: int = 0,
                   chat: bool = True, compact: bool = True, seeds=None, observer=None) -> DecodeResult:

@@ -76,6 +76,7 @@ class DecodeStats:
     draft_seconds: float = 0.0  # profile: draft forwards and sampling
     verifier_seconds: float = 0.0  # verifier forwards and the sampling transforms of q
     verify_seconds: float = 0.0  # sampler.verify
+    prefill_seconds: float = 0.0  # the prompts' prefill and each row's first token (part of ``seconds``)
     metric_seconds: float = 0.0  # step KL and NLL (excluded from ``seconds``)
     kl_sum: float = 0.0
     kl_count: int = 0
@@ -108,7 +109,10 @@ class DecodeStats:
 
     @property
     def bookkeeping_seconds(self) -> float:
-        return max(0.0, self.seconds - self.draft_seconds - self.verifier_seconds - self.verify_seconds)
+        """What a step spends outside its phases (advancing caches, emitting, dropping finished rows): ``seconds``
+        less draft, verifier forward, verify and the prefill."""
+        return max(0.0, self.seconds - self.draft_seconds - self.verifier_seconds - self.verify_seconds
+                   - self.prefill_seconds)
 
     @property
     def mean_step_kl(self) -> float:
@@ -119,10 +123,10 @@ class DecodeStats:
         return self.nll_sum / self.nll_count if self.nll_count else math.nan
 
     def profile(self) -> str:
-        """Per verifier call: milliseconds in draft / verifier forward / verify / bookkeeping."""
+        """Per verifier call: milliseconds in draft / verifier forward / verify / bookkeeping / the prefill."""
         n = max(1, self.verifier_calls)
         parts = (("draft", self.draft_seconds), ("verifier", self.verifier_seconds), ("verify", self.verify_seconds),
-                 ("bookkeeping", self.bookkeeping_seconds))
+                 ("bookkeeping", self.bookkeeping_seconds), ("prefill", self.prefill_seconds))
         return ", ".join(f"{name} {1000 * s / n:.1f} ms" for name, s in parts) + " per step"
 
     def as_dict(self) -> dict:

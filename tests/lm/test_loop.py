@@ -363,3 +363,22 @@ def test_decode_command_runs_an_adaptive_draft_length(monkeypatch, tmp_path, cap
     assert "k=4 (adaptive, path>=0.2)" in cap.out and "Traceback" not in cap.err
     s = json.loads(out.read_text())["speculative"]
     assert s["new_tokens"] == 24 and s["steps"] <= s["drafted"] <= 4 * s["steps"]
+
+
+def test_no_loop_function_takes_more_than_six_positional_parameters():
+    """The loop's state travels in named objects (``DecodeContext``): every function of ``lm/loop.py``, the public
+    entry points included, takes at most six positional parameters (the rest keyword-only)."""
+    import ast
+    from pathlib import Path
+
+    import cactus_theory.lm.loop as loop_module
+
+    tree = ast.parse(Path(loop_module.__file__).read_text(encoding="utf-8"))
+    def positional(f) -> int:
+        names = [a.arg for a in f.args.posonlyargs + f.args.args]
+        return len(names) - (names[:1] == ["self"])
+
+    wide = [(f.name, positional(f)) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and positional(f) > 6]
+    assert not wide, wide
+    with pytest.raises(TypeError):
+        speculative_generate(pair(), [[1]], ct.SpS(), 2, 4, 0.7)  # sampling is keyword-only

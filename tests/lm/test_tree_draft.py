@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cactus_theory.core.tree import BudgetTree, DynamicTree, branching_parents
+from cactus_theory.core.tree import BudgetTree, DynamicTree, Grow, as_tree, branching_parents
 from cactus_theory.lm.cache import grow_tree, ranked_tokens
 from cactus_theory.lm.llama import tree_ancestry
 
@@ -117,3 +117,35 @@ def test_grow_tree_on_a_shortlist_is_the_whole_vocabulary_tree(tree):
             assert x.shape == y.shape and torch.equal(x, y), case
     with pytest.raises(ValueError, match="deterministic"):
         grow_tree(p0, short, tree, "iid", torch.Generator(), support=(ids, V))
+
+
+@pytest.mark.parametrize("tree", [BudgetTree(6, 3, 2), BudgetTree(9, 4, 3), DynamicTree(3, 2, 2),
+                                  branching_parents((2, 2))], ids=repr)
+def test_a_sparse_read_grows_the_same_tree(tree):
+    """``sparse=True`` reads a level only at the nodes the next ``Grow`` level expands; with laws that depend on
+    the node alone (as a drafter's do: its token and its ancestors), the tree, its laws and which nodes are
+    read are those of a full read, except that unexpanded nodes are not read; the reader sees each node's
+    index and gets exactly the expanded ones."""
+    B, V = 3, 12
+    for case in range(20):
+        asked = []
+
+        def node_law(b: int, j: int, case=case) -> torch.Tensor:
+            return _laws(torch.Generator().manual_seed(1_000 * case + 50 * b + j), 1, V)[0]
+
+        def read(tok, par, lo, nodes=None, asked=asked):
+            idx = torch.arange(lo, lo + tok.shape[1]).expand(B, -1) if nodes is None else nodes
+            asked.append(idx.clone())
+            return torch.stack([torch.stack([node_law(b, int(j)) for j in idx[b]]) for b in range(B)])
+
+        p0 = _laws(torch.Generator().manual_seed(case), B, V)
+        full = grow_tree(p0, read, tree, "deterministic", None)
+        n_full = sum(x.numel() for x in asked)
+        asked.clear()
+        sparse = grow_tree(p0, read, tree, "deterministic", None, sparse=True)
+        for x, y in zip(full[:3] + full[4:], sparse[:3] + sparse[4:], strict=True):  # tokens, parents, laws, nodes
+            assert torch.equal(x, y), case
+        assert bool((sparse[3] <= full[3]).all())  # read: a subset of the full read's nodes
+        grows = [lv for lv in as_tree(tree).levels()[1:] if isinstance(lv, Grow)]
+        if grows:  # a tree that grows by path probability reads fewer nodes
+            assert sum(x.numel() for x in asked) < n_full

@@ -199,7 +199,8 @@ def format_table(res: dict) -> str:
         f"{r['rule']} k={r['k']} B={r['batch_size']}: draft {1000 * r['draft_seconds'] / max(1, r['verifier_calls']):.1f}"
         f" / verifier {1000 * r['verifier_seconds'] / max(1, r['verifier_calls']):.1f}"
         f" / verify {1000 * r['verify_seconds'] / max(1, r['verifier_calls']):.1f}"
-        f" / bookkeeping {1000 * r['bookkeeping_seconds'] / max(1, r['verifier_calls']):.1f} ms"
+        f" / bookkeeping {1000 * r['bookkeeping_seconds'] / max(1, r['verifier_calls']):.1f}"
+        f" / prefill {1000 * r.get('prefill_seconds', 0.0) / max(1, r['verifier_calls']):.1f} ms"
         for r in res["rows"] if (r["k"] == 4 or isinstance(r["k"], str))
         and r["batch_size"] == min(int(b) for b in res["baselines"])))
     return "\n".join(lines)
