@@ -144,8 +144,12 @@ def main(argv=None) -> int:
 
     t0 = time.time()
     pair = load_pair(dtype=getattr(torch, args.dtype))
-    pair.draft.to(args.device, getattr(torch, args.draft_dtype or args.dtype))
     pair.verifier.to(args.device)
+    pair.draft.to(args.device)
+    if hasattr(pair.draft, "cast"):  # the feature head: its own weights only (the embedding is the verifier's)
+        pair.draft.cast(getattr(torch, args.draft_dtype or args.dtype))
+    else:
+        pair.draft.to(getattr(torch, args.draft_dtype or args.dtype))
     packed = lean(pair, args)
     info = getattr(pair.draft, "info", {}) or {}
     print(f"loaded {pair.name} ({args.dtype}, draft {args.draft_dtype or args.dtype}, {packed}, {args.device}, "

@@ -115,6 +115,15 @@ class FeatureDraft(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.fc.weight.dtype
 
+    def cast(self, dtype: torch.dtype) -> FeatureDraft:
+        """The head's own weights in ``dtype``, in place (the RoPE tables stay float32, cast where used); the
+        embedding it shares with the verifier keeps the verifier's dtype (``.to(dtype)`` would cast the
+        verifier's embedding too). Returns the head."""
+        for name, child in self.named_children():
+            if name != "embed":
+                child.to(dtype)
+        return self
+
     def own_state(self) -> dict:
         """The head's weights without the shared embedding and the RoPE tables."""
         return {k: v for k, v in self.state_dict().items() if not k.startswith("embed.")}

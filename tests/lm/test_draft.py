@@ -187,3 +187,21 @@ def test_eagle3_export_computes_the_same_head(tmp_path):
     assert torch.equal(fin, torch.isfinite(theirs)) and int(fin[0].sum()) == 8
     assert torch.allclose(ours[fin], theirs[fin], atol=1e-4)
     assert w["t2d"].sum() == 8 and w["t2d"].dtype == torch.bool
+
+
+def test_cast_leaves_the_shared_embedding_alone():
+    """``FeatureDraft.cast`` puts the head's own weights in a dtype and leaves the verifier's embedding (shared,
+    not the head's) in the verifier's; the cast head still scores a step, in its new dtype."""
+    import copy
+
+    verifier = copy.deepcopy(HEAD_VER)
+    head = tiny_head(verifier, seed=5)
+    embed_dtype = head.embed.weight.dtype
+    assert head.cast(torch.bfloat16) is head
+    assert head.embed.weight.dtype == embed_dtype == next(verifier.parameters()).dtype
+    own = [t for k, t in head.state_dict().items() if not k.startswith("embed.") and t.is_floating_point()]
+    assert own and all(t.dtype == torch.bfloat16 for t in own)
+    cache = head.new_cache(1, 8)
+    g = head.step(torch.zeros(1, 1, head.args.dim, dtype=torch.bfloat16), torch.tensor([[1]]), cache,
+                  torch.tensor([[0]]), 1)
+    assert g.dtype == torch.bfloat16 and bool(torch.isfinite(g.float()).all())
