@@ -199,7 +199,7 @@ def test_bare_forward_writes_its_logits_only():
             == 2 * 3 * 10 * 4)  # the transforms' read of the logits and their write of q
 
 
-COMMITTED = "benchmarks/results/lm/roofline_bf16.json"
+COMMITTED = "benchmarks/results/lm/lean_bf16.json"
 
 
 def test_docs_table_is_the_committed_runs():
