@@ -368,9 +368,8 @@ def _level_shape(d: int, level, sizes, lo: int, parents: torch.Tensor, logpath: 
 def _ranked_level(P: torch.Tensor, ranks: list[int], groups: list[int], support) -> tuple[torch.Tensor, torch.Tensor]:
     """Deterministic candidates of one level: node ``i`` is the ``ranks[i]``-th most likely token of its
     parent's law ``P[:, i]`` (B, W, S), ranked over the whole vocabulary; the nodes of one group share that
-    law, ranked once. ``support = (ids, V)`` when the laws are over the ascending tokens ``ids`` only: a law
-    with at least ``m`` tokens of positive probability is ranked on ``ids`` (its top ``m`` lie there, in id
-    order), the others over the vocabulary. Returns the tokens (B, W) int64 and their probabilities (B, W)."""
+    law, ranked once. ``support = (ids, V)`` when the laws are over the ascending tokens ``ids`` only
+    (``_ranked_on_support``). Returns the tokens (B, W) int64 and their probabilities (B, W)."""
     reps = list(dict.fromkeys(groups))  # the groups in order of first appearance
     first = [groups.index(g) for g in reps]
     law = P[:, first]  # (B, G, S)
@@ -382,24 +381,35 @@ def _ranked_level(P: torch.Tensor, ranks: list[int], groups: list[int], support)
         ranked = ranked_tokens(law, m)  # (B, G, m)
         probs = law.gather(2, ranked)
     else:
-        ids, V = support
-        flat = law.reshape(-1, law.shape[-1])
-        short = (flat > 0).sum(-1) < m  # (B G,) laws with fewer than m tokens: zeros are ranked too
-        ranked = torch.empty((flat.shape[0], m), dtype=torch.long, device=P.device)
-        probs = flat.new_empty((flat.shape[0], m))
-        if m <= flat.shape[-1] and not bool(short.all()):
-            r = torch.nonzero(~short)[:, 0]
-            at = ranked_tokens(flat[r], m)
-            ranked[r], probs[r] = ids[at], flat[r].gather(1, at)
-        if bool(short.any()):
-            r = torch.nonzero(short)[:, 0]
-            whole = flat.new_zeros((len(r), V)).index_copy_(-1, ids, flat[r])
-            ranked[r] = ranked_tokens(whole, m)
-            probs[r] = whole.gather(1, ranked[r])
+        ranked, probs = _ranked_on_support(law.reshape(-1, law.shape[-1]), m, *support)
         ranked, probs = ranked.view(*law.shape[:2], m), probs.view(*law.shape[:2], m)
     col = torch.tensor([reps.index(g) for g in groups], device=P.device)
     rank = torch.tensor(ranks, device=P.device)
     return ranked[:, col, rank], probs[:, col, rank]  # (B, W) tokens, their probabilities
+
+
+def _ranked_on_support(flat: torch.Tensor, m: int, ids: torch.Tensor, V: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``ranked_tokens`` of laws given on the ascending tokens ``ids`` (S,) only (0 elsewhere in the vocabulary
+    of ``V``), without writing them into the vocabulary: ``flat`` (R, S). A law's ``c`` tokens of positive
+    probability come first, in the order of a stable sort on ``ids`` (ascending ids keep ties in id order);
+    when ``c < m`` the rest are the lowest vocabulary ids of probability 0, which lie among ids
+    ``0 .. 2m - 1`` (at most ``c < m`` of those are positive). Returns the tokens (R, m) int64 and their
+    probabilities (R, m)."""
+    R, S = flat.shape
+    k = min(m, S)
+    top = ranked_tokens(flat, k)  # (R, k): the positives first, in rank order
+    if k < m:
+        top = torch.cat([top, top.new_zeros((R, m - k))], 1)
+    c = (flat > 0).sum(-1, keepdim=True)  # (R, 1)
+    window = torch.arange(min(2 * m, V), device=flat.device)
+    at = torch.searchsorted(ids, window).clamp(max=S - 1)
+    inside = ids[at] == window  # the window's ids that are in the support
+    pw = torch.where(inside, flat[:, at], flat.new_zeros(()))  # (R, |window|) their probabilities
+    zeros = torch.where(pw == 0, window, V).sort(-1).values[:, :m]  # the lowest ids of probability 0
+    j = torch.arange(m, device=flat.device)
+    ranked = torch.where(j < c, ids[top], zeros.gather(1, (j - c).clamp(min=0)))
+    probs = torch.where(j < c, flat.gather(1, top), flat.new_zeros(()))
+    return ranked, probs
 
 
 def _drawn_level(P, slot, removed, gen) -> torch.Tensor:
