@@ -4,9 +4,8 @@ At decode time every linear map multiplies a few rows (W = 1 to a few dozen posi
 read once from memory: the phase is bound by how fast the kernel streams the weight. ``F.linear`` hands the
 weight to oneDNN in its plain (out, in) layout, and oneDNN reorders it into its blocked layout on every call;
 a prepacked weight (``torch.ops.mkldnn._reorder_linear_weight``, the op ``torch.compile``'s CPU freezing
-uses) is streamed as is. On the AMD Zen 5 machine of ``benchmarks/results/lm/roofline_bf16.json`` a verifier
-forward's thirty layers ran about 1.7x faster packed in bfloat16 (``benchmarks/bench_lm.py --prepack``
-measures it in the run that reports it).
+uses) is streamed as is (the measurement, packed against unpacked in one session: docs/decoding.md, "A lean
+step on CPU").
 
 ``PackedLinear`` is an ``nn.Linear`` (same ``weight``, ``in_features``, ``out_features``: the roofline counts
 its bytes and FLOPs as before) whose forward reads the packed copy; the packed copy is a plain attribute,
