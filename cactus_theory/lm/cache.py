@@ -331,13 +331,20 @@ def ranked_tokens(p: torch.Tensor, m: int) -> torch.Tensor:
             at = sub == tr
             take = (sub > tr) | (at & (at.cumsum(-1) <= need))
             general = torch.full_like(fill, V)
-            rows, cols = torch.nonzero(take & ~zero[:, None], as_tuple=True)
-            general[~zero] = cols.view(-1, m)
+            general[~zero] = torch.nonzero(take & ~zero[:, None], as_tuple=True)[1].view(-1, m)
             fill = torch.where(zero[:, None], fill, general)
         ids[r] = fill
     ids = ids.sort(-1).values  # ascending ids, so that the stable sort below keeps ties in id order
     order = torch.sort(-flat.gather(1, ids), dim=-1, stable=True).indices
     return ids.gather(1, order).view(*p.shape[:-1], m)
+
+
+def _best_paths(logpath: torch.Tensor, lo: int, hi: int, width: int) -> torch.Tensor:
+    """The ``width`` nodes of ``lo .. hi - 1`` (one level) of highest path log-probability (``logpath``
+    (B, N + 1), slot ``j + 1`` for node ``j``; ties to the lower node), in node order: (B, width) int64. A
+    ``Grow`` level's parents, and the nodes a sparse read of the level before it reads."""
+    order = torch.sort(-logpath[:, lo + 1:hi + 1], dim=-1, stable=True).indices
+    return order[:, :width].sort(-1).values + lo
 
 
 def _level_shape(d: int, level, sizes, lo: int, parents: torch.Tensor, logpath: torch.Tensor):
@@ -348,9 +355,7 @@ def _level_shape(d: int, level, sizes, lo: int, parents: torch.Tensor, logpath: 
     if isinstance(level, Grow):  # the previous level's best paths grow ``children`` each, kept in node order
         if d == 0 or level.width * level.children != size:
             raise ValueError(f"tree: level {d} grows {level} but holds {size} nodes")
-        plo = lo - sizes[d - 1]
-        order = torch.sort(-logpath[:, plo + 1:lo + 1], dim=-1, stable=True).indices
-        best = order[:, :level.width].sort(-1).values + plo
+        best = _best_paths(logpath, lo - sizes[d - 1], lo, level.width)
         parents[:, lo:hi] = best.repeat_interleave(level.children, dim=1)
         return [j % level.children for j in range(size)], [j // level.children for j in range(size)]
     first = lo - sizes[d - 1] if d else -1  # a level's parents are the previous level's nodes (the root's)
@@ -509,8 +514,7 @@ def grow_tree(p0: torch.Tensor, read_level, tree, scheme: str, gen, support: tup
         if d + 1 < len(sizes):  # speculative read: nothing becomes final
             nxt = levels[d + 1]
             if sparse and isinstance(nxt, Grow):  # only the nodes the next level expands (``_level_shape``'s choice)
-                order = torch.sort(-logpath[:, lo + 1:hi + 1], dim=-1, stable=True).indices
-                which = order[:, :nxt.width].sort(-1).values + lo  # (B, w)
+                which = _best_paths(logpath, lo, hi, nxt.width)  # (B, w)
                 laws[rows, which + 1] = read_level(tokens.gather(1, which), parents[:, :hi], lo, which)
                 read[rows, which] = True
             else:
