@@ -184,6 +184,12 @@ def write_markdown(name: str, text: Callable[[dict], str]) -> Callable[[dict, Ct
     return write
 
 
+def report_section(heading: str, page: str) -> str:
+    """REPORT.md's section of a table step: ``page`` (its markdown, whose first two lines are its title and a
+    blank line) without its title, under ``heading`` (a line of the report's level)."""
+    return f"{heading}\n\n" + page.split("\n", 2)[2].rstrip("\n")
+
+
 def standalone(run: Callable[[Ctx], StepResult], argv: list[str] | None = None) -> StepResult:
     """``python -m paper_repro.<step> [--fast] [--force]``: run one step on the default paths."""
     import argparse

@@ -35,7 +35,16 @@ from cactus_theory.core.sampling import SAMPLING
 from cactus_theory.rules import DropMatch
 from cactus_theory.tradeoff import matched_cactus
 
-from .common import Claim, Ctx, StepResult, atomic_write_text, cached_step, fmt, standalone
+from .common import (
+    Claim,
+    Ctx,
+    StepResult,
+    atomic_write_text,
+    cached_step,
+    fmt,
+    report_section,
+    standalone,
+)
 from .lm_runs import set_threads
 
 NAME = "table_j_dropmatch"
@@ -277,8 +286,7 @@ def compute(ctx: Ctx, cfg: dict) -> dict:
 
 def section(d: dict) -> str:
     """REPORT.md's section (the table without its title, under a heading of the report's level)."""
-    body = render(d).split("\n", 2)[2]
-    return "### j. DropMatch on the real LM, beside Cactus (our measurement)\n\n" + body.rstrip("\n")
+    return report_section("### j. DropMatch on the real LM, beside Cactus (our measurement)", render(d))
 
 
 def render(d: dict) -> str:

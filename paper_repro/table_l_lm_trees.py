@@ -46,6 +46,7 @@ from .common import (
     StepResult,
     cached_step,
     fmt,
+    report_section,
     standalone,
     write_markdown,
 )
@@ -264,8 +265,7 @@ def summary_a(d: dict) -> list[dict]:
 
 
 def section(d: dict) -> str:
-    body = render(d).split("\n", 2)[2]
-    return "### l. Tree verification on the real LM, by exact law (our measurement)\n\n" + body.rstrip("\n")
+    return report_section("### l. Tree verification on the real LM, by exact law (our measurement)", render(d))
 
 
 def render(d: dict) -> str:

@@ -28,6 +28,7 @@ from .common import (
     Parts,
     StepResult,
     cached_step,
+    report_section,
     standalone,
     write_markdown,
 )
@@ -179,8 +180,7 @@ def render(d: dict) -> str:
 
 
 def section(d: dict) -> str:
-    body = render(d).split("\n", 2)[2]
-    return "### m. The decode loop, lossless end to end (our check)\n\n" + body.rstrip("\n")
+    return report_section("### m. The decode loop, lossless end to end (our check)", render(d))
 
 
 def claims(d: dict) -> list[Claim]:

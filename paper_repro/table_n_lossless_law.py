@@ -32,6 +32,7 @@ from .common import (
     StepResult,
     cached_step,
     fmt,
+    report_section,
     standalone,
     write_markdown,
 )
@@ -262,8 +263,8 @@ def render(d: dict) -> str:
 
 
 def section(d: dict) -> str:
-    body = render(d).split("\n", 2)[2]
-    return "### n. Lossless in law over whole answers: SpS against the verifier alone (our check)\n\n" + body.rstrip("\n")
+    return report_section("### n. Lossless in law over whole answers: SpS against the verifier alone (our check)",
+                          render(d))
 
 
 def claims(d: dict) -> list[Claim]:

@@ -43,6 +43,7 @@ from .common import (
     StepResult,
     cached_step,
     fmt,
+    report_section,
     standalone,
     write_markdown,
 )
@@ -248,8 +249,7 @@ def render(d: dict) -> str:
 
 
 def section(d: dict) -> str:
-    body = render(d).split("\n", 2)[2]
-    return "### o. A KL budget for the whole answer (our result)\n\n" + body.rstrip("\n")
+    return report_section("### o. A KL budget for the whole answer (our result)", render(d))
 
 
 def claims(d: dict) -> list[Claim]:

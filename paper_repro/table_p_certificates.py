@@ -48,6 +48,7 @@ from .common import (
     StepResult,
     cached_step,
     fmt,
+    report_section,
     standalone,
     write_markdown,
 )
@@ -181,8 +182,7 @@ def render(d: dict) -> str:
 
 
 def section(d: dict) -> str:
-    body = render(d).split("\n", 2)[2]
-    return "### p. Exact KL certificates of deterministic acceptance (arXiv 2606.30265)\n\n" + body.rstrip("\n")
+    return report_section("### p. Exact KL certificates of deterministic acceptance (arXiv 2606.30265)", render(d))
 
 
 def claims(d: dict) -> list[Claim]:
