@@ -38,7 +38,7 @@ from ..core.draws import RowGenerators, uniforms
 from ..core.sampler import draw, sample_rows
 from ..core.transforms import sampling_probs
 from ..core.tree import SCHEMES, Grow, as_tree, rerank, without
-from .draft import FeatureDraft
+from .draft import FeatureDraft, spread
 from .llama import Llama, tree_ancestry
 
 __all__ = ["Target", "TokenDrafter", "FeatureDrafter", "make_drafter", "right_pad", "open_stream",
@@ -303,40 +303,21 @@ def tree_sizes(tree) -> tuple[int, ...]:
 
 
 def ranked_tokens(p: torch.Tensor, m: int) -> torch.Tensor:
-    """The ``m`` most likely tokens of each law ``p`` (..., V), most likely first, ties to the lower id:
-    exactly the first ``m`` indices of a stable descending sort of each row, found without sorting the
-    vocabulary. ``topk`` gives the ``m``-th largest value ``t`` and a set of ``m`` tokens; every token above
-    ``t`` is in it, and the set is the sort's unless the tokens at ``t`` straddle the cut. Then the lowest
-    ids at ``t`` fill the rest: when ``t = 0`` (the law's support is smaller than ``m``) they are among ids
-    ``0 .. m - 1``; otherwise they are found by a cumulative count over the row. Only the ``m`` chosen
-    tokens are sorted. Returns (..., m) int64."""
+    """The ``m`` most likely tokens of each law ``p`` (..., V) (entries >= 0), most likely first, ties to the
+    lower id: exactly the first ``m`` indices of a stable descending sort of each row, found without sorting
+    the vocabulary. A law in float32 or narrower is read in float32 (exact), whose bits, as integers, order
+    non-negative values as the floats do; the key ``bits * 2^32 - id`` is then distinct per token, larger for
+    the likelier token and, among equal ones, for the lower id, so one ``topk`` over the keys gives the
+    order. Float64 laws are sorted. Returns (..., m) int64."""
     V = p.shape[-1]
     if not 1 <= m <= V:
         raise ValueError(f"m must be in [1, V = {V}], got {m}")
     flat = p.reshape(-1, V)
-    vals, ids = flat.topk(m, dim=-1)  # (R, m) descending
-    t = vals[:, m - 1:]  # (R, 1) the m-th largest value
-    above = (vals > t).sum(-1, keepdim=True)  # (R, 1) tokens above t, all in the top m
-    straddle = (above + (flat == t).sum(-1, keepdim=True) > m)[:, 0]  # ties at t cut by the top m
-    if bool(straddle.any()):
-        r = torch.nonzero(straddle)[:, 0]
-        sub, tr, need = flat[r], t[r], m - above[r]
-        zero = tr[:, 0] == 0
-        head = torch.arange(m, device=p.device).expand(len(r), m)
-        # t = 0: the tokens above t are the top m's first ``above``; the lowest zero ids lie in 0 .. m - 1
-        z = sub[:, :m] == 0
-        zeros = torch.cat([torch.where(vals[r] > 0, ids[r], V), torch.where(z & (z.cumsum(-1) <= need), head, V)], 1)
-        fill = zeros.sort(-1).values[:, :m]
-        if bool((~zero).any()):  # t > 0: the lowest ids at t over the whole row
-            at = sub == tr
-            take = (sub > tr) | (at & (at.cumsum(-1) <= need))
-            general = torch.full_like(fill, V)
-            general[~zero] = torch.nonzero(take & ~zero[:, None], as_tuple=True)[1].view(-1, m)
-            fill = torch.where(zero[:, None], fill, general)
-        ids[r] = fill
-    ids = ids.sort(-1).values  # ascending ids, so that the stable sort below keeps ties in id order
-    order = torch.sort(-flat.gather(1, ids), dim=-1, stable=True).indices
-    return ids.gather(1, order).view(*p.shape[:-1], m)
+    if flat.dtype == torch.float64 or V >= 2 ** 31:
+        return torch.sort(-flat, dim=-1, stable=True).indices[:, :m].reshape(*p.shape[:-1], m)
+    bits = (flat.float() + 0.0).view(torch.int32).long()  # (R, V); + 0.0 turns -0.0 into +0.0
+    key = (bits << 32) - torch.arange(V, device=p.device)  # a token's key: its value, then its id reversed
+    return key.topk(m, dim=-1).indices.reshape(*p.shape[:-1], m)
 
 
 def _best_paths(logpath: torch.Tensor, lo: int, hi: int, width: int) -> torch.Tensor:
@@ -370,14 +351,17 @@ def _level_shape(d: int, level, sizes, lo: int, parents: torch.Tensor, logpath: 
     return ranks, list(level)
 
 
-def _ranked_level(P: torch.Tensor, ranks: list[int], groups: list[int], support) -> tuple[torch.Tensor, torch.Tensor]:
+def _ranked_level(laws: torch.Tensor, slot: torch.Tensor, ranks: list[int], groups: list[int],
+                  support) -> tuple[torch.Tensor, torch.Tensor]:
     """Deterministic candidates of one level: node ``i`` is the ``ranks[i]``-th most likely token of its
-    parent's law ``P[:, i]`` (B, W, S), ranked over the whole vocabulary; the nodes of one group share that
-    law, ranked once. ``support = (ids, V)`` when the laws are over the ascending tokens ``ids`` only
-    (``_ranked_on_support``). Returns the tokens (B, W) int64 and their probabilities (B, W)."""
+    parent's law ``laws[:, slot[:, i]]`` (``laws`` (B, N + 1, S), ``slot`` (B, W)), ranked over the whole
+    vocabulary; the nodes of one group share that law, read and ranked once. ``support = (ids, V)`` when
+    the laws are over the ascending tokens ``ids`` only (``_ranked_on_support``). Returns the tokens (B, W)
+    int64 and their probabilities (B, W)."""
     reps = list(dict.fromkeys(groups))  # the groups in order of first appearance
     first = [groups.index(g) for g in reps]
-    law = P[:, first]  # (B, G, S)
+    rows = torch.arange(laws.shape[0], device=laws.device)[:, None]
+    law = laws[rows, slot[:, first]]  # (B, G, S) one law per group
     m = max(ranks) + 1
     if m > (law.shape[-1] if support is None else support[1]):
         raise ValueError(f"a node has more than V = {law.shape[-1] if support is None else support[1]} "
@@ -388,8 +372,8 @@ def _ranked_level(P: torch.Tensor, ranks: list[int], groups: list[int], support)
     else:
         ranked, probs = _ranked_on_support(law.reshape(-1, law.shape[-1]), m, *support)
         ranked, probs = ranked.view(*law.shape[:2], m), probs.view(*law.shape[:2], m)
-    col = torch.tensor([reps.index(g) for g in groups], device=P.device)
-    rank = torch.tensor(ranks, device=P.device)
+    col = torch.tensor([reps.index(g) for g in groups], device=laws.device)
+    rank = torch.tensor(ranks, device=laws.device)
     return ranked[:, col, rank], probs[:, col, rank]  # (B, W) tokens, their probabilities
 
 
@@ -403,9 +387,11 @@ def _ranked_on_support(flat: torch.Tensor, m: int, ids: torch.Tensor, V: int) ->
     R, S = flat.shape
     k = min(m, S)
     top = ranked_tokens(flat, k)  # (R, k): the positives first, in rank order
+    c = (flat > 0).sum(-1, keepdim=True)  # (R, 1)
+    if k == m and bool((c >= m).all()):  # every row has m positive tokens: no zero is ranked
+        return ids[top], flat.gather(1, top)
     if k < m:
         top = torch.cat([top, top.new_zeros((R, m - k))], 1)
-    c = (flat > 0).sum(-1, keepdim=True)  # (R, 1)
     window = torch.arange(min(2 * m, V), device=flat.device)
     at = torch.searchsorted(ids, window).clamp(max=S - 1)
     inside = ids[at] == window  # the window's ids that are in the support
@@ -436,7 +422,7 @@ def _drawn_level(P, slot, removed, gen) -> torch.Tensor:
 
 
 def grow_tree(p0: torch.Tensor, read_level, tree, scheme: str, gen, support: tuple | None = None,
-              sparse: bool = False):
+              sparse: bool = False, out: torch.Tensor | None = None):
     """Draw a draft tree after each row (both drafters' ``propose_tree``).
 
     ``p0`` (B, V) the draft law at the root; ``read_level(tokens, parents, lo)`` reads nodes
@@ -463,7 +449,9 @@ def grow_tree(p0: torch.Tensor, read_level, tree, scheme: str, gen, support: tup
     ``support = (ids, V)``: the laws ``p0`` and ``read_level``'s are over the tokens ``ids`` (S,) int64,
     ascending, only (0 elsewhere in the vocabulary of ``V``; the feature draft's shortlist); the tree is
     grown in that space and only what ranking and ``draft_probs`` need is written over the vocabulary:
-    the same tree and laws, less memory traffic. Deterministic schemes only.
+    the same tree and laws, less memory traffic. Deterministic schemes only. ``out`` (B, N, V), 0 outside
+    ``ids``: ``draft_probs`` are written into it (``draft.spread``) and it is returned, instead of a fresh
+    (B, N, V) tensor whose first touch, a few MB each step, costs page faults.
 
     ``sparse``: a level followed by a ``Grow`` level is read only at the nodes that level expands (its
     ``width`` best paths): ``read_level(tokens, parents, lo, nodes)`` gets those nodes' tokens (B, w) and their
@@ -479,6 +467,8 @@ def grow_tree(p0: torch.Tensor, read_level, tree, scheme: str, gen, support: tup
     (B, S), dev = p0.shape, p0.device
     if support is None:
         V = S
+        if out is not None:
+            raise ValueError("out: a buffer for laws on a shortlist (support), got support None")
 
         def full(law):
             return law
@@ -489,7 +479,7 @@ def grow_tree(p0: torch.Tensor, read_level, tree, scheme: str, gen, support: tup
         ids, V = support
 
         def full(law):  # (..., S) -> (..., V), 0 outside ``ids``
-            return law.new_zeros((*law.shape[:-1], V)).index_copy_(-1, ids, law)
+            return spread(law, ids, V, out=out)
     rows = torch.arange(B, device=dev)[:, None]
     laws = p0.new_empty((B, N + 1, S))  # slot 0: the root, slot j + 1: after node j (slots of read nodes only)
     laws[:, 0] = p0
@@ -503,10 +493,10 @@ def grow_tree(p0: torch.Tensor, read_level, tree, scheme: str, gen, support: tup
         hi = lo + sizes[d]
         ranks, groups = _level_shape(d, level, sizes, lo, parents, logpath)
         slot = parents[:, lo:hi] + 1  # (B, W) each node's parent slot
-        P = laws[rows, slot]  # (B, W, S) each node's parent law (whole rows copied, no per-entry index)
         if scheme in ("deterministic", "eagle"):
-            x, px = _ranked_level(P, ranks, groups, support)
+            x, px = _ranked_level(laws, slot, ranks, groups, support)
         else:
+            P = laws[rows, slot]  # (B, W, S) each node's parent law (whole rows copied, no per-entry index)
             x = _drawn_level(P, slot, removed, gen)
             px = P.gather(2, x[:, :, None])[:, :, 0]
         tokens[:, lo:hi] = x
@@ -640,6 +630,7 @@ class FeatureDrafter:
         self.cache = head.new_cache(batch, capacity, device)
         self.length = torch.zeros(batch, dtype=torch.long, device=device)
         self.feat = self.ids = self.n = None
+        self._tree_laws = None  # (B, N, V) float32 draft laws of a deterministic tree, 0 off the shortlist
 
     def start(self, ids, lens, first, feats):
         self.advance_block(self.head.fuse(feats), torch.cat([ids[:, 1:], ids[:, :1]], 1), lens, first)
@@ -672,7 +663,7 @@ class FeatureDrafter:
         for j in range(k):
             t = d2t[block.draw(p_s, gen)]
             toks.append(t)
-            laws.append(p_s.new_zeros((p_s.shape[0], V)).index_copy_(1, d2t, p_s))
+            laws.append(spread(p_s, d2t, V))
             if j == k - 1 or not block.drawn():
                 break
             g = self._step(g, t[:, None], self.length + j)
@@ -686,14 +677,15 @@ class FeatureDrafter:
         """The head's transformed law over the full vocabulary (..., V) from its outputs ``g`` (..., dim):
         the transforms on the shortlist, then written into the vocabulary (0 outside the shortlist)."""
         p_s = sampling_probs(self.head.logits(g), *sampling)
-        return p_s.new_zeros((*p_s.shape[:-1], self.head.args.vocab)).index_copy_(-1, self.head.d2t, p_s)
+        return spread(p_s, self.head.d2t, self.head.args.vocab)
 
     def propose_tree(self, tree, scheme: str, sampling, gen):
         """Draft ``tree`` (see ``grow_tree``) with the head: the pending entries are read (and stay),
         then each level's nodes read their parent's output and their own token in one tree step
         (``FeatureDraft.tree_step``), written after the final entries (scratch: the next pending entries
         come from the verifier's features). Returns ``tokens`` (B, N) int64, ``parents`` (B, N) int64,
-        ``draft_probs`` (B, N, V) float32."""
+        ``draft_probs`` (B, N, V) float32. A deterministic tree's ``draft_probs`` live in the drafter's own
+        buffer, overwritten by its next ``propose_tree``: copy them to keep them past the step."""
         rows = torch.arange(self.ids.shape[0], device=self.ids.device)
         g0 = self._step(self.feat, self.ids, self.length)[rows, self.n - 1]  # (B, dim)
         self.length = self.length + self.n
@@ -717,13 +709,24 @@ class FeatureDrafter:
                 return sampling_probs(self.head.logits(g), *sampling)
 
             support = (self.head.d2t, self.head.args.vocab)
+            out = self._laws_buffer(g0.shape[0], as_tree(tree).nodes)
         else:
             def law(g):
                 return self._law(g, sampling)
 
-            support = None
-        tokens, parents, probs, _, _ = grow_tree(law(g0), read_level, tree, scheme, gen, support, sparse=True)
+            support = out = None
+        tokens, parents, probs, _, _ = grow_tree(law(g0), read_level, tree, scheme, gen, support, sparse=True,
+                                                 out=out)
         return tokens, parents, probs
+
+    def _laws_buffer(self, B: int, N: int) -> torch.Tensor:
+        """The (B, N, V) float32 buffer a deterministic tree's laws are written into, 0 off the shortlist
+        (only shortlist columns are ever written), allocated once per tree size; the first ``B`` rows of it
+        once rows have finished."""
+        buf, V = self._tree_laws, self.head.args.vocab
+        if buf is None or buf.shape[0] < B or buf.shape[1] != N:
+            buf = self._tree_laws = torch.zeros((B, N, V), dtype=torch.float32, device=self.length.device)
+        return buf[:B]
 
     def advance_tree(self, a: torch.Tensor, path: torch.Tensor, tokens: torch.Tensor, feats) -> None:
         """As ``advance`` along the accepted path: the verifier's features (list of (B, N + 1, dim) from

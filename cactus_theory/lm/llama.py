@@ -28,7 +28,7 @@ from torch import nn
 from torch.nn import functional as F
 
 __all__ = ["LlamaArgs", "Llama", "KVCache", "RMSNorm", "Attention", "MLP", "Block", "rope_tables", "rotate",
-           "attend", "supports_hf", "hf_args", "HFParts", "hf_parts", "tree_ancestry", "tree_block_inputs",
+           "attend", "supports_hf", "hf_args", "HFParts", "hf_parts", "tree_ancestry", "node_ancestors", "tree_block_inputs",
            "tree_node_inputs"]
 
 
@@ -263,6 +263,23 @@ def tree_ancestry(parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return anc, depth
 
 
+def node_ancestors(parents: torch.Tensor, nodes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``tree_ancestry`` of some nodes only: ``parents`` (B, M) int64, topological, and ``nodes`` (B, W) int64
+    -> ``own`` (B, W, M) bool (``own[b, w] = anc[b, nodes[b, w]]``: the node and its ancestors) and ``depth``
+    (B, W) int64, found by walking up from the nodes, one ``gather`` per level (a tree's depth, not its size)."""
+    B, M = parents.shape
+    j = torch.arange(M, device=parents.device)
+    if bool(((parents < -1) | (parents >= j[None])).any()):
+        raise ValueError(f"parents must be topological (-1 <= parents[b, j] < j), got {parents.tolist()}")
+    path = [nodes]  # the nodes, then their parents, grandparents, ... (-1 past the root)
+    while bool((path[-1] >= 0).any()):
+        up = path[-1]
+        path.append(torch.where(up >= 0, parents.gather(1, up.clamp_min(0)), -1))
+    path = torch.stack(path[:-1], -1)  # (B, W, D + 1)
+    own = (path[..., None] == j).any(-2)  # (B, W, M)
+    return own, (path >= 0).sum(-1) - 1
+
+
 def tree_block_inputs(parents: torch.Tensor, start: torch.Tensor, lo: int, cos_t: torch.Tensor, sin_t: torch.Tensor,
                       capacity: int):
     """Inputs of a tree block, nodes ``lo .. M - 1`` of the tree ``parents`` (B, M): their ``slots``
@@ -283,16 +300,15 @@ def tree_node_inputs(parents: torch.Tensor, start: torch.Tensor, nodes: torch.Te
     B, M = parents.shape
     W = nodes.shape[1]
     dev = parents.device
-    anc, depth = tree_ancestry(parents)
+    own, depth = node_ancestors(parents, nodes)  # (B, W, M) each node's ancestors and itself, (B, W)
     slots = start[:, None] + nodes
-    pos = start[:, None] + depth.gather(1, nodes)
+    pos = start[:, None] + depth
     used = min(int(slots.max()) + 1, capacity)
     if int(pos.max()) >= cos_t.shape[0]:
         raise ValueError(f"tree positions reach {int(pos.max())}, past the model's {cos_t.shape[0]} positions")
     cos, sin = cos_t[pos].unsqueeze(1), sin_t[pos].unsqueeze(1)
     rel = torch.arange(used, device=dev)[None] - start[:, None]  # (B, used): key slot - start
     inside = (rel >= 0) & (rel < M)
-    own = anc.gather(1, nodes[:, :, None].expand(B, W, M))  # (B, W, M) each node's ancestors and itself
     seen = own.gather(2, rel.clamp(0, M - 1)[:, None, :].expand(B, W, used))  # (B, W, used)
     mask = ((rel < 0)[:, None, :] | (seen & inside[:, None, :])).unsqueeze(1)
     return slots, cos, sin, mask

@@ -10,7 +10,8 @@ import torch
 
 from cactus_theory.core.tree import BudgetTree, DynamicTree, Grow, as_tree, branching_parents
 from cactus_theory.lm.cache import grow_tree, ranked_tokens
-from cactus_theory.lm.llama import tree_ancestry
+from cactus_theory.lm.draft import spread
+from cactus_theory.lm.llama import node_ancestors, tree_ancestry
 
 
 def _laws(g: torch.Generator, rows: int, V: int, dtype=torch.float32) -> torch.Tensor:
@@ -78,6 +79,47 @@ def test_tree_ancestry_walks_up_the_parents():
         tree_ancestry(torch.tensor([[-1, 1]]))
 
 
+def test_node_ancestors_walks_up_the_parents():
+    """Some nodes of each row (their own per row, any order): their ancestors and depths, as the walk up."""
+    g = torch.Generator().manual_seed(3)
+    for case in range(80):
+        B, M = 1 + case % 3, 1 + (case * 7) % 70
+        W = 1 + case % M
+        rows = [[j - 1 if case % 5 == 0 else (int(torch.randint(-1, j, (1,), generator=g)) if j else -1)
+                 for j in range(M)] for _ in range(B)]
+        nodes = torch.stack([torch.randperm(M, generator=g)[:W] for _ in range(B)])
+        own, depth = node_ancestors(torch.tensor(rows), nodes)
+        assert own.shape == (B, W, M) and own.dtype == torch.bool and depth.dtype == torch.int64
+        for b, par in enumerate(rows):
+            ref_anc, ref_depth = _ancestry_walk(par)
+            for w, j in enumerate(nodes[b].tolist()):
+                assert depth[b, w] == ref_depth[j] and set(torch.nonzero(own[b, w])[:, 0].tolist()) == ref_anc[j]
+    with pytest.raises(ValueError, match="topological"):
+        node_ancestors(torch.tensor([[-1, 1]]), torch.tensor([[1]]))
+
+
+def test_spread_writes_a_shortlist_into_the_vocabulary():
+    """``spread`` against an entry-by-entry write, with a fill, and into a reused buffer (only the shortlist's
+    columns are written, so the rest keeps its fill from one call to the next)."""
+    g = torch.Generator().manual_seed(4)
+    V = 30
+    ids = torch.randperm(V, generator=g)[:11].sort().values
+    buf = torch.zeros(2, 3, V)
+    for _ in range(3):
+        x = torch.rand(2, 3, 11, generator=g)
+        ref = torch.zeros(2, 3, V)
+        for i, t in enumerate(ids.tolist()):
+            ref[..., t] = x[..., i]
+        assert torch.equal(spread(x, ids, V), ref)
+        assert spread(x, ids, V, out=buf) is buf and torch.equal(buf, ref)
+        ref_inf = torch.full((2, 3, V), float("-inf"))
+        ref_inf[..., ids] = x
+        assert torch.equal(spread(x, ids, V, float("-inf")), ref_inf)
+    for bad in (torch.zeros(2, 3, V + 1), torch.zeros(2, 3, V, dtype=torch.float64)):
+        with pytest.raises(ValueError, match="out must be"):
+            spread(x, ids, V, out=bad)
+
+
 def _reader(g, B: int, S: int, V: int, ids):
     """A level reader with fixed random laws over ``ids`` per (tokens, parents, level), and the map of a law
     over ``ids`` into the vocabulary of ``V``."""
@@ -115,8 +157,16 @@ def test_grow_tree_on_a_shortlist_is_the_whole_vocabulary_tree(tree):
         b = grow_tree(whole(p0), lambda t, p, lo, s=short, w=whole: w(s(t, p, lo)), tree, "deterministic", None)
         for x, y in zip(a, b, strict=True):
             assert x.shape == y.shape and torch.equal(x, y), case
+        buf = torch.zeros(B, as_tree(tree).nodes, V)  # a drafter's buffer, reused across its steps
+        for _ in range(2):
+            c = grow_tree(p0, short, tree, "deterministic", None, support=(ids, V), out=buf)
+            assert c[2] is buf and torch.equal(buf, b[2]), case
+            p0 = _laws(g, B, S)
+            b = grow_tree(whole(p0), lambda t, p, lo, s=short, w=whole: w(s(t, p, lo)), tree, "deterministic", None)
     with pytest.raises(ValueError, match="deterministic"):
         grow_tree(p0, short, tree, "iid", torch.Generator(), support=(ids, V))
+    with pytest.raises(ValueError, match="out"):
+        grow_tree(whole(p0), short, tree, "deterministic", None, out=torch.zeros(B, as_tree(tree).nodes, V))
 
 
 @pytest.mark.parametrize("tree", [BudgetTree(6, 3, 2), BudgetTree(9, 4, 3), DynamicTree(3, 2, 2),
