@@ -387,9 +387,11 @@ def _ranked_on_support(flat: torch.Tensor, m: int, ids: torch.Tensor, V: int) ->
     R, S = flat.shape
     k = min(m, S)
     top = ranked_tokens(flat, k)  # (R, k): the positives first, in rank order
+    if k == m:
+        probs = flat.gather(1, top)
+        if bool((probs[:, -1] > 0).all()):  # every row has m positive tokens: no zero is ranked
+            return ids[top], probs
     c = (flat > 0).sum(-1, keepdim=True)  # (R, 1)
-    if k == m and bool((c >= m).all()):  # every row has m positive tokens: no zero is ranked
-        return ids[top], flat.gather(1, top)
     if k < m:
         top = torch.cat([top, top.new_zeros((R, m - k))], 1)
     window = torch.arange(min(2 * m, V), device=flat.device)
