@@ -308,7 +308,7 @@ def ranked_tokens(p: torch.Tensor, m: int) -> torch.Tensor:
     the vocabulary. A law in float32 or narrower is read in float32 (exact), whose bits, as integers, order
     non-negative values as the floats do; the key ``bits * 2^32 - id`` is then distinct per token, larger for
     the likelier token and, among equal ones, for the lower id, so one ``topk`` over the keys gives the
-    order. Float64 laws are sorted. Returns (..., m) int64."""
+    order. Float64 laws (and rows of 2^31 tokens or more) are sorted instead. Returns (..., m) int64."""
     V = p.shape[-1]
     if not 1 <= m <= V:
         raise ValueError(f"m must be in [1, V = {V}], got {m}")
