@@ -305,14 +305,18 @@ def tree_sizes(tree) -> tuple[int, ...]:
 def ranked_tokens(p: torch.Tensor, m: int) -> torch.Tensor:
     """The ``m`` most likely tokens of each law ``p`` (..., V) (entries >= 0), most likely first, ties to the
     lower id: exactly the first ``m`` indices of a stable descending sort of each row, found without sorting
-    the vocabulary. A law in float32 or narrower is read in float32 (exact), whose bits, as integers, order
-    non-negative values as the floats do; the key ``bits * 2^32 - id`` is then distinct per token, larger for
-    the likelier token and, among equal ones, for the lower id, so one ``topk`` over the keys gives the
-    order. Float64 laws (and rows of 2^31 tokens or more) are sorted instead. Returns (..., m) int64."""
+    the vocabulary. When the ``m + 1`` largest values of every row are distinct, ``topk``'s order is the only
+    one. Otherwise a law in float32 or narrower is read in float32 (exact), whose bits, as integers, order
+    non-negative values as the floats do: the key ``bits * 2^32 - id`` is distinct per token, larger for the
+    likelier token and, among equal ones, for the lower id, so one ``topk`` over the keys gives the order;
+    float64 laws (and rows of 2^31 tokens or more) are sorted instead. Returns (..., m) int64."""
     V = p.shape[-1]
     if not 1 <= m <= V:
         raise ValueError(f"m must be in [1, V = {V}], got {m}")
     flat = p.reshape(-1, V)
+    vals, idx = flat.topk(min(m + 1, V), dim=-1)  # largest first
+    if bool((vals[:, 1:] < vals[:, :-1]).all()):  # no tie among them: the top m and their order are unique
+        return idx[:, :m].reshape(*p.shape[:-1], m)
     if flat.dtype == torch.float64 or V >= 2 ** 31:
         return torch.sort(-flat, dim=-1, stable=True).indices[:, :m].reshape(*p.shape[:-1], m)
     bits = (flat.float() + 0.0).view(torch.int32).long()  # (R, V); + 0.0 turns -0.0 into +0.0
