@@ -52,7 +52,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cactus_theory.core.sampling import SAMPLING
+from cactus_theory.core.sampling import SAMPLING, Sampling
 
 ROOT = Path(__file__).resolve().parent.parent
 K = 4  # num_speculative_tokens
@@ -206,9 +206,8 @@ class Exact:
         from cactus_theory.lm.loop import first_step_laws
 
         lo, hi = min(positions), max(positions) + 1
-        names = ("temperature", "top_k", "top_p")
-        P, _ = first_step_laws(self.pair, ids, lo, hi, **dict(zip(names, p_sampling, strict=True)))
-        _, Q = first_step_laws(self.pair, ids, lo, hi, **dict(zip(names, q_sampling, strict=True)))
+        P, _ = first_step_laws(self.pair, ids, lo, hi, **Sampling(*p_sampling))
+        _, Q = first_step_laws(self.pair, ids, lo, hi, **Sampling(*q_sampling))
         rows = [i - lo for i in positions]
         P, Q = P[rows], Q[rows]
         return P / P.sum(-1, keepdims=True), Q / Q.sum(-1, keepdims=True)  # float32 rounding, in float64

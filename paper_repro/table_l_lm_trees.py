@@ -215,8 +215,7 @@ def rows_b(pair, cfg: dict) -> list[dict]:
         with torch.inference_mode():
             first = int(pair.verifier(input_ids=torch.tensor([ids])).logits[0, -1].argmax())
         start = tuple(ids) + (first,)
-        named = dict(zip(("temperature", "top_k", "top_p"), samp, strict=True))
-        tokens, parents, p, q = first_tree_step(pair, list(start), tree, "deterministic", seed=cfg["seed"], **named)
+        tokens, parents, p, q = first_tree_step(pair, list(start), tree, "deterministic", seed=cfg["seed"], **SAMPLING)
         laws = ModelLaws(pair, start, samp)
         P, Q = memoised(laws.P, "draft"), memoised(laws.Q, "verifier")  # shared by the tree and both rules
         ref_par, ref_tok = budget_tree(P, tree, start)
