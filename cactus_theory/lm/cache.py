@@ -663,9 +663,8 @@ class FeatureDrafter:
         toks, laws = [], []
         d2t, V = self.head.d2t, self.head.args.vocab
         block = _Stopping(stop, rows.shape[0], rows.device)
-        # the transforms on the shortlist equal those on the full row (-inf outside it); the law
-        # is then written into the full vocabulary for verify
-        p_s = sampling_probs(self.head.logits(g[:, 0]), *sampling)
+        # each law on the shortlist (``_short_law``), written into the full vocabulary for verify
+        p_s = self._short_law(g[:, 0], sampling)
         for j in range(k):
             t = d2t[block.draw(p_s, gen)]
             toks.append(t)
@@ -674,16 +673,19 @@ class FeatureDrafter:
                 break
             g = self._step(g, t[:, None], self.length + j)
             self.forwards += 1
-            p_s = sampling_probs(self.head.logits(g[:, 0]), *sampling)
+            p_s = self._short_law(g[:, 0], sampling)
             if not block.next_law(p_s):
                 break
         return torch.stack(toks, 1), torch.stack(laws, 1), block.lengths
 
+    def _short_law(self, g: torch.Tensor, sampling) -> torch.Tensor:
+        """The head's transformed law on its shortlist (..., S) from its outputs ``g`` (..., dim): the transforms
+        on the shortlist equal those on the full row (-inf outside it)."""
+        return sampling_probs(self.head.logits(g), *sampling)
+
     def _law(self, g: torch.Tensor, sampling) -> torch.Tensor:
-        """The head's transformed law over the full vocabulary (..., V) from its outputs ``g`` (..., dim):
-        the transforms on the shortlist, then written into the vocabulary (0 outside the shortlist)."""
-        p_s = sampling_probs(self.head.logits(g), *sampling)
-        return spread(p_s, self.head.d2t, self.head.args.vocab)
+        """``_short_law`` written into the vocabulary (..., V), 0 outside the shortlist."""
+        return spread(self._short_law(g, sampling), self.head.d2t, self.head.args.vocab)
 
     def propose_tree(self, tree, scheme: str, sampling, gen):
         """Draft ``tree`` (see ``grow_tree``) with the head: the pending entries are read (and stay),
@@ -712,7 +714,7 @@ class FeatureDrafter:
 
         if scheme in ("deterministic", "eagle"):  # grown over the shortlist, written into the vocabulary at the end
             def law(g):
-                return sampling_probs(self.head.logits(g), *sampling)
+                return self._short_law(g, sampling)
 
             support = (self.head.d2t, self.head.args.vocab)
             out = self._laws_buffer(g0.shape[0], as_tree(tree).nodes)
