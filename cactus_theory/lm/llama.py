@@ -246,21 +246,9 @@ def block_inputs(slots: torch.Tensor, cos_t: torch.Tensor, sin_t: torch.Tensor, 
 def tree_ancestry(parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``parents`` (B, M) int64, topological (``-1 <= parents[b, j] < j``) -> ``anc`` (B, M, M) bool,
     ``anc[b, j, i]`` True iff node ``i`` is node ``j`` or one of its ancestors, and ``depth`` (B, M)
-    int64 (0 for a node whose parent is -1)."""
+    int64 (0 for a node whose parent is -1): ``node_ancestors`` of every node."""
     B, M = parents.shape
-    dev = parents.device
-    j = torch.arange(M, device=dev)
-    if bool(((parents < -1) | (parents >= j[None])).any()):
-        raise ValueError(f"parents must be topological (-1 <= parents[b, j] < j), got {parents.tolist()}")
-    # reachability by squaring: anc holds paths of up to 2^s steps after s squarings (M - 1 steps suffice)
-    has = parents >= 0
-    anc = torch.eye(M, dtype=torch.float32, device=dev).repeat(B, 1, 1)
-    anc[torch.arange(B, device=dev)[:, None].expand(B, M)[has], j.expand(B, M)[has], parents[has]] = 1.0
-    for _ in range(max(0, M - 2).bit_length()):
-        anc = torch.bmm(anc, anc).clamp_max_(1.0)  # 0 / 1 entries: the product counts paths, exactly
-    anc = anc > 0
-    depth = anc.sum(-1) - 1  # a node's ancestors, itself excluded
-    return anc, depth
+    return node_ancestors(parents, torch.arange(M, device=parents.device).expand(B, M))
 
 
 def node_ancestors(parents: torch.Tensor, nodes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -272,10 +260,13 @@ def node_ancestors(parents: torch.Tensor, nodes: torch.Tensor) -> tuple[torch.Te
     if bool(((parents < -1) | (parents >= j[None])).any()):
         raise ValueError(f"parents must be topological (-1 <= parents[b, j] < j), got {parents.tolist()}")
     path = [nodes]  # the nodes, then their parents, grandparents, ... (-1 past the root)
-    while bool((path[-1] >= 0).any()):
+    while True:
         up = path[-1]
-        path.append(torch.where(up >= 0, parents.gather(1, up.clamp_min(0)), -1))
-    path = torch.stack(path[:-1], -1)  # (B, W, D + 1)
+        nxt = torch.where(up >= 0, parents.gather(1, up.clamp_min(0)), -1)
+        if not bool((nxt >= 0).any()):
+            break
+        path.append(nxt)
+    path = torch.stack(path, -1)  # (B, W, D + 1)
     own = (path[..., None] == j).any(-2)  # (B, W, M)
     return own, (path >= 0).sum(-1) - 1
 
