@@ -246,9 +246,21 @@ def block_inputs(slots: torch.Tensor, cos_t: torch.Tensor, sin_t: torch.Tensor, 
 def tree_ancestry(parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``parents`` (B, M) int64, topological (``-1 <= parents[b, j] < j``) -> ``anc`` (B, M, M) bool,
     ``anc[b, j, i]`` True iff node ``i`` is node ``j`` or one of its ancestors, and ``depth`` (B, M)
-    int64 (0 for a node whose parent is -1): ``node_ancestors`` of every node."""
+    int64 (0 for a node whose parent is -1)."""
     B, M = parents.shape
-    return node_ancestors(parents, torch.arange(M, device=parents.device).expand(B, M))
+    dev = parents.device
+    j = torch.arange(M, device=dev)
+    if bool(((parents < -1) | (parents >= j[None])).any()):
+        raise ValueError(f"parents must be topological (-1 <= parents[b, j] < j), got {parents.tolist()}")
+    # reachability by squaring: anc holds paths of up to 2^s steps after s squarings (M - 1 steps suffice)
+    has = parents >= 0
+    anc = torch.eye(M, dtype=torch.float32, device=dev).repeat(B, 1, 1)
+    anc[torch.arange(B, device=dev)[:, None].expand(B, M)[has], j.expand(B, M)[has], parents[has]] = 1.0
+    for _ in range(max(0, M - 2).bit_length()):
+        anc = torch.bmm(anc, anc).clamp_max_(1.0)  # 0 / 1 entries: the product counts paths, exactly
+    anc = anc > 0
+    depth = anc.sum(-1) - 1  # a node's ancestors, itself excluded
+    return anc, depth
 
 
 def node_ancestors(parents: torch.Tensor, nodes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
