@@ -95,6 +95,8 @@ def test_node_ancestors_walks_up_the_parents():
             ref_anc, ref_depth = _ancestry_walk(par)
             for w, j in enumerate(nodes[b].tolist()):
                 assert depth[b, w] == ref_depth[j] and set(torch.nonzero(own[b, w])[:, 0].tolist()) == ref_anc[j]
+    own, depth = node_ancestors(torch.tensor([[-1, 0]]), torch.zeros((1, 0), dtype=torch.long))  # no nodes
+    assert own.shape == (1, 0, 2) and depth.shape == (1, 0)
     with pytest.raises(ValueError, match="topological"):
         node_ancestors(torch.tensor([[-1, 1]]), torch.tensor([[1]]))
 
