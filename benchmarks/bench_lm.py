@@ -26,10 +26,11 @@ Cactus only, a 32 MiB copy), not a measurement.
 
     .venv/bin/python benchmarks/bench_lm.py --quick --threads 1 --dtype bfloat16 --out /tmp/bench_quick.json
 
-The draft runs in ``--dtype`` too (``--draft-dtype`` to differ; the built draft is stored in float32), and on
-CPU the linear maps of both models are prepacked once (``lm.packed``: oneDNN's blocked layout, read as is at
-every call; ``--no-prepack`` for plain ``F.linear``); the settings record both, and the verifier alone runs
-the same packed module as the speculative rows.
+The pair runs the library's lean CPU step, as every entry point does (``ModelPair.lean``,
+``lm.loop.lean_step``): the draft in ``--dtype`` too (``--draft-dtype`` to differ; the built draft is stored in
+float32) and the linear maps of both models prepacked once (``lm.packed``); ``--no-lean`` is the library's
+opt-out (plain ``F.linear``, the draft as loaded unless ``--draft-dtype``). The settings record what was done,
+and the verifier alone runs the same modules as the speculative rows.
 
 ``--tree-budget NODES,DEPTH,TOPK``: EAGLE-2's re-ranked tree (``core.tree.BudgetTree``), always with
 deterministic top-k candidates (the only lossless scheme under re-ranking); its rows also get the
@@ -96,8 +97,9 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="verifier and draft dtype")
     ap.add_argument("--draft-dtype", default=None, choices=["float32", "bfloat16"],
                     help="the draft's dtype when it differs from --dtype (the built draft is stored in float32)")
-    ap.add_argument("--no-prepack", action="store_true",
-                    help="run the linear maps through F.linear (default on CPU: weights prepacked once, lm.packed)")
+    ap.add_argument("--no-lean", action="store_true",
+                    help="the library's opt-out of the lean CPU step (ModelPair.lean): plain F.linear, the draft as "
+                         "loaded (unless --draft-dtype)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", default="bench_lm.json")
     ap.add_argument("--quick", action="store_true",
@@ -140,19 +142,22 @@ def main(argv=None) -> int:
     rules = []
     for name in args.rules:
         rules += [r for r in RULE_SETS[name] if r not in rules]
+    from cactus_theory.lm.loop import runtime_models
     from cactus_theory.lm.pair import load_pair
 
     t0 = time.time()
-    pair = load_pair(dtype=getattr(torch, args.dtype))
+    pair = load_pair(dtype=getattr(torch, args.dtype), lean=not args.no_lean)
     pair.verifier.to(args.device)
     pair.draft.to(args.device)
-    if hasattr(pair.draft, "cast"):  # the feature head: its own weights only (the embedding is the verifier's)
-        pair.draft.cast(getattr(torch, args.draft_dtype or args.dtype))
-    else:
-        pair.draft.to(getattr(torch, args.draft_dtype or args.dtype))
-    packed = lean(pair, args)
+    if args.draft_dtype:
+        pair.draft_dtype = getattr(torch, args.draft_dtype)
+        if args.no_lean:  # the lean step casts it otherwise
+            pair.draft.cast(pair.draft_dtype) if hasattr(pair.draft, "cast") else pair.draft.to(pair.draft_dtype)
+    run_draft, _ = runtime_models(pair)  # the lean step, once, before any timing
+    packed = getattr(pair, "lean_state", "not lean (--no-lean)")
+    draft_dtype = str(next(run_draft.parameters()).dtype).replace("torch.", "")
     info = getattr(pair.draft, "info", {}) or {}
-    print(f"loaded {pair.name} ({args.dtype}, draft {args.draft_dtype or args.dtype}, {packed}, {args.device}, "
+    print(f"loaded {pair.name} ({args.dtype}, draft {draft_dtype}, {packed}, {args.device}, "
           f"{torch.get_num_threads()} threads) in "
           f"{time.time() - t0:.1f} s; draft held-out acceptance by depth: "
           f"{info.get('heldout_acceptance_by_depth', 'n/a')}", flush=True)
@@ -163,7 +168,7 @@ def main(argv=None) -> int:
     res["draft_info"] = {k: v for k, v in info.items() if k != "losses"}
     from tree_cost import cpu_model
 
-    res["settings"].update(dtype=args.dtype, draft_dtype=args.draft_dtype or args.dtype, prepacked=packed,
+    res["settings"].update(dtype=args.dtype, draft_dtype=draft_dtype, prepacked=packed,
                            device=args.device, cpu=cpu_model())
     found = targets(res, k=4 if 4 in args.ks else args.ks[0], batch=min(args.batch_sizes))
     for t in trees:
@@ -184,21 +189,6 @@ def main(argv=None) -> int:
 
 
 ROOFLINE_RULES = ("SpS", "Cactus delta=1")
-
-
-def lean(pair, args) -> str:
-    """Prepack the linear maps of the modules the loop runs (``lm.packed.prepack``: the compact verifier and
-    the draft), unless ``--no-prepack`` or off CPU; says what was done (recorded in the settings)."""
-    from cactus_theory.lm.loop import runtime_models
-    from cactus_theory.lm.packed import can_prepack, prepack
-
-    if args.no_prepack:
-        return "not prepacked (--no-prepack)"
-    why = can_prepack(args.device)
-    if why is not None:
-        return f"not prepacked ({why})"
-    draft, verifier = runtime_models(pair)
-    return f"prepacked ({prepack(verifier)} verifier and {prepack(draft)} draft linear maps)"
 
 
 def roofline_of(pair, res: dict, prompts, trees, args) -> dict:

@@ -81,6 +81,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                    help="torch CPU threads (1 is faster on a busy machine; default: torch's)")
     g.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                    help="weights and compute of the models (bfloat16: fast on CPUs with AMX and on GPUs)")
+    g.add_argument("--no-lean", action="store_true",
+                   help="opt out of the lean CPU step (default: linear maps prepacked once, the draft in --dtype)")
     g = parser.add_argument_group("output")
     g.add_argument("--baseline", action="store_true", help="also run the verifier alone: its texts and the speedup")
     g.add_argument("--no-warmup", action="store_true", help="time the first runs cold (not recommended)")
@@ -208,8 +210,8 @@ def _load(args):
     try:
         if args.draft == args.verifier:  # self-drafting: one model, loaded once
             model, tok = load_model(args.verifier, dtype)
-            return ModelPair(model, model, tok, name=f"{args.verifier} (self-draft)")
-        return load_pair(args.draft, args.verifier, dtype=dtype, draft_path=args.draft_path)
+            return ModelPair(model, model, tok, name=f"{args.verifier} (self-draft)", lean=not args.no_lean)
+        return load_pair(args.draft, args.verifier, dtype=dtype, draft_path=args.draft_path, lean=not args.no_lean)
     except OSError as e:  # transformers: not a local folder and not reachable as a hub id
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ValueError(f"could not load --verifier {args.verifier!r} / --draft {args.draft!r}: {first}") from None
@@ -279,7 +281,11 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     with quiet_transformers(args.verbose):
         pair = _load(args)
-    print(f"loaded {pair.name} in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+        from ..lm.loop import runtime_models
+
+        runtime_models(pair)  # the lean step (or its reason not to), once, before any timed decode
+    print(f"loaded {pair.name} in {time.perf_counter() - t0:.1f} s; "
+          f"{getattr(pair, 'lean_state', 'not lean (--no-lean)')}", file=sys.stderr, flush=True)
 
     sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, chat=not args.no_chat)
     spec_kw = dict(pair=pair, rule=rule, k=k, draft_stop=getattr(args, "draft_stop", None), **sampling)

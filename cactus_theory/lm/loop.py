@@ -91,10 +91,11 @@ from .cache import Target, make_drafter, right_pad
 from .head_tap import HeadTap
 from .llama import Llama, supports_hf
 from .metrics import COUNTERS, DecodeResult, DecodeStats, SequenceCounters, nll_of, step_kl
+from .packed import can_prepack, prepack
 from .pair import ModelPair, context_length
 
 __all__ = ["speculative_generate", "autoregressive_generate", "prepare_prompts", "SAMPLING", "runtime_models",
-           "first_step_laws", "VerifierStep", "tree_generate", "check_tree", "first_tree_step", "tree_nodes"]
+           "first_step_laws", "lean_step", "VerifierStep", "tree_generate", "check_tree", "first_tree_step", "tree_nodes"]
 
 SAMPLING = _SAMPLING  # the paper's (core.sampling.SAMPLING: temperature 0.6, top-k 20, top-p 0.95)
 
@@ -155,7 +156,8 @@ def runtime_models(pair: ModelPair, compact: bool = True):
     """The (draft, verifier) modules the loop runs: Llama-family Hugging Face models as the compact
     Llama (converted once, cached on the pair), anything else as given. A Hugging Face model that the
     compact Llama does not reproduce runs as given, announced once per model and pair (``RuntimeWarning``
-    naming the reason), so that a slower path is never taken silently."""
+    naming the reason), so that a slower path is never taken silently. With ``pair.lean`` (the default) the
+    runtime modules take the lean CPU step first (``lean_step``), so every entry point decodes the same way."""
     def run_as(model):
         if not compact or isinstance(model, Llama) or getattr(model, "needs_features", False):
             return model  # a feature draft is already a runtime module
@@ -172,7 +174,39 @@ def runtime_models(pair: ModelPair, compact: bool = True):
             cache[id(model)] = Llama.from_hf(model)
         return cache[id(model)]
 
-    return run_as(pair.draft), run_as(pair.verifier)
+    draft, verifier = run_as(pair.draft), run_as(pair.verifier)
+    if compact and pair.lean:
+        lean_step(pair, draft, verifier)
+    return draft, verifier
+
+
+def _runs_here(model) -> bool:
+    """Whether ``model`` is one of the project's runtime modules (a compact Llama or a feature draft), the
+    modules the lean step may reshape; a Hugging Face model run as given is the user's and left alone."""
+    return isinstance(model, Llama) or getattr(model, "needs_features", False)
+
+
+def lean_step(pair: ModelPair, draft, verifier) -> str:
+    """The lean CPU step (``ModelPair.lean``), applied once per pair and recorded in ``pair.lean_state``: a
+    feature draft (declares ``cast``) in ``pair.draft_dtype`` (default: the verifier's dtype), then every linear
+    map of the runtime modules prepacked (``lm.packed``). Off CPU, or where oneDNN's op is missing, nothing is
+    changed and the reason is recorded. Returns the description."""
+    done = pair.__dict__.get("lean_state")
+    if done is not None:
+        return done
+    why = can_prepack(_device(verifier), next(verifier.parameters()).dtype)
+    if why is not None:
+        state = f"not lean ({why})"
+    else:
+        dtype = pair.draft_dtype or next(verifier.parameters()).dtype
+        if draft is not None and hasattr(draft, "cast") and draft.dtype != dtype:
+            draft.cast(dtype)
+        n_v = prepack(verifier) if _runs_here(verifier) else 0
+        n_d = prepack(draft) if draft is not None and _runs_here(draft) else 0
+        d_dtype = str(getattr(draft, "dtype", None) or next(draft.parameters()).dtype).replace("torch.", "")
+        state = f"lean (prepacked {n_v} verifier and {n_d} draft linear maps; draft in {d_dtype})"
+    pair.__dict__["lean_state"] = state
+    return state
 
 
 # -- what a batch's decode reads: its context, the phase timer, the one counting path -------------------

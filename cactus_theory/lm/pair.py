@@ -125,13 +125,21 @@ def _vocab_size(model: torch.nn.Module) -> int | None:
 
 @dataclass
 class ModelPair:
-    """A draft and a verifier over one vocabulary; ``tokenizer`` may be None (token-id prompts)."""
+    """A draft and a verifier over one vocabulary; ``tokenizer`` may be None (token-id prompts).
+
+    ``lean`` (default True): the decode loop runs the pair's lean step on CPU (``lm.loop.runtime_models``):
+    the linear maps of the modules it runs prepacked once (``lm.packed``) and a feature draft in
+    ``draft_dtype`` (None: the verifier's dtype, the run's). ``lean=False`` is the one opt-out: plain
+    ``F.linear`` and the draft as loaded. The laws are the same either way (the draft's law is whatever the
+    draft computes; every rule is judged against it); the numbers differ at the dtype's rounding."""
 
     draft: torch.nn.Module
     verifier: torch.nn.Module
     tokenizer: Any = None
     eos_token_id: int | None = None
     name: str = "pair"
+    lean: bool = True
+    draft_dtype: torch.dtype | None = None
 
     def __post_init__(self):
         vd, vv = _vocab_size(self.draft), _vocab_size(self.verifier)
@@ -139,6 +147,10 @@ class ModelPair:
             raise ValueError(f"draft and verifier vocabularies differ: {vd} vs {vv} (tokenizer mismatch)")
         if self.eos_token_id is None and self.tokenizer is not None:
             self.eos_token_id = self.tokenizer.eos_token_id
+        if not isinstance(self.lean, bool):
+            raise TypeError(f"lean must be True or False, got {self.lean!r}")
+        if self.draft_dtype is not None and not isinstance(self.draft_dtype, torch.dtype):
+            raise TypeError(f"draft_dtype must be None or a torch.dtype, got {self.draft_dtype!r}")
 
     @property
     def vocab_size(self) -> int:
@@ -146,12 +158,14 @@ class ModelPair:
 
 
 def load_pair(draft: str = "embedded", verifier: str = SMOLLM2, dtype: torch.dtype = torch.float32,
-              draft_path: str | None = None) -> ModelPair:
+              draft_path: str | None = None, lean: bool = True) -> ModelPair:
     """Load a pair; ``draft="embedded"`` is the project-built draft for ``verifier`` (any Llama the
     compact Llama reproduces; default ``DraftConfig()``, file ``embedded_draft_path(verifier)``, or the
     file ``draft_path`` when given), which must have been built first (``cactus-theory build-draft
     --verifier``; a missing draft raises ``draft.MissingDraftError``, a ``ValueError``, before the model
-    weights load)."""
+    weights load). ``lean``: ``ModelPair.lean`` (the lean CPU step, the default; False opts out)."""
+    if not isinstance(lean, bool):
+        raise TypeError(f"lean must be True or False, got {lean!r}")
     if draft_path is not None and draft != "embedded":
         raise ValueError(f"draft_path {draft_path!r} goes with draft='embedded', got draft={draft!r}")
     if draft == "embedded":
@@ -167,7 +181,7 @@ def load_pair(draft: str = "embedded", verifier: str = SMOLLM2, dtype: torch.dty
         from .draft import load_draft
 
         name = f"{verifier}+embedded-draft" if draft_path is None else f"{verifier}+{os.path.basename(draft_path)}"
-        return ModelPair(load_draft(v_model, path=path, spec=verifier), v_model, v_tok, name=name)
+        return ModelPair(load_draft(v_model, path=path, spec=verifier), v_model, v_tok, name=name, lean=lean)
     d_model, d_tok = load_model(draft, dtype)
     check_same_tokenizer(d_tok, v_tok)
-    return ModelPair(d_model, v_model, v_tok, name=f"{draft}+{verifier}")
+    return ModelPair(d_model, v_model, v_tok, name=f"{draft}+{verifier}", lean=lean)
