@@ -15,7 +15,12 @@ from torch.nn import functional as F
 
 from cactus_theory.core.tree import branching_parents
 from cactus_theory.lm import ModelPair
-from cactus_theory.lm.loop import autoregressive_generate, runtime_models, speculative_generate, tree_generate
+from cactus_theory.lm.loop import (
+    autoregressive_generate,
+    runtime_models,
+    speculative_generate,
+    tree_generate,
+)
 from cactus_theory.lm.packed import PackedLinear
 from tests.lm.common import RAW, tiny, tiny_head
 
