@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup test test-fast repro verify lint bench notebooks vllm-env test-vllm vllm033-env test-vllm-v2 vllm vllm-bench eval mutants
+.PHONY: setup test test-fast repro verify lint bench notebooks vllm-env test-vllm vllm033-env test-vllm-v2 vllm vllm-bench eval eval-sweep mutants
 
 setup: $(VENV)/.installed
 
@@ -34,15 +34,19 @@ repro: setup
 notebooks: setup
 	$(BIN)/python notebooks/build.py $(NB)
 
-# the committed task-accuracy run (paper_repro/results/eval): the replicated eval of the pre-registered protocol
-# paper_repro/protocols/eval_v2.json: 2 tasks x 1,000 distinct questions x 4 replicates x every registry rule (and
-# SpS / Cactus 1 on an 8-node EAGLE-2 tree), with the A/A null, non-inferiority at the protocol's margin and the
-# distribution tests. Resumable (rerun after an interruption); it prints the compute estimate from each task's first
-# batch before the rest (EVAL_ARGS=--calibrate-only stops there). Busy machine: EVAL_THREADS=1
-EVAL_THREADS ?= 2
+# the committed task-accuracy run (paper_repro/results/eval_v3): the pre-registered protocol
+# paper_repro/protocols/eval_v3.json (2 tasks x 1,120 distinct questions x 3 replicates x the verifier alone, SpS,
+# Cactus delta 0.75 / 1 and TAS epsilon 0.09; bfloat16, the lean CPU step, 2 threads). It reads the committed shards
+# (paper_repro/results/eval_v3/shards) first, decodes only what is missing, writes each finished chunk as a new shard
+# (commit them as the run goes), and assembles eval.json / eval.md when every batch is there; a run complete in its
+# shards loads no model. EVAL_ARGS=--calibrate-only: the compute estimate only; `make eval-sweep`: the protocol's
+# secondary sweep (the other rules at R = 1 on 320 questions of add_wide).
 EVAL_ARGS ?=
 eval: setup
-	$(BIN)/cactus-theory eval --threads $(EVAL_THREADS) $(EVAL_ARGS)
+	$(BIN)/cactus-theory eval $(if $(EVAL_THREADS),--threads $(EVAL_THREADS)) $(EVAL_ARGS)
+
+eval-sweep: setup
+	$(BIN)/cactus-theory eval --sweep $(if $(EVAL_THREADS),--threads $(EVAL_THREADS)) $(EVAL_ARGS)
 
 # planted wrong ports (tests/mutants.py): each must turn a test red or be proven harmless; prints the table
 # port | caught by | harmless because. Not part of `make test`. Some ports: make mutants PORTS=id1,id2

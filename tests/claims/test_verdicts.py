@@ -77,10 +77,10 @@ def fake_replicated(shift: float = 0.0, n: int = 800, R: int = 4, base=(1, 8), s
     question an accuracy p_i ~ Beta(base), every run Bernoulli(p_i), Cactus's runs Bernoulli(p_i + shift)."""
     from cactus_theory.lm.experiments import replicated as rp
     from cactus_theory.lm.experiments.eval import method_info, methods
-    from cactus_theory.lm.experiments.protocol import load_protocol
+    from cactus_theory.lm.experiments.protocol import PROTOCOLS, load_protocol
     from cactus_theory.lm.experiments.tasks import Problem
 
-    proto = load_protocol()
+    proto = load_protocol(PROTOCOLS / "eval_v2.json")  # the grid design; eval_v3's claims: test_eval_v3.py
     info = [method_info(m) for m in methods(grid=proto.design["grid"], only=["Cactus delta=0.75", "Cactus delta=1",
                                                                               "tas"])]
     cfg, _ = rp.RunConfig.from_protocol(proto, "fake", questions=n, replicates=R, trees=[])

@@ -59,7 +59,8 @@ from ..metrics import COUNTERS, al_of
 from . import tasks
 
 __all__ = ["EVAL_GRID", "SAMPLING", "Method", "EvalConfig", "methods", "run_eval", "summarise", "format_table",
-           "plot_accuracy_vs_al", "evaluate", "pair_id", "load_eval_pair", "eval_trees", "method_info"]
+           "plot_accuracy_vs_al", "evaluate", "pair_id", "load_eval_pair", "eval_trees", "method_info",
+           "listed_methods", "tree_methods"]
 
 SAMPLING = _SAMPLING  # the paper's (core.sampling.SAMPLING)
 # the issue's sweep per registry key; rules not named here run once at their registry defaults
@@ -142,12 +143,37 @@ def methods(grid: dict[str, list[dict]] | None = None, only: list[str] | None = 
             raise ValueError(f"--rules: unknown {bad}; known keys {list(registry.RULES)} and labels "
                              f"{[m.label for m in out[1:]]}")
         out = [m for m in out if m.key is None or m.key == "sps" or m.key in only or m.label in only]
+    return out + tree_methods(trees)
+
+
+def tree_methods(trees=()) -> list[Method]:
+    """SpS and Cactus delta = 1 (``TREE_RULES``) decoding each tree of ``trees`` (deterministic top-k candidates)."""
+    out = []
     for tree in trees:
         for key, params in TREE_RULES:
             rule = _build(key, params)
             out.append(Method(tree_label(registry.label(rule), tree), key, dict(params), rule, registry.colour(key),
                               tree))
     return out
+
+
+def listed_methods(specs: list[dict], only: list[str] | None = None, trees=()) -> list[Method]:
+    """The methods a protocol lists (``[{"key": registry key or None, "params": {...}}]``, eval_v3), in its order;
+    ``only`` as ``methods``; then the tree rows of ``trees``."""
+    out = []
+    for spec in specs:
+        key, params = spec["key"], dict(spec.get("params", {}))
+        if key is None:
+            out.append(Method("verifier alone", None))
+            continue
+        rule = _build(key, params)
+        out.append(Method(registry.label(rule), key, params, rule, registry.colour(key)))
+    if only is not None:
+        bad = [o for o in only if not any(o in (m.key, m.label) for m in out)]
+        if bad:
+            raise ValueError(f"--rules: unknown {bad}; the protocol's methods are {[m.label for m in out]}")
+        out = [m for m in out if m.key is None or m.key == "sps" or m.key in only or m.label in only]
+    return out + tree_methods(trees)
 
 
 # -- configuration and cache ----------------------------------------------------------------------
@@ -707,12 +733,15 @@ def pair_id(draft: str, verifier: str, draft_path: str | None = None) -> str:
     return f"embedded:{os.path.basename(draft_path)}->{verifier}"
 
 
-def load_eval_pair(draft: str, verifier: str, draft_path: str | None = None):
+def load_eval_pair(draft: str, verifier: str, draft_path: str | None = None, dtype: str = "float32",
+                   lean: bool = True):
     """``pair.load_pair``: with ``draft_path``, the embedded draft from that file (a checkpoint of another
-    build) for ``verifier``."""
+    build) for ``verifier``; ``dtype`` a torch dtype's name, ``lean`` the lean CPU step (``ModelPair.lean``)."""
+    import torch
+
     from ..pair import load_pair
 
-    return load_pair(draft, verifier, draft_path=draft_path)
+    return load_pair(draft, verifier, dtype=getattr(torch, dtype), draft_path=draft_path, lean=lean)
 
 
 def evaluate(pair, cfg: EvalConfig, out_dir: Path, cache_dir: Path | None = None, only: list[str] | None = None,

@@ -17,9 +17,13 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["Protocol", "DEFAULT_PROTOCOL", "load_protocol", "git_status", "guard", "ProtocolChanged"]
+__all__ = ["Protocol", "DEFAULT_PROTOCOL", "PROTOCOLS", "load_protocol", "protocol_dir", "git_status", "guard",
+           "ProtocolChanged"]
 
-DEFAULT_PROTOCOL = Path("paper_repro/protocols/eval_v2.json")
+# the repository's protocols, found from the package (an editable install or a clone), not from the working directory
+PROTOCOLS = Path(__file__).resolve().parents[3] / "paper_repro" / "protocols"
+DEFAULT_PROTOCOL = PROTOCOLS / "eval_v3.json"
+_DTYPES = ("float32", "bfloat16")
 _METRICS = ("lenient", "strict")
 _WALL = ("time_per_problem", "tokens_per_s", "length_adjusted")
 
@@ -30,7 +34,8 @@ class ProtocolChanged(ValueError):
 
 @dataclass(frozen=True)
 class Protocol:
-    """The parsed protocol (see ``paper_repro/protocols/eval_v2.json`` for the meaning of each field)."""
+    """The parsed protocol (see ``paper_repro/protocols/eval_v3.json`` and ``eval_v2.json`` for the meaning of
+    each field)."""
 
     path: str
     sha256: str
@@ -78,6 +83,32 @@ def check_content(c: dict) -> None:
     _need(d, "seed", "design", int, lambda v: v >= 0, "an integer >= 0")
     _need(d, "sampling", "design", dict)
     _need(d, "grid", "design", dict)
+    if "methods" in d:  # eval_v3: the methods listed, not the registry at a grid
+        _check_methods(d["methods"], "design.methods")
+        keys = [m.get("key") for m in d["methods"]]
+        if None not in keys or "sps" not in keys:
+            raise ValueError("protocol: design.methods must list the verifier alone (key null) and SpS (the references)")
+    if "dtype" in d:
+        _need(d, "dtype", "design", str, lambda v: v in _DTYPES, f"one of {_DTYPES}")
+    if "threads" in d:
+        _need(d, "threads", "design", int, lambda v: v >= 1, "an integer >= 1")
+    if "lean" in d:
+        _need(d, "lean", "design", bool)
+    if "shards" in d:
+        sh = _need(d, "shards", "design", dict)
+        _need(sh, "dir", "design.shards", str, lambda v: len(v) > 0, "a folder relative to the protocol file")
+        _need(sh, "batches_per_shard", "design.shards", int, lambda v: v >= 1, "an integer >= 1")
+    if "reestimation" in d:
+        _need(d["reestimation"], "max_replicates", "design.reestimation", int, lambda v: v >= d["replicates"],
+              "an integer >= design.replicates")
+    if "sweep" in d:
+        sw = _need(d, "sweep", "design", dict)
+        _need(sw, "task", "design.sweep", str, lambda v: v in ts, f"one of design.tasks {ts}")
+        _need(sw, "questions", "design.sweep", int, lambda v: 1 <= v <= d["questions_per_task"],
+              "an integer in [1, design.questions_per_task]")
+        _need(sw, "replicates", "design.sweep", int, lambda v: 1 <= v <= d["replicates"],
+              "an integer in [1, design.replicates]")
+        _check_methods(sw.get("methods"), "design.sweep.methods")
     _need(d, "trees", "design", list, lambda v: all(isinstance(t, list) and len(t) == 3 for t in v),
           "a list of [nodes, depth, topk]")
     _need(a, "primary_metric", "analysis", str, lambda v: v in _METRICS, f"one of {_METRICS}")
@@ -94,6 +125,26 @@ def check_content(c: dict) -> None:
         _need(cl, "rules", f"analysis.claims.{key}", list, lambda v: len(v) >= 1, "a non-empty list of method labels")
     for k in ("family", "decision_rules", "reference", "interval"):
         _need(a, k, "analysis", (str, list, dict))
+
+
+def _check_methods(ms, where: str) -> None:
+    """A list of ``{"key": registry key or null, "params": {...}}`` (the rules are built where they are used)."""
+    from ...core import registry
+
+    if not isinstance(ms, list) or not ms:
+        raise ValueError(f"protocol: {where} must be a non-empty list of {{key, params}}, got {ms!r}")
+    for m in ms:
+        if not isinstance(m, dict) or set(m) - {"key", "params"} or "key" not in m:
+            raise ValueError(f"protocol: {where}: each entry is {{key, params}}, got {m!r}")
+        if m["key"] is not None and m["key"] not in registry.RULES:
+            raise ValueError(f"protocol: {where}: unknown rule {m['key']!r}; known: {list(registry.RULES)}")
+        if not isinstance(m.get("params", {}), dict):
+            raise ValueError(f"protocol: {where}: params of {m['key']!r} must be an object, got {m['params']!r}")
+
+
+def protocol_dir(protocol: Protocol, rel: str) -> Path:
+    """A folder the protocol names relative to its own file (``design.shards.dir``), wherever the command runs."""
+    return (Path(protocol.path).resolve().parent / rel).resolve()
 
 
 def load_protocol(path: str | Path = DEFAULT_PROTOCOL) -> Protocol:

@@ -65,6 +65,7 @@ from .eval import (
     DEFAULT_OUT,
     Method,
     eval_trees,
+    listed_methods,
     method_info,
     pair_id,
     save_figure,
@@ -96,22 +97,26 @@ class RunConfig:
     sampling: dict = field(default_factory=SAMPLING.as_dict)
     pair: str = "pair"
     trees: list = field(default_factory=list)
+    dtype: str = "float32"
+    lean: bool = True
 
     FROM_DESIGN = {"tasks": "tasks", "questions": "questions_per_task", "replicates": "replicates", "seed": "seed",
                    "k": "k", "max_new_tokens": "max_new_tokens", "batch_size": "batch_size", "sampling": "sampling",
                    "trees": "trees"}
+    OPTIONAL = {"dtype": "float32", "lean": True}  # design keys of eval_v3 (eval_v2 states neither)
 
     @classmethod
     def from_protocol(cls, protocol: Protocol, pair: str, **overrides) -> tuple[RunConfig, list[str]]:
         """The protocol's design, then ``overrides`` (None values ignored); returns the config and the list of
         deviations from the protocol, one line each (empty for the pre-registered run)."""
         d = protocol.design
-        cfg = cls(**{f: d[k] for f, k in cls.FROM_DESIGN.items()}, pair=pair)
+        cfg = cls(**{f: d[k] for f, k in cls.FROM_DESIGN.items()}, **{f: d.get(f, v) for f, v in cls.OPTIONAL.items()},
+                  pair=pair)
         dev = []
         for name, v in overrides.items():
             if v is None:
                 continue
-            if name not in cls.FROM_DESIGN:
+            if name not in cls.FROM_DESIGN and name not in cls.OPTIONAL:
                 raise ValueError(f"unknown override {name!r}")
             if v != getattr(cfg, name):
                 dev.append(f"{name}: {getattr(cfg, name)!r} in the protocol, {v!r} in this run")
@@ -127,6 +132,8 @@ class RunConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
+            raise ValueError(f"seed must be an integer >= 0, got {self.seed!r}")
         if self.questions < 2:
             raise ValueError(f"questions must be >= 2 (intervals over questions), got {self.questions}")
         for t in self.tasks:
@@ -134,18 +141,24 @@ class RunConfig:
             if cap is not None and self.questions > cap:
                 raise ValueError(f"questions: task {t!r} has only {cap} distinct questions, asked for {self.questions}")
         Sampling(self.sampling["temperature"], self.sampling["top_k"], self.sampling["top_p"])
+        if self.dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
+        if not isinstance(self.lean, bool):
+            raise ValueError(f"lean must be true or false, got {self.lean!r}")
 
     def as_dict(self) -> dict:
         return {"tasks": list(self.tasks), "questions": self.questions, "replicates": self.replicates,
                 "seed": self.seed, "k": self.k, "max_new_tokens": self.max_new_tokens, "batch_size": self.batch_size,
-                "sampling": dict(self.sampling), "pair": self.pair, "trees": [list(t) for t in self.trees]}
+                "sampling": dict(self.sampling), "pair": self.pair, "trees": [list(t) for t in self.trees],
+                "dtype": self.dtype, "lean": self.lean}
+
+    DECODE_KEYS = ("questions", "seed", "k", "max_new_tokens", "batch_size", "sampling", "pair", "dtype", "lean")
 
     def decode_key(self) -> str:
         """Names the cache folder: what a row's decode depends on besides its method, task and rows. Replicates
         are not in it (rows are replicate-major: more replicates add batches, the earlier stay valid)."""
         d = self.as_dict()
-        return config_key({k: d[k] for k in ("questions", "seed", "k", "max_new_tokens", "batch_size", "sampling",
-                                             "pair")}, 12)
+        return config_key({k: d[k] for k in self.DECODE_KEYS}, 12)
 
 
 def row_seed(seed: int, task: str, question: str, replicate: int, rule_id: str) -> int:
@@ -203,9 +216,10 @@ class _Cache:
     """``<root>/<decode key>/<task>/<method slug>/b<batch>.json``; ``config.json`` says what the key means and
     ``protocol.sha256`` which protocol the decodes were made under."""
 
-    def __init__(self, root: Path | None, cfg: RunConfig):
+    def __init__(self, root: Path | None, cfg: RunConfig, shards=None):
         self.dir = None if root is None else Path(root) / cfg.decode_key()
         self.cfg = cfg
+        self.shards = shards  # a shards.ShardStore: committed batches, read first
 
     @property
     def protocol_file(self) -> Path | None:
@@ -219,27 +233,42 @@ class _Cache:
         if self.dir is not None:
             atomic_write_text(self.protocol_file, sha + "\n")
             d = self.cfg.as_dict()
-            atomic_write_json(self.dir / "config.json", {k: d[k] for k in ("questions", "seed", "k", "max_new_tokens",
-                                                                           "batch_size", "sampling", "pair")})
+            atomic_write_json(self.dir / "config.json", {k: d[k] for k in RunConfig.DECODE_KEYS})
+
+    def lookup(self, task: str, method: Method, b: int, want_rows: list) -> dict | None:
+        """Batch ``b`` of ``method`` on ``task`` from a committed shard or the local cache, when its rule identity
+        and rows (question, replicate, seed) are the ones wanted; else None."""
+        for got in (None if self.shards is None else self.shards.get(task, method.slug, b),
+                    None if self.dir is None else read_json(self.dir / task / method.slug / f"b{b:05d}.json")):
+            if got is not None and got.get("rule") == method.rule_id and got.get("rows") == want_rows:
+                return got
+        return None
 
     def get(self, task: str, method: Method, b: int, want_rows: list, compute) -> tuple[dict, bool]:
-        path = None if self.dir is None else self.dir / task / method.slug / f"b{b:05d}.json"
-        if path is not None:
-            got = read_json(path)
-            if got is not None and got.get("rule") == method.rule_id and got.get("rows") == want_rows:
-                return got, True
+        got = self.lookup(task, method, b, want_rows)
+        if got is not None:
+            return got, True
         val = compute()
-        if path is not None:
-            atomic_write_json(path, val)
+        if self.dir is not None:
+            atomic_write_json(self.dir / task / method.slug / f"b{b:05d}.json", val)
         return val, False
 
 
 def run_replicated(pair, cfg: RunConfig, method_list: list[Method], cache_dir: Path | None = None, *,
-                   protocol_sha: str = "", progress: bool = True, calibrate_only: bool = False, log=print) -> dict:
-    """Decode every (task, batch, method) (the first batch of each first: the calibration; then the estimate is
-    logged) and return the raw result: per task the problems, the per-row records of each method (row order:
-    ``batch_rows``), the per-batch timings; ``"estimate"``: the compute estimate. ``calibrate_only``: stop after
-    the calibration (the estimate only)."""
+                   protocol_sha: str = "", progress: bool = True, calibrate_only: bool = False, log=print,
+                   shards=None, seal: list[str] | None = None, max_batches: int | None = None,
+                   reestimate=None) -> dict:
+    """Decode every (batch, task, method), batch-major (the first batch of each first: the calibration; then the
+    estimate is logged) and return the raw result: per task the problems, the per-row records of each method (row
+    order: ``batch_rows``), the per-batch timings; ``"estimate"``: the compute estimate. ``calibrate_only``: stop
+    after the calibration (the estimate only).
+
+    ``pair``: the model pair, or a function that loads it (called only if some batch must be decoded, so that a
+    run complete in its shards loads no model). ``shards`` (``shards.ShardStore``): committed batches are read
+    first, and once every method in ``seal`` (labels; default all) has every batch of a chunk, the chunk's shard
+    is written. ``max_batches``: only the first batches (the sweep's rows). ``reestimate(got, batches_done)``:
+    called after each round of batches; it may return a larger replicate count (the blinded re-estimation),
+    which extends the rows (replicate-major: the batches decoded stay valid)."""
     from tqdm.auto import tqdm
 
     cfg.check()
@@ -249,35 +278,69 @@ def run_replicated(pair, cfg: RunConfig, method_list: list[Method], cache_dir: P
     if len(set(labels)) != len(labels):
         raise ValueError(f"method labels must be distinct, got {labels}")
     by_label = {m.label: m for m in method_list}
-    cache = _Cache(cache_dir, cfg)
+    seal = labels if seal is None else list(seal)
+    cache = _Cache(cache_dir, cfg, shards)
     if protocol_sha:
         cache.record_protocol(protocol_sha)
     problems = {t: tasks.distinct_problems(t, cfg.questions, cfg.seed) for t in cfg.tasks}
-    batches = batch_rows(cfg.questions, cfg.replicates, cfg.batch_size)
+    loaded = [] if callable(pair) else [pair]
+
+    def the_pair():
+        if not loaded:
+            loaded.append(pair())
+        return loaded[0]
+
+    def layout():
+        bs = batch_rows(cfg.questions, cfg.replicates, cfg.batch_size)
+        return bs if max_batches is None else bs[:max_batches]
+
+    batches = layout()
 
     def one(task, b, label):
         m, rows = by_label[label], batches[b]
         want = [[q, r, row_seed(cfg.seed, task, problems[task][q].question, r, m.rule_id)] for q, r in rows]
-        return cache.get(task, m, b, want, lambda: _decode(pair, problems[task], rows, m, cfg, task))
+        return cache.get(task, m, b, want, lambda: _decode(the_pair(), problems[task], rows, m, cfg, task))
 
     got: dict = {t: {lab: {} for lab in labels} for t in cfg.tasks}
+
+    def seal_ready(t, b):
+        if shards is None:
+            return
+        c = shards.chunk(b)
+        members = shards.chunk_batches(c, len(batches))
+        if shards.sealed(t, c, members) or not all(bb in got[t][lab] for lab in seal for bb in members):
+            return
+        path = shards.seal(t, c, {by_label[lab].slug: {bb: got[t][lab][bb] for bb in members} for lab in seal})
+        log(f"shard written: {path}")
+
     t0, fresh = time.perf_counter(), 0
     for t in cfg.tasks:  # the calibration: batch 0 of every (task, method)
         for lab in method_order(labels, cfg.seed, t, 0):
             got[t][lab][0], hit = one(t, 0, lab)
             fresh += not hit
+        seal_ready(t, 0)
     est = estimate(cfg, labels, {t: {lab: got[t][lab][0] for lab in labels} for t in cfg.tasks}, len(batches),
                    cached=_count_cached(cache, cfg, method_list, batches, problems))
     log(est["text"])
     if calibrate_only:
         return {"estimate": est}
     bar = tqdm(total=len(cfg.tasks) * (len(batches) - 1) * len(labels), desc="eval", disable=not progress)
-    for t in cfg.tasks:
-        for b in range(1, len(batches)):
+    b = 1
+    while b < len(batches):
+        for t in cfg.tasks:
             for lab in method_order(labels, cfg.seed, t, b):
                 got[t][lab][b], hit = one(t, b, lab)
                 bar.set_postfix(task=t, batch=b, method=lab[:20], cached=hit)
                 bar.update()
+            seal_ready(t, b)
+        b += 1
+        if reestimate is not None:
+            new_r = reestimate(got, b)
+            if new_r is not None and new_r > cfg.replicates:
+                cfg.replicates = new_r
+                batches = layout()
+                bar.total = len(cfg.tasks) * (len(batches) - 1) * len(labels)
+                bar.refresh()
     bar.close()
     out = {"estimate": est, "seconds_this_run": time.perf_counter() - t0, "tasks": {}}
     for t in cfg.tasks:
@@ -293,13 +356,14 @@ def run_replicated(pair, cfg: RunConfig, method_list: list[Method], cache_dir: P
 
 
 def _count_cached(cache: _Cache, cfg: RunConfig, method_list, batches, problems) -> int:
-    if cache.dir is None:
-        return 0
+    """Batch decodes already done: in a committed shard or the local cache."""
     n = 0
     for t in cfg.tasks:
         for m in method_list:
-            folder = cache.dir / t / m.slug
-            n += sum(1 for b in range(len(batches)) if (folder / f"b{b:05d}.json").exists())
+            folder = None if cache.dir is None else cache.dir / t / m.slug
+            n += sum(1 for b in range(len(batches))
+                     if (cache.shards is not None and cache.shards.get(t, m.slug, b) is not None)
+                     or (folder is not None and (folder / f"b{b:05d}.json").exists()))
     return n
 
 
@@ -570,6 +634,63 @@ def analyse(raw: dict, infos: list[dict], protocol_analysis: dict, cfg: RunConfi
     return out
 
 
+# -- blinded re-estimation and the A/A equivalence (eval_v3) ---------------------------------------
+
+def blinded_variance(got: dict, upto: int, column: str = "correct") -> dict[str, dict]:
+    """Per task, the blinded within-question variance of the first ``upto`` batches of every method in ``got``
+    (``got[task][label][batch]``, as ``run_replicated`` keeps them): each question's runs pooled over the methods
+    (labels not used), the variance (ddof 1) of its outcomes, averaged over questions with at least two runs.
+    Returns ``{task: {"w": ..., "questions": ..., "runs": ...}}``."""
+    out = {}
+    for t, per_method in got.items():
+        runs: dict[int, list[float]] = {}
+        for batches in per_method.values():
+            for b in range(upto):
+                for rec in batches[b]["records"]:
+                    runs.setdefault(rec["q"], []).append(float(bool(rec[column])))
+        v = [np.var(x, ddof=1) for x in runs.values() if len(x) >= 2]
+        out[t] = {"w": float(np.mean(v)) if v else math.nan, "questions": len(v),
+                  "runs": int(sum(len(x) for x in runs.values()))}
+    return out
+
+
+def reestimated_replicates(w: dict[str, float], n: int, R: int, r_max: int, margin: float, parts_per_task: int = 2,
+                           alpha: float = 0.025, target: float = 0.8) -> dict:
+    """eval_v3's rule: per task the power of one non-inferiority part, ``pi_t = Phi(margin / sqrt(w_t (1/R +
+    1/(2R)) / n) - z_(1 - alpha))`` (a rule against the pool of the verifier alone's and SpS's R runs each, no
+    true difference); the claim's power ``prod_t pi_t ** parts_per_task``. Returns the smallest R' in [R, r_max]
+    whose power reaches ``target`` (else ``r_max``; never below ``R``) and the power at each R'."""
+    from scipy import stats
+
+    z = stats.norm.ppf(1 - alpha)
+
+    def part_power(wt, r):  # w = 0: no noise, every part passes; an unknown w: assume no power (raise R)
+        if not math.isfinite(wt):
+            return 0.0
+        se = math.sqrt(wt * (1 / r + 1 / (2 * r)) / n)
+        return 1.0 if se == 0 else float(stats.norm.cdf(margin / se - z))
+
+    def claim_power(r):
+        return float(np.prod([part_power(wt, r) ** parts_per_task for wt in w.values()]))
+
+    powers = {r: claim_power(r) for r in range(R, r_max + 1)}
+    chosen = next((r for r in range(R, r_max + 1) if powers[r] >= target), r_max)
+    return {"replicates": chosen, "claim_power": {str(r): p for r, p in powers.items()}, "target": target}
+
+
+def aa_equivalence(raw: dict, base: str, sps: str, n: int, R: int, margin: float, column: str = "correct") -> dict:
+    """eval_v3's A/A claim: per question d_i = (``base``'s mean of its R runs) - (``sps``'s), pooled over the tasks,
+    a 95% t-interval over questions. 'differs' if it excludes 0; else 'equivalent within the margin' if it lies
+    inside (-margin, margin) (two one-sided tests at 0.025); else 'inconclusive'."""
+    d = np.concatenate([per_question(tr["records"][base], n, R)[column].mean(1)
+                        - per_question(tr["records"][sps], n, R)[column].mean(1) for tr in raw["tasks"].values()])
+    est, lo, hi = _t_iv(d)
+    verdict = ("differs" if lo > 0 or hi < 0 else
+               "equivalent within the margin" if -margin < lo and hi < margin else "inconclusive")
+    return {"methods": [base, sps], "questions": int(d.size), "estimate": est, "low": lo, "high": hi,
+            "margin": margin, "verdict": verdict}
+
+
 # -- claims of the protocol -----------------------------------------------------------------------
 
 def claim_parts(result: dict, rules: list[str], metric: str | None = None) -> list[tuple[str, str, object, float]]:
@@ -727,6 +848,12 @@ def format_report(result: dict) -> str:
     if cv:
         lines += ["", "Pre-registered claims (decision rules of the protocol):", ""]
         for key, c in cv.items():
+            if "parts" not in c:  # the A/A equivalence (eval_v3)
+                a, b = c["methods"]
+                lines.append(f"- {key}: **{c['verdict']}**: {a} minus {b}, {c['questions']} questions pooled over the "
+                             f"tasks, {100 * c['estimate']:+.1f} [{100 * c['low']:+.1f}, {100 * c['high']:+.1f}] points "
+                             f"(equivalence margin +-{100 * c['margin']:g}; 'differs' if the interval excludes 0)")
+                continue
             parts = "; ".join(f"{p['rule']} on {p['task']} {100 * p['estimate']:+.1f} [{100 * p['low']:+.1f}, "
                               f"{100 * p['high']:+.1f}] points (non-inferiority p {_p(p['p_noninferior'])})"
                               for p in c["parts"])
@@ -795,6 +922,69 @@ def rows_arrays(result: dict, task: str, label: str) -> dict:
     return out
 
 
+def protocol_methods(protocol: Protocol, only: list[str] | None = None, trees=()) -> list[Method]:
+    """The methods a protocol runs: those it lists (eval_v3's ``design.methods``), else the verifier alone and
+    every registry rule at its grid (eval_v2); then the tree rows of ``trees``."""
+    if "methods" in protocol.design:
+        return listed_methods(protocol.design["methods"], only=only, trees=trees)
+    return eval_methods(grid=protocol.design["grid"], only=only, trees=trees)
+
+
+def _shown_path(path) -> str:
+    """``path`` relative to the repository when it lies inside it (results do not record a machine's folders)."""
+    from .protocol import PROTOCOLS
+
+    p, root = Path(path).resolve(), PROTOCOLS.parents[1]
+    return str(p.relative_to(root)) if p.is_relative_to(root) else str(path)
+
+
+def shard_store(protocol: Protocol, cfg: RunConfig, run: str):
+    """The protocol's committed shards (``design.shards``), for ``run`` (``"primary"`` or ``"sweep"``), or None."""
+    sh = protocol.design.get("shards")
+    if sh is None:
+        return None
+    import torch
+
+    from ..roofline import cpu_model
+    from .protocol import protocol_dir
+    from .shards import ShardStore
+
+    meta = {"protocol_sha256": protocol.sha256, "decode_key": cfg.decode_key(),
+            "machine": {"cpu": cpu_model(), "torch": torch.__version__, "threads": torch.get_num_threads()}}
+    return ShardStore(protocol_dir(protocol, sh["dir"]), run, sh["batches_per_shard"], meta)
+
+
+def _reestimation(protocol: Protocol, cfg: RunConfig, out_dir: Path, log):
+    """eval_v3's blinded re-estimation (``design.reestimation``): the replicates decided earlier (read from
+    ``out_dir/reestimation.json``) and the callback ``run_replicated`` calls after each round of batches, which
+    decides once, after ``after_batches`` batches of every task, and writes the decision before any later batch."""
+    spec = protocol.design.get("reestimation")
+    if spec is None:
+        return None
+    path = out_dir / "reestimation.json"
+    prev = read_json(path)
+    if prev is not None:
+        cfg.replicates = max(cfg.replicates, int(prev["replicates"]))
+        return None
+
+    def decide(got: dict, done: int):
+        if done != spec["after_batches"] or path.exists():
+            return None
+        w = blinded_variance(got, done, "correct" if protocol.primary_metric == "lenient" else "strict")
+        dec = reestimated_replicates({t: v["w"] for t, v in w.items()}, cfg.questions, cfg.replicates,
+                                     spec["max_replicates"], protocol.margin, alpha=protocol.alpha,
+                                     target=protocol.analysis["power"])
+        rec = {"after_batches": done, "replicates_planned": cfg.replicates, **dec, "blinded_variance": w,
+               "protocol_sha256": protocol.sha256}
+        atomic_write_json(path, rec)
+        log(f"blinded re-estimation after {done} batches of every task: w = "
+            + ", ".join(f"{t} {v['w']:.3f}" for t, v in w.items())
+            + f"; replicates {cfg.replicates} -> {dec['replicates']} (claim power {dec['claim_power']})")
+        return dec["replicates"]
+
+    return decide
+
+
 def evaluate(pair, protocol: Protocol, cfg: RunConfig, out_dir: Path, cache_dir: Path | None = None, *,
              deviations=(), only: list[str] | None = None, amendment: str | None = None, progress: bool = True,
              calibrate_only: bool = False, lawtests: bool = True, figure: bool = True, log=print) -> dict:
@@ -819,20 +1009,30 @@ def evaluate(pair, protocol: Protocol, cfg: RunConfig, out_dir: Path, cache_dir:
     if amendment and not amendments:
         raise ProtocolChanged("--amend-protocol: nothing to amend (no result was made under another protocol hash)")
     trees = [BudgetTree(*t) for t in cfg.trees]
-    ml = eval_methods(grid=protocol.design["grid"], only=only, trees=trees)
+    ml = protocol_methods(protocol, only, trees)
     info = [method_info(m) for m in ml]
+    shards = shard_store(protocol, cfg, "primary")
+    reest = _reestimation(protocol, cfg, out_dir, log)
     t0 = time.perf_counter()
     raw = run_replicated(pair, cfg, ml, cache_dir, protocol_sha=protocol.sha256, progress=progress,
-                         calibrate_only=calibrate_only, log=log)
+                         calibrate_only=calibrate_only, log=log, shards=shards, reestimate=reest)
     if calibrate_only:
         return {"estimate": raw["estimate"]}
     res = {"format": FORMAT,
-           "protocol": {"path": protocol.path, "sha256": protocol.sha256, "git": git_status(protocol.path),
-                        "deviations": list(deviations), "amendments": amendments, "content": protocol.content},
-           "config": cfg.as_dict(), "methods": info, "pair_name": getattr(pair, "name", "pair"),
-           "estimate": raw["estimate"]}
+           "protocol": {"path": _shown_path(protocol.path), "sha256": protocol.sha256,
+                        "git": git_status(protocol.path), "deviations": list(deviations), "amendments": amendments,
+                        "content": protocol.content},
+           "config": cfg.as_dict(), "methods": info, "estimate": raw["estimate"],
+           "pair_name": cfg.pair if callable(pair) else getattr(pair, "name", "pair")}
+    if shards is not None:
+        res["shards"] = {"dir": _shown_path(shards.root), "files": shards.files, "run": shards.run}
     res["summary"] = analyse(raw, info, protocol.analysis, cfg)
     res["claims"] = claim_verdicts(res)
+    if "aa_claim" in protocol.analysis:
+        base, sps = protocol.analysis["aa_claim"]["methods"]
+        col = "correct" if protocol.primary_metric == "lenient" else "strict"
+        res["claims"]["aa-equivalence"] = aa_equivalence(raw, base, sps, cfg.questions, cfg.replicates,
+                                                         protocol.margin, col)
     res["rows"] = compact(raw, info, cfg.questions, cfg.replicates)
     lt = protocol.design.get("lawtests")
     if lawtests and lt:
@@ -889,9 +1089,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--amend-protocol", default=None, metavar="REASON",
                         help="go on although results exist under another hash of the protocol; the reason and both "
                              "hashes are recorded in eval.json and eval.md")
-    parser.add_argument("--out", default=str(DEFAULT_OUT), help="folder for eval.json, eval.md and the figure")
+    parser.add_argument("--out", default=None,
+                        help="folder for eval.json, eval.md and the figure (default: the protocol's results folder, "
+                             "the parent of its design.shards.dir; paper_repro/results/eval for eval_v2)")
     parser.add_argument("--cache", default=None, help="per-batch cache folder (default <out>/cache)")
-    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars (the model load's included)")
+    parser.add_argument("--sweep", action="store_true",
+                        help="run the protocol's secondary sweep (design.sweep: the other rules at R = 1 on its "
+                             "questions, the primary run's lossless runs as the reference) instead of the primary run")
 
 
 def _overrides(args) -> dict:
@@ -904,20 +1109,33 @@ def _overrides(args) -> dict:
 
 
 def _plan(args, pair: str = "pair"):
-    """The protocol, the run's config and deviations, and ``--rules`` (``ValueError`` naming the flag)."""
-    from .protocol import load_protocol
+    """The protocol, the run's config and deviations, ``--rules`` and the output folder (``ValueError`` naming the
+    flag)."""
+    from .protocol import load_protocol, protocol_dir
 
+    if args.seed is not None and args.seed < 0:
+        raise ValueError(f"--seed must be an integer >= 0, got {args.seed}")
     protocol = load_protocol(args.protocol)
     cfg, dev = RunConfig.from_protocol(protocol, pair, **_overrides(args))
     only = [s.strip() for s in args.rules.split(",") if s.strip()] if args.rules else None
     if only is not None:
-        dev.append(f"rules: every registry rule in the protocol, only {only} (and the references) in this run")
+        dev.append(f"rules: only {only} (and the references) of the protocol's methods in this run")
     from ...core.tree_shapes import BudgetTree
 
-    eval_methods(grid=protocol.design["grid"], only=only, trees=[BudgetTree(*t) for t in cfg.trees])
-    if dev and Path(args.out).resolve() == DEFAULT_OUT.resolve():
+    protocol_methods(protocol, only, [BudgetTree(*t) for t in cfg.trees])
+    if args.sweep and "sweep" not in protocol.design:
+        raise ValueError(f"--sweep: the protocol {args.protocol} has no design.sweep")
+    sh = protocol.design.get("shards")
+    committed = DEFAULT_OUT if sh is None else protocol_dir(protocol, sh["dir"]).parent
+    out = committed if args.out is None else Path(args.out)
+    if dev and out.resolve() == committed.resolve():
         raise ValueError(f"--out: a run that deviates from the protocol ({'; '.join(dev)}) does not write the committed "
-                         f"results in {DEFAULT_OUT}: give another --out")
+                         f"results in {committed}: give another --out")
+    if dev and sh is not None:
+        raise ValueError(f"a run that deviates from the protocol ({'; '.join(dev)}) would mix its decodes with the "
+                         f"committed shards of {args.protocol}: run it under a copy of the protocol without "
+                         "design.shards")
+    args.out_dir = out
     return protocol, cfg, dev, only
 
 
@@ -925,48 +1143,70 @@ def check(args) -> None:
     """Every check that needs no model (``ValueError`` naming the flag), run by the CLI before ``run``: the
     protocol and the run's config, ``--rules``, the model arguments, ``--out`` / ``--cache`` writable,
     ``--device`` a torch device present here (this imports torch, no model), and the draft: ``--draft-path``
-    a torch.save file, or the embedded draft built."""
+    a torch.save file, or the embedded draft built (for a protocol with committed shards, only once a batch
+    must be decoded: a run complete in its shards needs no model)."""
     from ...util.args import check_device, check_writable_dir
     from ..draft_config import check_draft_built, check_draft_file
     from ..loading import check_model
 
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads!r}")
-    _plan(args)
+    protocol, *_ = _plan(args)
     check_model(args.verifier, "--verifier")
     check_model(args.draft, "--draft")
     if args.draft_path is not None and (args.draft != "embedded" or not os.path.isfile(args.draft_path)):
         raise ValueError(f"--draft-path must be an existing file and goes with --draft embedded, got "
                          f"{args.draft_path!r} with --draft {args.draft!r}")
-    check_writable_dir(args.out, "--out")
+    check_writable_dir(str(args.out_dir), "--out")
     check_writable_dir(args.cache, "--cache")
     check_device(args.device)
     if args.draft_path is not None:
         check_draft_file(args.draft_path, "--draft-path")
-    elif args.draft == "embedded":  # not built yet: say so now, not after the verifier loads
-        check_draft_built(args.verifier)
+    elif args.draft == "embedded" and "shards" not in protocol.design:
+        check_draft_built(args.verifier)  # not built yet: say so now, not after the verifier loads
+
+
+def _loader(args, cfg: RunConfig, progress: bool):
+    """The pair, loaded when first needed: the run's dtype and lean step, on ``--device``."""
+    def load():
+        from ..draft_config import check_draft_built
+        from ..loading import quiet_transformers
+
+        if args.draft_path is None and args.draft == "embedded":
+            check_draft_built(args.verifier)
+        with quiet_transformers(progress):
+            pair = _legacy.load_eval_pair(args.draft, args.verifier, args.draft_path, cfg.dtype, cfg.lean)
+        if args.device:
+            pair.draft.to(args.device)
+            pair.verifier.to(args.device)
+        return pair
+
+    return load
 
 
 def run(args) -> int:
-    """``cactus-theory eval``: the replicated eval of the protocol (``replicated.evaluate``)."""
+    """``cactus-theory eval``: the replicated eval of the protocol (``replicated.evaluate``), or its sweep
+    (``--sweep``)."""
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads!r}")
     if args.draft_path is not None and (args.draft != "embedded" or not os.path.isfile(args.draft_path)):
         raise ValueError(f"--draft-path must be an existing file and goes with --draft embedded, got "
                          f"{args.draft_path!r} with --draft {args.draft!r}")
     protocol, cfg, dev, only = _plan(args)  # every argument checked before a model loads
+    if args.no_progress:
+        os.environ["TQDM_DISABLE"] = "1"  # every bar, the libraries' too
     import torch
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    threads = args.threads or protocol.design.get("threads")
+    if threads:
+        torch.set_num_threads(threads)
     cfg.pair = pair_id(args.draft, args.verifier, args.draft_path)
-    pair = _legacy.load_eval_pair(args.draft, args.verifier, args.draft_path)
-    if args.device:
-        pair.draft.to(args.device)
-        pair.verifier.to(args.device)
-    res = evaluate(pair, protocol, cfg, Path(args.out), args.cache, deviations=dev, only=only,
-                              amendment=args.amend_protocol, progress=not args.no_progress,
-                              calibrate_only=args.calibrate_only, lawtests=not args.no_lawtests)
+    load = _loader(args, cfg, not args.no_progress)
+    if args.sweep:
+        return run_sweep(load, protocol, cfg, args)
+    res = evaluate(load, protocol, cfg, args.out_dir, args.cache, deviations=dev, only=only,
+                   amendment=args.amend_protocol, progress=not args.no_progress,
+                   calibrate_only=args.calibrate_only, lawtests=not args.no_lawtests)
     if args.calibrate_only:
         return 0
     print(format_report(res))
@@ -974,5 +1214,34 @@ def run(args) -> int:
         from .lawtests import format_lawtests
 
         print(format_lawtests(res["lawtests"]))
-    print(f"wrote {Path(args.out) / 'eval.json'} ({res['wall_seconds']:.0f} s)")
+    print(f"wrote {args.out_dir / 'eval.json'} ({res['wall_seconds']:.0f} s)")
+    return 0
+
+
+def sweep_plan(protocol: Protocol, cfg: RunConfig) -> tuple[RunConfig, list[Method], list[str], int]:
+    """The sweep's config (the sweep's task and replicates; the primary run's question list, so its rows and decode
+    key are the primary's), its methods (the references, then ``design.sweep``'s rules and tree rows), the labels
+    it seals (all but the references, which the primary run's shards hold) and its batches."""
+    from ...core.tree_shapes import BudgetTree
+
+    sw = protocol.design["sweep"]
+    scfg = RunConfig(**{**cfg.as_dict(), "tasks": [sw["task"]], "replicates": sw["replicates"]})
+    refs = [m for m in protocol.design["methods"] if m["key"] in (None, "sps")]
+    ml = listed_methods(refs + sw["methods"], trees=[BudgetTree(*t) for t in sw.get("trees", [])])
+    n_rows = sw["questions"] * sw["replicates"]
+    if sw["replicates"] != 1 and sw["questions"] != cfg.questions:
+        raise ValueError("design.sweep: a subset of the questions is the first batches only at one replicate")
+    own = [m.label for m in ml if not (m.key is None or (m.key == "sps" and m.tree is None))]
+    return scfg, ml, own, -(-n_rows // cfg.batch_size)
+
+
+def run_sweep(pair, protocol: Protocol, cfg: RunConfig, args) -> int:
+    """Decode the sweep (``sweep_plan``) into its committed shards; its reading comes with the primary run's."""
+    scfg, ml, seal, n_batches = sweep_plan(protocol, cfg)
+    raw = run_replicated(pair, scfg, ml, Path(args.cache) if args.cache else args.out_dir / "cache",
+                         protocol_sha=protocol.sha256, progress=not args.no_progress, calibrate_only=args.calibrate_only,
+                         shards=shard_store(protocol, scfg, "sweep"), seal=seal, max_batches=n_batches)
+    if not args.calibrate_only:
+        print(f"sweep decoded: {len(ml) - 2} methods x {n_batches} batches of {scfg.tasks[0]} "
+              f"({raw['seconds_this_run']:.0f} s this run)")
     return 0

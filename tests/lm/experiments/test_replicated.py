@@ -38,7 +38,7 @@ from cactus_theory.lm import ModelPair
 from cactus_theory.lm.experiments import replicated as rp
 from cactus_theory.lm.experiments import tasks
 from cactus_theory.lm.experiments.eval import methods
-from cactus_theory.lm.experiments.protocol import DEFAULT_PROTOCOL, ProtocolChanged, load_protocol
+from cactus_theory.lm.experiments.protocol import PROTOCOLS, ProtocolChanged, load_protocol
 from tests.lm.experiments.test_eval import ALPHABET, PAIR, CharTokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -56,7 +56,8 @@ class RaggedTokenizer(CharTokenizer):
 
 
 RAGGED = ModelPair(PAIR.draft, PAIR.verifier, RaggedTokenizer(), name="tiny-ragged", eos_token_id=EOS)
-PROTO = load_protocol()
+V2 = PROTOCOLS / "eval_v2.json"  # the grid design (every registry rule); eval_v3: test_eval_v3.py
+PROTO = load_protocol(V2)
 PILOT = dict(questions=6, replicates=4, max_new_tokens=8, batch_size=8, k=2, trees=[[4, 3, 2]])
 ONLY = ["Cactus delta=0.75", "Cactus delta=1", "tas"]
 
@@ -140,7 +141,7 @@ def test_pilot_end_to_end(tmp_path, monkeypatch):
     md = (tmp_path / "eval.md").read_text()
     # the protocol: its hash, the deviations of a pilot, printed loudly
     assert saved["format"] == 2
-    assert saved["protocol"]["sha256"] == hashlib.sha256(DEFAULT_PROTOCOL.read_bytes()).hexdigest()
+    assert saved["protocol"]["sha256"] == hashlib.sha256(V2.read_bytes()).hexdigest()
     assert saved["protocol"]["sha256"][:16] in md and md.count("**Deviation from the protocol**") == len(dev) >= 4
     assert "problem-runs" in logged[0] and "projected" in logged[0]  # the estimate, before the rest is decoded
     assert saved["estimate"]["problem_runs"] == 2 * 6 * 4 * len(saved["methods"])
@@ -214,7 +215,7 @@ def test_pilot_end_to_end(tmp_path, monkeypatch):
 
 def test_protocol_guard_refuses_an_edited_protocol_unless_amended(tmp_path):
     path = tmp_path / "protocol.json"
-    shutil.copy(DEFAULT_PROTOCOL, path)
+    shutil.copy(V2, path)
     proto = load_protocol(path)
     cfg, dev = rp.RunConfig.from_protocol(proto, "tiny", tasks=["lookup"], questions=3, replicates=2,
                                           max_new_tokens=4, batch_size=6, k=2, trees=[])
@@ -309,6 +310,8 @@ def test_power_table_follows_the_variance_law_and_a_simulation():
     (["--protocol", "/no/such.json"], "--protocol '/no/such.json': no such file"),
     (["--rules", "nonsense"], "--rules: unknown"),
     (["--draft-path", "/no/such/file.pt"], "draft-path"),
+    (["--seed", "-4"], "--seed must be an integer >= 0"),
+    (["--sweep", "--protocol", str(PROTOCOLS / "eval_v2.json")], "--sweep: the protocol .* has no design.sweep"),
 ])
 def test_eval_command_checks_arguments_before_models(argv, msg, tmp_path, monkeypatch):
     from cactus_theory.lm.experiments import eval as legacy
@@ -321,11 +324,18 @@ def test_eval_command_checks_arguments_before_models(argv, msg, tmp_path, monkey
         rp.run(p.parse_args(argv + ["--out", str(tmp_path)]))
 
 
-def test_a_run_that_deviates_from_the_protocol_never_writes_the_committed_results(monkeypatch):
+@pytest.mark.parametrize("protocol, n, out", [("eval_v2.json", 1000, "results/eval"),
+                                              ("eval_v3.json", 1120, "results/eval_v3")])
+def test_a_run_that_deviates_from_the_protocol_never_writes_the_committed_results(monkeypatch, tmp_path, protocol, n,
+                                                                                 out):
     from cactus_theory.lm.experiments import eval as legacy
 
     monkeypatch.setattr(legacy, "load_eval_pair", lambda *a, **k: pytest.fail("a model was loaded"))
+    monkeypatch.chdir(tmp_path)  # the protocol and its results are found from the package, not the working folder
     p = argparse.ArgumentParser()
     rp.configure(p)
-    with pytest.raises(ValueError, match="deviates from the protocol .*questions: 1000 in the protocol, 50"):
-        rp.run(p.parse_args(["--questions", "50"]))  # --out defaults to paper_repro/results/eval
+    with pytest.raises(ValueError, match=f"deviates from the protocol .*questions: {n} in the protocol, 50.*{out}"):
+        rp.run(p.parse_args(["--protocol", str(PROTOCOLS / protocol), "--questions", "50"]))
+    if protocol == "eval_v3.json":  # elsewhere either: its committed shards would take the deviating decodes
+        with pytest.raises(ValueError, match="would mix its decodes with the committed shards"):
+            rp.run(p.parse_args(["--protocol", str(PROTOCOLS / protocol), "--questions", "50", "--out", "x"]))
