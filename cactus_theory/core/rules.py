@@ -1839,12 +1839,19 @@ class SCD(RowTarget):
     alpha: float = 0.1
 
     def __post_init__(self):
-        _set(self, beta=check_nonneg(self.beta, "beta"))
+        _set(self, beta=check_nonneg(self.beta, "beta", high=1e300,
+                                     why_high="(1 + beta) log q is computed in float64, where a larger beta overflows"))
         _check_prob_param(self, "alpha")
 
     def target_row(self, p, q):
+        """``h`` (..., V), computed in float64 whatever the rows' dtype (in float16 ``beta log p`` overflows at
+        moderate ``beta``) and returned in ``q``'s dtype."""
         xp = xp_of(p, q)
-        p = p + 0 * q
+        dtype = q.dtype
+        p, q = xp.astype(p + 0 * q, xp.float64), xp.astype(q + 0 * p, xp.float64)
+        return xp.astype(self._target64(xp, p, q), dtype)
+
+    def _target64(self, xp, p, q):
         gate = (q > 0) & (q >= self.alpha * xp.max(q, axis=-1, keepdims=True))
         if self.beta == 0:
             w = xp.where(gate, q, xp.zeros_like(q))
