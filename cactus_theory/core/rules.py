@@ -2009,9 +2009,11 @@ class SampleMatch(Rule):
     Lossless (``q_n e_n + (1 - q_n) g_n = q`` for every ``n``), with acceptance ``sum_n p_n q_n`` instead of SpS's
     ``sum_n min(p_n, q_n)``; the draft's law is never read. Upstream: MAX's ``_argmax_draft_verdict`` (one truncated
     target sample per position, ``rejected = draft != sample``, the sample is the recovered token and the last one
-    the bonus) @ ``MAX_PIN``, match: yes; llama.cpp's verification (``common_sampler_sample_and_accept_n``: the
-    target's sampler draws at each drafted position and the draft is kept while they agree), from the issue's
-    description, not read here (no llama.cpp source in the stored sources this session searched).
+    the bonus) @ ``MAX_PIN``, match: yes; llama.cpp ``common/sampling.cpp`` (``common_sampler_sample_and_accept_n``:
+    the target's sampler chain draws at each drafted position, the draw is kept, and the loop stops at the first draw
+    that differs from the draft; when all agree one more draw is the bonus) @ ggml-org/llama.cpp 3b3f5fe, match: yes,
+    with ``q`` the law of llama.cpp's sampler chain at that position (its penalties and grammar read the tokens kept
+    before it, as in plain decoding).
     """
 
     needs_row_stats: ClassVar[bool] = False  # phi reads q_n only
