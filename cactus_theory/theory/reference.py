@@ -332,7 +332,8 @@ def _reference_step(rule, p: np.ndarray, q: np.ndarray, n: int) -> tuple[float, 
             d = 0.5 * kl(m, p) + 0.5 * kl(m, q)
         return float(d <= rule.threshold), q.copy()
     if kind in ("CascadeDefer", "Tok3", "SCD", "RFuzzy"):  # Theorem 1 towards a target read from both rows
-        return _target_step(_row_target(rule, kind, p, q), p, n)
+        params = (repr(rule), p.tobytes())  # the same target for every drafted n: computed once per pair of rows
+        return _target_step(_row_stat("row-target", q, params, lambda q: _row_target(rule, kind, p, q)), p, n)
     if kind == "Mentored":  # accept iff q_n / ((1 - alpha) p_n) >= u; recover (q - p)_+
         phi = min(1.0, q[n] / ((1 - rule.alpha) * p[n])) if p[n] > 0 else 0.0
         return phi, _normalised_pos(q - p, q)
