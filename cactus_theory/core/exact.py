@@ -21,7 +21,7 @@ from .rules import Rule, ScalingRule, check_rule
 from .validate import check_pqn, check_probs
 
 __all__ = ["induced_distribution", "acceptance_rate", "induced_generic", "induced_scaling", "step_divergence",
-           "bonus_distribution", "induced_rows", "ROWS_MAX_V"]
+           "bonus_distribution", "relaxed_bonus_distribution", "induced_rows", "ROWS_MAX_V"]
 
 CHUNK_ELEMENTS = 1 << 22  # residual rows held at once by the generic path: ~32 MiB of float64
 ROWS_MAX_V = 512  # induced_rows holds every recovery row of every row: (..., V, V)
@@ -66,6 +66,18 @@ def bonus_distribution(rule: Rule, q, *, check: bool = True) -> np.ndarray:
     if check:
         check_probs(q, "q")
     return q.copy() if rule.bonus_from_q else np.asarray(rule.bonus(q), dtype=np.float64)
+
+
+def relaxed_bonus_distribution(rule: Rule, p, q, *, check: bool = True) -> np.ndarray:
+    """Law of the bonus token under relaxed-spec-dec-repro's ``relaxed_T_qp`` policy (``rules.GRAPHCORE_PIN``,
+    ``RejectionSampler.apply_relaxed_bonus``): the draft runs one more step at the bonus position, giving its row
+    ``p``, and the bonus token is one step of the rule there against the verifier's row ``q``: the rule's one-step law
+    ``induced_distribution(rule, p, q)``. For a whole-row target (SpecCascades OPT, r-fuzzy: the draft's or the
+    verifier's own bonus sample picked by the gate; Tok3, SCD: a sample of the target row) that is the target ``h``
+    itself; for mentored decoding (and Cactus) one accept / residual step on the draft's bonus sample. The registry's
+    rules keep upstream's default policy, ``target_p`` (``bonus_distribution``: the verifier's row), because the
+    engines here run no draft step at the bonus position."""
+    return induced_distribution(rule, p, q, check=check)
 
 
 def induced_generic(rule: Rule, p, q, *, check: bool = True, chunk_elements: int = CHUNK_ELEMENTS) -> np.ndarray:

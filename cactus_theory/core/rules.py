@@ -54,6 +54,8 @@ __all__ = [
     "two_block_divergence", "two_block_root", "taylor_gamma",
     "SGLangThreshold", "RelaxedAcceptance", "MedusaTypical", "FLy", "DropMatch", "DropMatchAt", "descending_rank",
     "EntropyVerify", "Lenience", "MinP", "Eta", "FSD", "FSD_DIVERGENCES", "fsd_divergence",
+    "RowTarget", "CascadeDefer", "Tok3", "Mentored", "SCD", "RFuzzy", "js_divergence", "MaxEps", "MAX_EPS_RECOVERIES",
+    "MaxSampled", "SampleMatch", "GRAPHCORE_PIN", "MAX_PIN",
     "check_rule", "refuse_stateful",
 ]
 
@@ -1634,3 +1636,393 @@ class DropMatchAt(DropMatch):
 
     def __repr__(self) -> str:
         return f"DropMatch(rate={self.rate!r}, num_paths={self.num_paths!r}, base={self.base!r}).at(hit)"
+
+
+# -- issue 42: the rules shipped upstream since the last port ------------------------------------------------------
+# graphcore-research/relaxed-spec-dec-repro (an overlay on vLLM 0.20.1) and Modular MAX. Their code calls the target
+# (verifier) ``p`` and the draft ``q``; this module's letters are the paper's (``p`` the draft, ``q`` the verifier), so
+# every formula below is written with the letters swapped back.
+
+GRAPHCORE_PIN = "graphcore-research/relaxed-spec-dec-repro@c28353fee4231a6948ba78a4e0d06d7c513f713c"
+"""The commit of relaxed-spec-dec-repro read for issue 42 (2026-06-12): ``vllm_overlay/files/v1/sample/rejection_sampler.py``."""
+
+MAX_PIN = "modular/modular@105920b9a352f04e4ec176a470c8d1cc1981694c"
+"""The commit of Modular MAX read for issue 42: ``max/python/max/nn/sampling/rejection_sampler.py``."""
+
+
+@dataclass(frozen=True)
+class RowTarget(Rule):
+    """Generalised speculative sampling (Theorem 1) towards a target ``h(p, q)`` read from the whole pair of rows,
+    the same for every drafted token:
+
+        ``phi_n = min(1, h_n / p_n)``,   ``g_n = (h - p)_+ / sum (h - p)_+``  (``h`` if that is zero),
+
+    bonus from ``q``. The step's output law is exactly ``h`` (``exact.induced_distribution`` sums it from this code;
+    the tests check it equals ``h``). Subclasses define ``target_row`` only; ``h`` is passed to ``phi`` as a per-token
+    statistic of the pair of rows (``reads_draft_row``)."""
+
+    needs_row_stats: ClassVar[bool] = True
+    reads_draft_row: ClassVar[bool] = True
+
+    def target_row(self, p: Array, q: Array) -> Array:
+        """``h`` (..., V) from the rows ``p`` and ``q`` (..., V)."""
+        raise NotImplementedError
+
+    def _unpaired(self):
+        raise ValueError(f"{self!r} reads the draft's whole row p (reads_draft_row): use pair_stats_at(p, q, n)")
+
+    def row_stats(self, q):
+        self._unpaired()
+
+    def stats_at(self, q, n):
+        self._unpaired()
+
+    def stats_all(self, q):
+        self._unpaired()
+
+    def pair_stats_at(self, p, q, n):
+        return (gather(self.target_row(p, q), n),)
+
+    def pair_stats_all(self, p, q):
+        return (self.target_row(p, q),)
+
+    def phi(self, p_n, q_n, h_n):
+        xp = xp_of(p_n, q_n)
+        with errstate():
+            return where0(p_n > 0, h_n / xp.where(p_n > 0, p_n, xp.ones_like(p_n)))
+
+    def target(self, p: Array, q: Array, n: Array, *, check: bool = True) -> Array:
+        """``h`` (..., V): the same for every drafted ``n``."""
+        if check:
+            _check_inputs(p, q, n)
+        return self.target_row(p, q)
+
+    def residual(self, p, q, n, *, check=True):
+        """``g_n = (h - p)_+ / sum (h - p)_+`` (``h`` where that is zero: then nothing is ever rejected)."""
+        if check:
+            _check_inputs(p, q, n)
+        h = self.target_row(p, q)
+        return _normalise(_pos(h - p), h)
+
+
+@dataclass(frozen=True)
+class CascadeDefer(RowTarget):
+    """SpecCascades' [OPT] deferral rule (Narasimhan et al. 2024) as relaxed-spec-dec-repro runs it: the step's target
+    is the verifier's whole row or the draft's whole row,
+
+        ``h = q`` if ``max p < max q - alpha TV(p, q)``, else ``h = p``,   ``TV(p, q) = sum (q - p)_+``,
+
+    then SpS's test towards ``h`` (``RowTarget``): a row that keeps the draft accepts every draft; a row that defers
+    is SpS. Bonus from ``q`` (upstream's default ``target_p``). ``alpha`` has no sign restriction (a negative one
+    defers more); upstream's grid is ``{-0.1, 0, 0.05}``.
+
+    Upstream (letters swapped: its ``p`` is the target): ``spec_cascade_opt_defer_mask`` (``draft_max < target_max -
+    alpha * tv_distance``, ``tv_distance = (target - draft).clamp_min(0).sum()``) and ``apply_spec_cascade_opt_constraint``
+    (``where(defer, target, draft)``), then vLLM's ratio test ``target / draft >= u`` and the recovery from
+    ``(target - draft)_+`` (``rejection_random_sample_kernel``, ``sample_recovered_tokens_kernel``) @ ``GRAPHCORE_PIN``.
+    Match: yes with ``spec_cascade_opt_gate = "processed"`` (its default: both maxima read from the processed rows
+    passed here); its ``"paper"`` gate reads the maxima from the rows before temperature / top-k / top-p (not
+    modelled: pass those rows' maxima by calling the rule on them). Upstream computes in float32.
+    """
+
+    alpha: float = 0.0
+
+    def __post_init__(self):
+        _set(self, alpha=check_number(self.alpha, "alpha"))
+
+    def defers(self, p: Array, q: Array) -> Array:
+        """``1[max p < max q - alpha TV(p, q)]`` (..., 1): the row's target is ``q``."""
+        xp = xp_of(p, q)
+        tv = xp.sum(_pos(q - p), axis=-1, keepdims=True)
+        return xp.max(p, axis=-1, keepdims=True) < xp.max(q, axis=-1, keepdims=True) - self.alpha * tv
+
+    def target_row(self, p, q):
+        xp = xp_of(p, q)
+        return xp.where(self.defers(p, q), q + 0 * p, p + 0 * q)
+
+
+@dataclass(frozen=True)
+class Tok3(RowTarget):
+    """SpecCascades' token-level rule [Tok3] as relaxed-spec-dec-repro runs it: with the verifier's top set
+    ``T = {i : q_i > 0, q_i >= (1 - alpha) max q}`` (``alpha = 0``: the first maximum of ``q`` only, as ``argmax``),
+
+        ``h_i = p_i 1[i in T] + eta q_i``,   ``eta = sum_{i not in T} p_i``,
+
+    then SpS's test towards ``h`` (``RowTarget``); ``h`` sums to 1. Bonus from ``q`` (upstream's default). ``alpha``
+    in [0, 1]; ``alpha = 1`` puts the whole support of ``q`` in ``T``; upstream's grid is ``{0, 0.35, 0.8}``.
+
+    Upstream (letters swapped: its ``p`` is the target): ``spec_cascade_tok3_top_mask_from_logits`` (``logits >= max
+    logits + log1p(-alpha)`` among finite logits; ``argmax`` at ``alpha = 0``) and ``apply_spec_cascade_tok3_constraint``
+    (``where(top, draft, 0) + eta * target``, ``eta`` the draft's mass off the top set) @ ``GRAPHCORE_PIN``. Match:
+    yes with ``spec_cascade_tok3_top_set = "processed"`` (the set read from the row passed here); upstream's default
+    ``"paper"`` reads ``T`` from the target's logits before temperature / top-k / top-p, a second row this one-row
+    rule does not take. Set membership is computed here on probabilities, upstream on logits (``log1p``): the two
+    can differ for a ``q_i`` within rounding of ``(1 - alpha) max q``.
+    """
+
+    alpha: float = 0.35
+
+    def __post_init__(self):
+        _check_prob_param(self, "alpha")
+
+    def top_set(self, q: Array) -> Array:
+        """``1[i in T]`` (..., V), boolean."""
+        xp = xp_of(q)
+        if self.alpha == 0:
+            return one_hot_like(q, xp.argmax(q, axis=-1))
+        return (q > 0) & (q >= (1 - self.alpha) * xp.max(q, axis=-1, keepdims=True))
+
+    def target_row(self, p, q):
+        xp = xp_of(p, q)
+        top = self.top_set(q)
+        zero = xp.zeros_like(p + 0 * q)
+        eta = xp.sum(xp.where(top, zero, p + zero), axis=-1, keepdims=True)
+        return xp.where(top, p + zero, zero) + eta * q
+
+
+@dataclass(frozen=True)
+class Mentored(Rule):
+    """Mentored decoding ("lossy speculative decoding" with ``beta = 1``) as relaxed-spec-dec-repro runs it: SpS's
+    ratio test with the draft's probability scaled by ``1 - alpha``,
+
+        ``phi_n = min(1, q_n / ((1 - alpha) p_n))``,   ``g_n = (q - p)_+ / sum (q - p)_+``  (``q`` if that is zero),
+
+    bonus from ``q`` (upstream's default). The law is ``Lenience(lenience = 1 - alpha)``'s (the tests check it);
+    ``alpha = 0`` is SpS. ``alpha`` in [0, 1); upstream's grid is ``{0.95, 0.7, 0.3}``.
+
+    Upstream (letters swapped: its ``p`` is the target): ``lossy_spec_decode_beta1_accept_ratio`` (``target / ((1 -
+    alpha) draft)``, 0 where the draft's probability is 0), ``lossy_spec_decode_beta1_residual_probs`` (``(target -
+    draft)_+``) and the kernel's ``LOSSY_MODE`` branch (``accept_ratio >= u``) @ ``GRAPHCORE_PIN``. Match: yes (chain).
+    """
+
+    alpha: float = 0.7
+    needs_row_stats: ClassVar[bool] = False  # phi reads p_n and q_n only
+
+    def __post_init__(self):
+        _check_prob_param(self, "alpha", high_open=True)
+
+    def phi(self, p_n, q_n, *stats):
+        return _ratio_over(p_n, q_n, 1 - self.alpha)
+
+    def residual(self, p, q, n, *, check=True):
+        """``g_n = (q - p)_+ / sum (q - p)_+`` (``q`` if that is zero)."""
+        if check:
+            _check_inputs(p, q, n)
+        return _normalise(_pos(q - p), q + 0 * p)
+
+
+@dataclass(frozen=True)
+class SCD(RowTarget):
+    """Speculative contrastive decoding (SCD) as relaxed-spec-dec-repro runs it, modelled on probabilities: the
+    step's target is the contrastive law of the expert (verifier) against the amateur (draft),
+
+        ``h_i  propto  1[i in G] q_i^(1 + beta) / p_i^beta``,   ``G = {i : q_i > 0, q_i >= alpha max q}``,
+
+    then SpS's test towards ``h`` (``RowTarget``); bonus from ``q`` (upstream's default). Upstream computes
+    ``softmax(((1 + beta) z_E - beta z_A) / tau)`` over the gate ``z_E >= max z_E + tau log alpha`` from the two
+    models' logits ``z_E``, ``z_A``; with ``q = softmax(z_E / tau)`` and ``p = softmax(z_A / tau)`` that is exactly
+    the formula above (a logit row's constant shift cancels in the softmax), so the rule takes the probability rows
+    at the SCD temperature ``tau`` instead of logits and fits the ``(p, q)`` interface. ``alpha = 0`` gives ``G`` =
+    the support of ``q``: upstream's ``scd_expert_toppk_gated`` mode when ``q`` is the processed (top-k / top-p)
+    target row. A row with ``p_i = 0`` on ``G`` (upstream refuses it: its amateur logits are finite wherever its
+    gate is) is read as the limit ``p_i = e -> 0`` taken alike at every such token: ``h`` is ``q^(1 + beta)`` on
+    those tokens, renormalised (at ``beta = 0`` the draft is not read: ``h`` is ``q`` on ``G``). ``beta >= 0``;
+    upstream's grid is ``{0.1, 0.5, 1}``.
+
+    Upstream (letters swapped: its ``p`` is the target, its ``q`` the draft): ``scd_alpha_gate_from_logits`` and
+    ``apply_scd_constraint`` @ ``GRAPHCORE_PIN``. Match: yes where the draft samples from the row the contrast reads
+    (upstream's ratio test reads the draft's processed row and the contrast its logits before top-k / top-p: where
+    those differ, pass the processed row; not modelled).
+    """
+
+    beta: float = 0.5
+    alpha: float = 0.1
+
+    def __post_init__(self):
+        _set(self, beta=check_nonneg(self.beta, "beta", high=1e300,
+                                     why_high="(1 + beta) log q is computed in float64, where a larger beta overflows"))
+        _check_prob_param(self, "alpha")
+
+    def target_row(self, p, q):
+        """``h`` (..., V), computed in float64 whatever the rows' dtype (in float16 ``beta log p`` overflows at
+        moderate ``beta``) and returned in ``q``'s dtype."""
+        xp = xp_of(p, q)
+        dtype = q.dtype
+        p, q = xp.astype(p + 0 * q, xp.float64), xp.astype(q + 0 * p, xp.float64)
+        return xp.astype(self._target64(xp, p, q), dtype)
+
+    def _target64(self, xp, p, q):
+        gate = (q > 0) & (q >= self.alpha * xp.max(q, axis=-1, keepdims=True))
+        if self.beta == 0:
+            w = xp.where(gate, q, xp.zeros_like(q))
+            return w / xp.sum(w, axis=-1, keepdims=True)
+        hole = gate & (p <= 0)
+        any_hole = xp.any(hole, axis=-1, keepdims=True)
+        live = xp.where(any_hole, hole, gate)
+        one = xp.ones_like(q)
+        with errstate():
+            s = (1 + self.beta) * xp.log(xp.where(live, q, one)) - xp.where(
+                any_hole, 0 * one, self.beta * xp.log(xp.where(live, p, one)))
+            s = xp.where(live, s, xp.full_like(s, -math.inf))
+            w = xp.exp(s - xp.max(s, axis=-1, keepdims=True))
+        w = xp.where(live, w, xp.zeros_like(w))
+        return w / xp.sum(w, axis=-1, keepdims=True)
+
+
+def js_divergence(p: Array, q: Array) -> Array:
+    """Jensen-Shannon ``(KL(p || m) + KL(q || m)) / 2``, ``m = (p + q) / 2``, in nats (at most ``log 2``): (..., V) x2
+    -> (...). Each term as ``a log(a / m)`` where ``a > 0``."""
+    xp = xp_of(p, q)
+    m = (p + q) / 2
+    one = xp.ones_like(m)
+    with errstate():
+        kp = xp.where(p > 0, p * xp.log(xp.where(p > 0, p, one) / xp.where(p > 0, m, one)), 0 * m)
+        kq = xp.where(q > 0, q * xp.log(xp.where(q > 0, q, one) / xp.where(q > 0, m, one)), 0 * m)
+    return (xp.sum(kp, axis=-1) + xp.sum(kq, axis=-1)) / 2
+
+
+@dataclass(frozen=True)
+class RFuzzy(RowTarget):
+    """r-fuzzy speculative decoding (relaxed-spec-dec-repro's ``rfsd``): keep the draft's row where it is within
+    ``threshold`` of the verifier's in Jensen-Shannon divergence, else the verifier's,
+
+        ``h = p`` if ``JS(p, q) <= threshold``, else ``h = q``,
+
+    then SpS's test towards ``h`` (``RowTarget``): a close row accepts every draft, a far one is SpS (FSD instead
+    samples ``q`` afresh on rejection). Bonus from ``q`` (upstream's default). ``JS`` is computed in float64 whatever
+    the rows' dtype; ``threshold >= 0``; upstream's grid is ``{0.05, 0.2, 0.3}``.
+
+    Upstream (letters swapped): ``fsd_divergence_scores`` (``"js"``: ``0.5 (KL(target || m) + KL(draft || m))``, logs
+    of rows clamped at float32's tiny), ``rfsd_use_draft_mask`` (``<= threshold``) and ``apply_rfsd_constraint``
+    (``where(use_draft, draft, target)``) @ ``GRAPHCORE_PIN``. Match: yes for ``"js"`` up to float32 rounding of the
+    divergence upstream (a row within about 1e-7 of the threshold may be decided the other way there); its ``"kl"``
+    divergence is not ported.
+    """
+
+    threshold: float = 0.2
+
+    def __post_init__(self):
+        _set(self, threshold=check_nonneg(self.threshold, "threshold"))
+
+    def keeps_draft(self, p: Array, q: Array) -> Array:
+        """``1[JS(p, q) <= threshold]`` (..., 1), boolean."""
+        xp = xp_of(p, q)
+        return (js_divergence(xp.astype(p, xp.float64), xp.astype(q, xp.float64)) <= self.threshold)[..., None]
+
+    def target_row(self, p, q):
+        xp = xp_of(p, q)
+        return xp.where(self.keeps_draft(p, q), p + 0 * q, q + 0 * p)
+
+
+MAX_EPS_RECOVERIES = ("argmax", "q")
+
+
+@dataclass(frozen=True)
+class MaxEps(Rule):
+    """Modular MAX's ``RejectionSampler`` (the eps rule), modelled on log-probabilities: a draft is rejected iff its
+    draft log-probability exceeds the verifier's by more than ``eps``, deterministically,
+
+        ``phi_n = 1[log p_n <= log q_n + eps]``  (so ``q_n = 0`` rejects),
+
+    and the first rejected position emits a sample of the verifier's row: ``argmax q`` (``recovery = "argmax"``,
+    upstream's default ``top_k = 1``; first maximum on ties, ours) or ``q`` itself (``recovery = "q"``: a top-k /
+    top-p sample, ``q`` being the processed row). Upstream draws the bonus token the same way (the sample at the
+    row after the last draft), so the bonus law is the recovery's. ``eps >= 0``.
+
+    Upstream compares raw logits of two models, ``draft_logit > target_logit + eps``, which a constant shift of
+    either model's logits changes; pass ``log p`` and ``log q`` as those logits (as a caller that feeds log-softmax
+    rows does) and the rule decides the same. Upstream: ``RejectionSampler.__call__`` and its ``topk_fused_sampling``
+    recovery @ ``MAX_PIN``. Match: yes on log-probability rows; raw logits: differs by each row's log-partition.
+    """
+
+    eps: float = 1e-5
+    recovery: str = "argmax"
+    needs_row_stats: ClassVar[bool] = False  # phi reads p_n and q_n only
+    bonus_from_q: ClassVar[bool] = False
+
+    def __post_init__(self):
+        _set(self, eps=check_nonneg(self.eps, "eps"))
+        _check_choice(self.recovery, "recovery", MAX_EPS_RECOVERIES)
+
+    def phi(self, p_n, q_n, *stats):
+        xp = xp_of(p_n, q_n)
+        with errstate():
+            ok = xp.log(p_n) <= xp.log(q_n) + self.eps
+        return xp.astype(ok & (q_n > 0), q_n.dtype)
+
+    def residual(self, p, q, n, *, check=True):
+        """``g_n = e_{argmax q}`` or ``q``, for every ``n``."""
+        if check:
+            _check_inputs(p, q, n)
+        return self.bonus(q + 0 * p)
+
+    def bonus(self, q):
+        if self.recovery == "q":
+            return q
+        xp = xp_of(q)
+        return xp.astype(one_hot_like(q, xp.argmax(q, axis=-1)), q.dtype)
+
+
+@dataclass(frozen=True)
+class MaxSampled(Rule):
+    """Modular MAX's verdict on sampled drafts (``_sampled_draft_verdict``): SpS, with MAX's convention for a draft
+    row that carries no law at the drafted token (``p_n = 0``: "the scheduler had no distribution for the row"), which
+    is read as the one-hot ``p = e_n``:
+
+        ``p_n > 0``: ``phi_n = min(1, q_n / p_n)``,   ``g_n = (q - p)_+ / sum (q - p)_+``;
+        ``p_n = 0``: ``phi_n = q_n``,                 ``g_n = (q - e_n)_+ / sum (q - e_n)_+ = q`` without ``n``,
+
+    bonus from ``q``. Lossless: the step's law is ``q`` for every draft law, and a token drafted outside ``p``'s
+    support (a deterministic draft) is judged as the one-hot draft it is, whose law is ``q`` too (the tests check
+    both). Upstream (letters swapped: its ``p_target`` is our ``q``, its ``q_draft`` our ``p_n``): ``q_eff =
+    where(q_draft > 0, q_draft, 1)``, ``rejected = u q_eff >= p_target``, ``residual = relu(target - where(has_dist,
+    dist, onehot))`` @ ``MAX_PIN``. Match: yes (the test ``u < q_n / p_n`` without a division).
+    """
+
+    needs_row_stats: ClassVar[bool] = False  # phi reads p_n and q_n only
+
+    def phi(self, p_n, q_n, *stats):
+        return _ratio_over(p_n, q_n, 1.0)
+
+    def accepts_zero_draft(self) -> bool:
+        return True
+
+    def zero_draft_phi(self, p_n, q_n, *stats):
+        return q_n
+
+    def residual(self, p, q, n, *, check=True):
+        """``(q - p)_+`` normalised, or ``q`` without ``n`` where ``p_n = 0``."""
+        if check:
+            _check_inputs(p, q, n)
+        xp = xp_of(p, q)
+        own = _normalise(_pos(q - p), q + 0 * p)
+        return xp.where((gather(p, n) > 0)[..., None], own, _without_n(q + 0 * p, n))
+
+
+@dataclass(frozen=True)
+class SampleMatch(Rule):
+    """Sample-and-match verification: draw ``y ~ q`` from the verifier and accept the drafted token iff ``y = n``,
+    else emit ``y``:
+
+        ``phi_n = q_n``,   ``g_n = (q - q_n e_n) / (1 - q_n)``  (``q`` where ``q_n = 1``),   bonus from ``q``.
+
+    Lossless (``q_n e_n + (1 - q_n) g_n = q`` for every ``n``), with acceptance ``sum_n p_n q_n`` instead of SpS's
+    ``sum_n min(p_n, q_n)``; the draft's law is never read. Upstream: MAX's ``_argmax_draft_verdict`` (one truncated
+    target sample per position, ``rejected = draft != sample``, the sample is the recovered token and the last one
+    the bonus) @ ``MAX_PIN``, match: yes; llama.cpp ``common/sampling.cpp`` (``common_sampler_sample_and_accept_n``:
+    the target's sampler chain draws at each drafted position, the draw is kept, and the loop stops at the first draw
+    that differs from the draft; when all agree one more draw is the bonus) @ ggml-org/llama.cpp 3b3f5fe, match: yes,
+    with ``q`` the law of llama.cpp's sampler chain at that position (its penalties and grammar read the tokens kept
+    before it, as in plain decoding).
+    """
+
+    needs_row_stats: ClassVar[bool] = False  # phi reads q_n only
+
+    def phi(self, p_n, q_n, *stats):
+        return q_n + 0 * p_n
+
+    def residual(self, p, q, n, *, check=True):
+        """``g_n = (q - q_n e_n) / (1 - q_n)``."""
+        if check:
+            _check_inputs(p, q, n)
+        return _without_n(q + 0 * p, n)

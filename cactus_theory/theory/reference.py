@@ -15,7 +15,9 @@ vocabularies. Every registry rule is covered (``COVERED``; the conformance harne
 The production rules (SGLang's threshold, relaxed acceptance, Medusa's typical acceptance, vLLM's FLy)
 are written from their upstream kernels' conditions as ``rules.py``'s docstrings quote them: plain
 Python sorts for ranks, ``math.log`` loops for entropies. So are issue 27's (vLLM-Ascend's entropy verification,
-Fast-HSD's lenience, min-p and eta, FSD's test on the pair of rows, its divergences from scipy's ``rel_entr``).
+Fast-HSD's lenience, min-p and eta, FSD's test on the pair of rows, its divergences from scipy's ``rel_entr``), and
+issue 42's (relaxed-spec-dec-repro's SpecCascades OPT and Tok3, mentored decoding, SCD and r-fuzzy as Theorem 1
+towards a target built token by token in a loop; MAX's eps rule, its sampled verdict and sample-and-match).
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ __all__ = ["reference_law", "reference_step", "reference_gamma", "reference_rule
            "bernoulli_divergence", "COVERED"]
 
 COVERED = ("SpS", "Cactus", "TAS", "TopK", "Interpolation", "EARS", "DropMatch", "Ensemble", "SGLangThreshold",
-           "RelaxedAcceptance", "MedusaTypical", "FLy", "EntropyVerify", "Lenience", "MinP", "Eta", "FSD")
+           "RelaxedAcceptance", "MedusaTypical", "FLy", "EntropyVerify", "Lenience", "MinP", "Eta", "FSD",
+           "CascadeDefer", "Tok3", "Mentored", "SCD", "RFuzzy", "MaxEps", "MaxSampled", "SampleMatch")
 TINY32 = float(np.finfo(np.float32).tiny)  # float32's smallest normal number (vLLM 0.7.3's floor, transformers' "zero")
 
 
@@ -159,6 +162,38 @@ def _two_block(q: np.ndarray, n: int, gamma: float) -> np.ndarray:
     return h
 
 
+def _row_target(rule, kind: str, p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """The target ``h`` of issue 42's whole-row rules, token by token (their upstream's letters swapped back)."""
+    V = q.size
+    if kind == "CascadeDefer":  # defer to q iff max p < max q - alpha TV(p, q)
+        tv = 0.5 * math.fsum(abs(float(a) - float(b)) for a, b in zip(p, q, strict=True))
+        return q.copy() if float(p.max()) < float(q.max()) - rule.alpha * tv else p.copy()
+    if kind == "RFuzzy":  # keep the draft's row iff JS(p, q) <= threshold
+        m = (p + q) / 2
+        js = 0.5 * float(np.sum(rel_entr(p, m))) + 0.5 * float(np.sum(rel_entr(q, m)))
+        return p.copy() if js <= rule.threshold else q.copy()
+    top = float(q.max())
+    if kind == "Tok3":  # h_i = p_i 1[i in T] + eta q_i
+        if rule.alpha == 0:
+            inside = {_first_argmax(q)}
+        else:
+            inside = {i for i in range(V) if q[i] > 0 and q[i] >= (1 - rule.alpha) * top}
+        eta = math.fsum(float(p[i]) for i in range(V) if i not in inside)
+        return np.array([(float(p[i]) if i in inside else 0.0) + eta * float(q[i]) for i in range(V)])
+    # SCD: h_i propto q_i^(1 + beta) p_i^(-beta) on the gate; p_i = 0 there: the limit, q^(1 + beta) on those tokens
+    gate = [i for i in range(V) if q[i] > 0 and q[i] >= rule.alpha * top]
+    if rule.beta == 0:
+        w = {i: float(q[i]) for i in gate}
+    else:
+        holes = [i for i in gate if p[i] <= 0]
+        logw = {i: (1 + rule.beta) * math.log(q[i]) for i in holes} if holes else {
+            i: (1 + rule.beta) * math.log(q[i]) - rule.beta * math.log(p[i]) for i in gate}
+        big = max(logw.values())
+        w = {i: math.exp(v - big) for i, v in logw.items()}
+    z = math.fsum(w.values())
+    return np.array([w.get(i, 0.0) / z for i in range(V)])
+
+
 def _kind(rule) -> str | None:
     return next((c.__name__ for c in type(rule).__mro__ if c.__name__ in COVERED), None)
 
@@ -181,7 +216,7 @@ def reference_bonus(rule, q) -> np.ndarray:
     """Law of the bonus token after every draft of a block is accepted: ``q``, except Medusa's
     ``e_{argmax q}`` (its next candidate is the verifier's argmax, first maximum on ties)."""
     q = np.asarray(q, dtype=np.float64)
-    if _kind(rule) == "MedusaTypical":
+    if _kind(rule) == "MedusaTypical" or (_kind(rule) == "MaxEps" and rule.recovery == "argmax"):
         return _one_hot(q.size, _first_argmax(q))
     if _kind(rule) is None:
         raise NotImplementedError(f"no reference implementation for {rule!r} (covered: {', '.join(COVERED)})")
@@ -196,7 +231,7 @@ def reference_step(rule, p: np.ndarray, q: np.ndarray, n: int) -> tuple[float, n
     The rule's parameters are read from its attributes; its methods are never called."""
     p, q = np.asarray(p, dtype=np.float64), np.asarray(q, dtype=np.float64)
     phi, g = _reference_step(rule, p, q, int(n))
-    zero_draft_tested = getattr(rule, "convention", "ours") == "authors"
+    zero_draft_tested = getattr(rule, "convention", "ours") == "authors" or _kind(rule) == "MaxSampled"
     return (0.0 if p[n] <= 0 and not zero_draft_tested else float(min(max(phi, 0.0), 1.0))), g
 
 
@@ -296,6 +331,22 @@ def _reference_step(rule, p: np.ndarray, q: np.ndarray, n: int) -> tuple[float, 
             m = (p + q) / 2
             d = 0.5 * kl(m, p) + 0.5 * kl(m, q)
         return float(d <= rule.threshold), q.copy()
+    if kind in ("CascadeDefer", "Tok3", "SCD", "RFuzzy"):  # Theorem 1 towards a target read from both rows
+        params = (repr(rule), p.tobytes())  # the same target for every drafted n: computed once per pair of rows
+        return _target_step(_row_stat("row-target", q, params, lambda q: _row_target(rule, kind, p, q)), p, n)
+    if kind == "Mentored":  # accept iff q_n / ((1 - alpha) p_n) >= u; recover (q - p)_+
+        phi = min(1.0, q[n] / ((1 - rule.alpha) * p[n])) if p[n] > 0 else 0.0
+        return phi, _normalised_pos(q - p, q)
+    if kind == "MaxEps":  # MAX: rejected iff log p_n > log q_n + eps; the verifier's argmax (or a sample of q) emitted
+        accept = q[n] > 0 and p[n] > 0 and math.log(p[n]) <= math.log(q[n]) + rule.eps
+        g = _one_hot(q.size, _first_argmax(q)) if rule.recovery == "argmax" else q.copy()
+        return float(accept), g
+    if kind == "MaxSampled":  # MAX: u q_eff >= q_n rejects, q_eff = p_n or 1; residual q minus p, or minus e_n
+        if p[n] > 0:
+            return min(1.0, q[n] / p[n]), _normalised_pos(q - p, q)
+        return q[n], _normalised_pos(q - _one_hot(q.size, n), q)
+    if kind == "SampleMatch":  # y ~ q; accept iff y = n, else emit y (y given y != n)
+        return q[n], _without(q, n)
     raise NotImplementedError(f"no reference implementation for {rule!r} (covered: {', '.join(COVERED)})")
 
 

@@ -148,7 +148,9 @@ def refusal(entry: str, rule: Rule) -> str | None:
     input, refuse it."""
     if entry == "verify_tree[joint]" and not rule.two_block:
         return "joint.*two-block rule"
-    if entry == "verify_block" and not registry.spec(rule).lossless:
+    if entry == "verify_block" and registry.spec(rule).key != "sps":
+        # Sun et al.'s block verification is SpS's alone: a lossless rule with another one-step test (sample-and-match,
+        # MAX's sampled verdict) is refused like every lossy one
         return "block verification is lossless speculative sampling"
     if entry in ("vllm_v1", "vllm_v2", "transformers") and reads_head(rule):
         return "LM head"

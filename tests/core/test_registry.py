@@ -12,11 +12,11 @@ from cactus_theory import rules as R
 
 def _rule_classes_in_rules_module():
     """Every concrete rule class defined in rules.py (found independently of the registry): all but the
-    base classes and DropMatch bound to one step's paths."""
+    base classes (RowTarget: issue 42's whole-row targets) and DropMatch bound to one step's paths."""
     out = []
     for obj in vars(R).values():
         if isinstance(obj, type) and issubclass(obj, R.Rule) and obj.__module__ == R.__name__:
-            if obj not in (R.Rule, R.TargetRule, R.ScalingRule, R.DropMatchAt):
+            if obj not in (R.Rule, R.TargetRule, R.ScalingRule, R.RowTarget, R.DropMatchAt):
                 out.append(obj)
     return out
 
