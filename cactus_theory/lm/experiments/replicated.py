@@ -1236,12 +1236,50 @@ def sweep_plan(protocol: Protocol, cfg: RunConfig) -> tuple[RunConfig, list[Meth
 
 
 def run_sweep(pair, protocol: Protocol, cfg: RunConfig, args) -> int:
-    """Decode the sweep (``sweep_plan``) into its committed shards; its reading comes with the primary run's."""
+    """Decode the sweep (``sweep_plan``) into its committed shards, then read it (``sweep.analyse_sweep``) against the
+    primary run's lossless runs of its questions, once the primary run has them all (``sweep.json`` / ``sweep.md``
+    beside eval.json)."""
+    from .sweep import analyse_sweep, format_sweep
+
     scfg, ml, seal, n_batches = sweep_plan(protocol, cfg)
-    raw = run_replicated(pair, scfg, ml, Path(args.cache) if args.cache else args.out_dir / "cache",
-                         protocol_sha=protocol.sha256, progress=not args.no_progress, calibrate_only=args.calibrate_only,
-                         shards=shard_store(protocol, scfg, "sweep"), seal=seal, max_batches=n_batches)
-    if not args.calibrate_only:
-        print(f"sweep decoded: {len(ml) - 2} methods x {n_batches} batches of {scfg.tasks[0]} "
-              f"({raw['seconds_this_run']:.0f} s this run)")
+    cache_dir = Path(args.cache) if args.cache else args.out_dir / "cache"
+    raw = run_replicated(pair, scfg, ml, cache_dir, protocol_sha=protocol.sha256, progress=not args.no_progress,
+                         calibrate_only=args.calibrate_only, shards=shard_store(protocol, scfg, "sweep"), seal=seal,
+                         max_batches=n_batches)
+    if args.calibrate_only:
+        return 0
+    sw = protocol.design["sweep"]
+    task, n = sw["task"], sw["questions"]
+    refs = ml[:2]
+    pool = pool_records(protocol, cfg, refs, task, n, cache_dir)
+    if pool is None:
+        print(f"sweep decoded ({len(seal)} methods x {n_batches} batches of {task}); its reading waits for the primary "
+              f"run's lossless runs of these {n} questions")
+        return 0
+    res = analyse_sweep(pool, raw["tasks"][task]["records"], seal, n, refs[0].label, refs[1].label, seed=cfg.seed)
+    res["protocol_sha256"] = protocol.sha256
+    atomic_write_json(args.out_dir / "sweep.json", res)
+    atomic_write_text(args.out_dir / "sweep.md", format_sweep(res, task) + "\n")
+    print(format_sweep(res, task))
     return 0
+
+
+def pool_records(protocol: Protocol, cfg: RunConfig, refs: list[Method], task: str, n: int,
+                 cache_dir: Path | None) -> dict | None:
+    """The primary run's records of ``refs`` (the verifier alone, SpS) on the first ``n`` questions of ``task``, every
+    replicate, from its shards or cache; None while some are not decoded yet."""
+    prev = read_json(cache_dir.parent / "reestimation.json") if cache_dir is not None else None
+    R = max(cfg.replicates, int(prev["replicates"])) if prev else cfg.replicates
+    cache = _Cache(cache_dir, cfg, shard_store(protocol, cfg, "primary"))
+    problems = tasks.distinct_problems(task, cfg.questions, cfg.seed)
+    out = {m.label: [] for m in refs}
+    for b, rows in enumerate(batch_rows(cfg.questions, R, cfg.batch_size)):
+        if not any(q < n for q, _ in rows):
+            continue
+        for m in refs:
+            want = [[q, r, row_seed(cfg.seed, task, problems[q].question, r, m.rule_id)] for q, r in rows]
+            got = cache.lookup(task, m, b, want)
+            if got is None:
+                return None
+            out[m.label] += [r for r in got["records"] if r["q"] < n]
+    return out

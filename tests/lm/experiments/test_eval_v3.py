@@ -250,3 +250,49 @@ def test_the_sweep_plan_reuses_the_primary_rows():
         cfg.questions, cfg.replicates, cfg.batch_size)[:n_batches]
     assert [m.label for m in ml[:2]] == ["verifier alone", "SpS"] and set(seal) == {m.label for m in ml[2:]}
     assert len(seal) == len(proto.design["sweep"]["methods"]) + 2  # and the two tree rows
+
+
+def test_the_sweep_reading_against_direct_formulas():
+    """``sweep.analyse_sweep`` on constructed records: the difference from the pool against scipy's one-sample t
+    test, Holm written out, the verdict rule, AL and Rej from direct sums."""
+    from cactus_theory.lm.experiments.sweep import analyse_sweep, format_sweep
+
+    rng = np.random.default_rng(7)
+    n, R = 120, 3
+    p = rng.uniform(0.05, 0.6, n)
+
+    def recs(shift, reps, accepted):
+        return [{"q": q, "r": r, "correct": bool(rng.random() < min(1, p[q] + shift)), "strict": False,
+                 "new_tokens": 30, "steps": 10, "accepted": accepted, "drafted": 40, "kl_sum": 0.5, "kl_count": 10,
+                 "nll_sum": 3.0, "nll_count": 30} for r in range(reps) for q in range(n)]
+
+    primary = {"verifier alone": recs(0, R, 0), "SpS": recs(0, R, 8)}
+    sweep = {"same": recs(0, 1, 12), "worse": recs(-0.3, 1, 20)}
+    res = analyse_sweep(primary, sweep, ["same", "worse"], n)
+    pool = np.zeros(n)
+    for lab in primary:
+        for r in primary[lab]:
+            pool[r["q"]] += r["correct"] / (2 * R)
+    ps = []
+    for lab in ("same", "worse"):
+        y = np.array([r["correct"] for r in sorted(sweep[lab], key=lambda r: r["q"])], float)
+        t = stats.ttest_1samp(y - pool, 0.0)
+        v = res["methods"][lab]["vs_pool"]
+        assert v["estimate"] == pytest.approx((y - pool).mean()) and v["p_two_sided"] == pytest.approx(t.pvalue)
+        lo, hi = t.confidence_interval(0.95)
+        assert (v["low"], v["high"]) == pytest.approx((lo, hi))
+        ps.append(t.pvalue)
+    order = np.argsort(ps)
+    holm = [0.0, 0.0]
+    holm[order[0]] = min(1, 2 * ps[order[0]])
+    holm[order[1]] = max(holm[order[0]], min(1, ps[order[1]]))
+    for lab, h in zip(("same", "worse"), holm, strict=True):
+        v = res["methods"][lab]["vs_pool"]
+        assert v["holm"] == pytest.approx(h)
+        assert v["verdict"] == ("differs" if h < 0.05 else "no difference detected")
+    assert res["methods"]["worse"]["vs_pool"]["verdict"] == "differs"  # a 30-point loss at n = 120
+    # AL = (accepted + steps) / steps; Rej vs SpS = (rejected per token) / SpS's - 1, SpS at replicate 0
+    assert res["methods"]["same"]["al"][0] == pytest.approx(22 / 10)
+    assert res["methods"]["worse"]["rej_vs_sps"][0] == pytest.approx((20 / 30) / (32 / 30) - 1)
+    md = format_sweep(res, "add_wide")
+    assert "never 'consistent'" in md and "| worse |" in md and "consistent |" not in md
