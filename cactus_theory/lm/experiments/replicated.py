@@ -1006,12 +1006,16 @@ def evaluate(pair, protocol: Protocol, cfg: RunConfig, out_dir: Path, cache_dir:
         am = guard(protocol, rec, amendment, where)
         if am is not None:
             amendments.append(am)
+    shards = shard_store(protocol, cfg, "primary")
+    for sha in sorted(shards.protocols) if shards is not None else []:  # committed shards of another protocol hash
+        am = guard(protocol, sha, amendment, str(shards.root))
+        if am is not None and am not in amendments:
+            amendments.append(am)
     if amendment and not amendments:
         raise ProtocolChanged("--amend-protocol: nothing to amend (no result was made under another protocol hash)")
     trees = [BudgetTree(*t) for t in cfg.trees]
     ml = protocol_methods(protocol, only, trees)
     info = [method_info(m) for m in ml]
-    shards = shard_store(protocol, cfg, "primary")
     reest = _reestimation(protocol, cfg, out_dir, log)
     t0 = time.perf_counter()
     raw = run_replicated(pair, cfg, ml, cache_dir, protocol_sha=protocol.sha256, progress=progress,

@@ -61,6 +61,7 @@ class ShardStore:
         self._index: dict[tuple[str, str, int], dict] = {}
         self._sealed: dict[tuple[str, str, int], list[int]] = {}  # (run, task, chunk) on disk -> its batches
         self.files = 0
+        self.protocols: set[str] = set()  # the protocol hashes the shards on disk were made under
         for f in sorted(self.root.glob("*/*/c*.json.gz")) if self.root.is_dir() else []:
             with gzip.open(f, "rt") as fh:
                 sh = json.load(fh)
@@ -69,6 +70,7 @@ class ShardStore:
             if self.meta.get("decode_key") and sh.get("decode_key") != self.meta["decode_key"]:
                 continue  # another design's decodes (another question count, dtype, pair...)
             self.files += 1
+            self.protocols.add(sh.get("protocol_sha256", ""))
             self._sealed[(sh["run"], sh["task"], sh["chunk"])] = list(sh["batches"])
             for slug, m in sh["methods"].items():
                 for b, batch in m["batches"].items():

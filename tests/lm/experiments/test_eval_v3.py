@@ -296,3 +296,27 @@ def test_the_sweep_reading_against_direct_formulas():
     assert res["methods"]["worse"]["rej_vs_sps"][0] == pytest.approx((20 / 30) / (32 / 30) - 1)
     md = format_sweep(res, "add_wide")
     assert "never 'consistent'" in md and "| worse |" in md and "consistent |" not in md
+
+
+def test_committed_shards_of_another_protocol_hash_refuse_without_an_amendment(tmp_path):
+    from cactus_theory.lm.experiments.protocol import ProtocolChanged
+
+    proto = _protocol(tmp_path, reestimation={"after_batches": 99, "max_replicates": 2, "when": "", "statistic": "",
+                                              "rule": ""})
+    out = tmp_path / "results" / "eval_v3"
+    _run(proto, out, RAGGED)
+    shutil.rmtree(out / "cache")
+    (out / "eval.json").unlink()  # only the shards remain to say which protocol they were made under
+    path = tmp_path / "protocols" / "eval_v3.json"
+    content = json.loads(path.read_text())
+    content["analysis"]["margin_points"] = 2.0  # edited after results exist
+    path.write_text(json.dumps(content, indent=1))
+    edited = load_protocol(path)
+    cfg, _ = rp.RunConfig.from_protocol(edited, "tiny-ragged")
+    with pytest.raises(ProtocolChanged, match="changed after results exist .*shards"):
+        rp.evaluate(lambda: pytest.fail("a model was loaded"), edited, cfg, out, progress=False, lawtests=False,
+                    figure=False, log=lambda *_: None)
+    res = rp.evaluate(lambda: pytest.fail("a model was loaded"), edited, cfg, out, progress=False, lawtests=False,
+                      figure=False, log=lambda *_: None, amendment="margin typo")
+    assert [a["reason"] for a in res["protocol"]["amendments"]] == ["margin typo"]
+    assert res["protocol"]["amendments"][0]["from"] == proto.sha256
