@@ -153,6 +153,8 @@ def check(args: argparse.Namespace) -> None:
         if args.temperature <= 0:
             raise ValueError(f"--engine transformers samples (do_sample=True): --temperature must be > 0, got "
                              f"{args.temperature}")
+        if args.assistant_layers is not None:
+            _check_assistant_layers(args.assistant_layers, args.verifier)
     if args.json:
         check_writable_file(args.json, "--json")
     if args.engine == "vllm":  # last: every other argument is checked where vLLM is missing too
@@ -161,6 +163,17 @@ def check(args: argparse.Namespace) -> None:
         problem = vllm_problem()
         if problem:
             raise ValueError(problem)
+
+
+def _check_assistant_layers(layers: int, verifier: str) -> None:
+    """``--assistant-layers`` against the verifier's depth, read from its config only (``lm.pair.model_depth``: no
+    weights load): the assistant keeps ``1 <= layers < depth`` of them (``integrations.engines.first_layers``)."""
+    from ..lm.pair import model_depth
+
+    depth = model_depth(verifier)
+    if not 1 <= layers < depth:
+        raise ValueError(f"--assistant-layers must be in [1, {depth - 1}] for --verifier {verifier!r} of {depth} decoder "
+                         f"layers, got {layers}")
 
 
 def _check_vllm(args: argparse.Namespace) -> None:

@@ -720,6 +720,7 @@ def check_sampler(sampler, P, Q, *, rule: Rule | None = None, tv: float = 0.02, 
     max_samples = check_int(max_samples, "max_samples", low=1)
     max_bins = check_int(max_bins, "max_bins", low=2)
     min_expected = check_number(min_expected, "min_expected", low=0.0, low_open=True, what="> 0")
+    atol = check_number(atol, "atol", low=0.0, what="a finite number >= 0 (exact mode's tolerance)")
     if num_samples is not None:
         num_samples = check_int(num_samples, "num_samples", low=1)
     if chunk is not None:
