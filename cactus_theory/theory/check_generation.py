@@ -14,11 +14,23 @@ at every prefix of positive probability the next-token laws are equal. At positi
 generated token), every prefix ``s`` (the prompt and ``t`` generated tokens) observed at least
 ``min_count`` times in *both* samples is a stratum; its next token (or "end": the decode stopped after
 ``t`` tokens) is compared between the samples by ``stats.homogeneity`` (chi-square of the 2 x K table,
-categories pooled on the combined counts to an expected count >= ``min_expected`` in the smaller row;
-a stratum left with one bin carries no test). The position's statistic is the sum over its strata, with
-the summed degrees of freedom: given the prefix counts, the strata are independent under H0, so the sum
-is chi-square. Choosing strata and bins from the counts is valid: under H0 the next tokens are
-exchangeable between the samples given the prefix counts and the combined next-token counts.
+categories pooled on the combined counts to an expected count >= ``min_expected`` in the smaller row).
+The position's statistic is the sum over its strata, with the summed degrees of freedom: given the prefix
+counts, the strata are independent under H0, so the sum is chi-square. Choosing strata and bins from the
+counts is valid: under H0 the next tokens are exchangeable between the samples given the prefix counts and
+the combined next-token counts. A stratum with two categories or more that pooling leaves with one bin (a
+near-deterministic prefix where one side emits a rare token) is tested exactly: Fisher's exact test of
+(most frequent token, any other) x (a, b); a position's such strata form one member "position t exact" of
+the family with p-value ``min(1, s min_j p_j)`` (Bonferroni over its ``s`` strata). A stratum where both
+sides emitted one and the same token has nothing to compare (``strata[t]["same_token"]``).
+
+**Nothing tested is not a verdict**: ``n < min_count`` is refused before generating; a run with no stratum
+at any position has ``verdict == "untested"`` and a NaN p-value.
+
+**Equivalence mode** (``equivalence=eps``): an upper confidence bound on the next-token TV at every stratum
+(``equivalence.tv_upper_bound``: Weissman et al.'s L1 deviation inequality on a value-blind split of each
+side's draws) and, with a scorer, on the difference of mean scores (Hoeffding); ``alpha`` is split by a
+union bound, ``alpha / T`` per position (``T`` positions, plus the answer), equally over its strata.
 
 **An answer-level test** when ``scorer(prompt, tokens) -> float`` is given (e.g. 1 for a correct answer):
 the difference of mean scores, stratified by prompt (each prompt's ``n`` decodes per side), z-test with
