@@ -332,10 +332,12 @@ def _block_pool(law: BlockLaw, cands, n: float, max_bins: int, min_expected: flo
     return _BlockPool(key_bin, length_bin, pr / pr.sum(), tuple(names))
 
 
-def _noncentrality_interval(stat: float, df: int, confidence: float) -> tuple[float, float]:
+def _noncentrality_interval(stat: float, df: int, confidence: float, lower_tail: float | None = None
+                            ) -> tuple[float, float]:
     """Confidence interval for the noncentrality ``lambda`` of a chi-square statistic with ``df`` dof: the
     ``lambda`` at which the observed ``stat`` is the upper / lower ``(1 - confidence) / 2`` quantile (the upper
-    end from ``max(stat, df)``, so that a statistic below its null mean does not shrink it to 0)."""
+    end from ``max(stat, df)``, so that a statistic below its null mean does not shrink it to 0); the lower end
+    at error ``lower_tail`` instead when given."""
     from scipy import optimize
     from scipy import stats as sps
 
@@ -350,7 +352,7 @@ def _noncentrality_interval(stat: float, df: int, confidence: float) -> tuple[fl
         return float(optimize.brentq(lambda lam: sps.ncx2.cdf(x, df, lam) - q, 0.0, hi, xtol=1e-10))
 
     # the upper end from max(stat, df): a statistic below its null mean must not shrink it to 0
-    return solve(stat, 1 - tail), solve(max(stat, float(df)), tail)
+    return solve(stat, 1 - (tail if lower_tail is None else lower_tail)), solve(max(stat, float(df)), tail)
 
 
 def tv_interval(observed: np.ndarray, probs: np.ndarray, impossible: int = 0, *,
@@ -384,9 +386,8 @@ def tv_interval(observed: np.ndarray, probs: np.ndarray, impossible: int = 0, *,
         return EstimateResult(float(est), share, min(1.0, share + (1 - share) * (1.0 if m == 0 else 0.0)),
                               confidence, "impossible outputs only (one bin)")
     stat = float(((obs - m * e) ** 2 / (m * e)).sum())
-    _, hi = _noncentrality_interval(stat, e.size - 1, confidence)
-    tail = (1 - confidence) / 2  # each end's error
-    lo, _ = _noncentrality_interval(stat, e.size - 1, 1 - tail)  # its lower end at error tail / 2
+    tail = (1 - confidence) / 2  # each end's error; the lower end's is split between l and the L1 bound
+    lo, hi = _noncentrality_interval(stat, e.size - 1, confidence, lower_tail=tail / 2)
     low_i = 0.5 * math.sqrt(float(e.min()) * lo / m)
     from .equivalence import l1_deviation
 
@@ -791,7 +792,7 @@ def check_sampler(sampler, P, Q, *, rule: Rule | None = None, tv: float = 0.02, 
     frac = {"first": 1.0, "bonus": reach, "block": 1.0}
     masses = {"first": sorted_first, "bonus": sorted_bonus, "block": cand_masses}
     need = {}
-    for p in tested:
+    for p in (tested if num_samples is None else ()):  # the design sizes N only when num_samples does not
         n_p, K = _size(bins_at[p], tv, alpha_part, power, max_bins)
         if K < 2:  # concentrated: the draws that fill two bins if the cap allows, else the impossible outputs only
             second = 1.0 - float(masses[p][0]) if masses[p].size > 1 else 0.0

@@ -407,12 +407,19 @@ def detectable_tv(n: int, *, categories: int, alpha: float = 0.05, beta: float =
     Cauchy-Schwarz bound ``chi2 >= (2 TV)^2`` holds."""
     _check_alpha(beta, "beta")
     check_number(n, "n", low=1.0, what="a finite number >= 1")
+    power(int(n), 1.0, categories=categories, alpha=alpha)  # checks categories and alpha
+    df = int(categories) - 1
+    crit = sps.chi2.isf(alpha, df)  # power()'s critical value, computed once for the bisection
+
+    def pw(eps: float) -> float:  # power(int(n), eps, categories=categories, alpha=alpha), term for term
+        return float(sps.ncx2.sf(crit, df, 4 * int(n) * eps * eps))
+
     lo, hi = 0.0, 1.0
-    if power(int(n), hi, categories=categories, alpha=alpha) < 1 - beta:
+    if pw(hi) < 1 - beta:
         return math.inf
     while hi - lo > 1e-6:
         mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if mid == 0 or power(int(n), mid, categories=categories, alpha=alpha) < 1 - beta else (lo, mid)
+        lo, hi = (mid, hi) if mid == 0 or pw(mid) < 1 - beta else (lo, mid)
     return hi
 
 
