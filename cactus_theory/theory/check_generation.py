@@ -73,7 +73,10 @@ class GenerationTest(TestResult):
     between the two next-token laws, averaged over strata by ``n_a n_b / (n_a + n_b)``: biased upwards by
     noise) or, for the answer test, the difference of mean scores with ``low`` / ``high`` its 95% interval;
     ``detectable`` the detectable TV (or, for the answer test, the detectable score difference) and
-    ``detectable_one`` the detectable TV at the most observed prefix alone."""
+    ``detectable_one`` the detectable TV at the most observed prefix alone. For an exact member ("position t
+    exact": the position's one-bin strata), ``statistic`` is the smallest Fisher p-value, ``dof`` the number of
+    strata, ``pvalue`` ``min(1, strata * statistic)``, and both detectable TVs are the chi-square approximation at
+    its largest stratum and level ``alpha / (m strata)``."""
 
     name: str
     position: int | None
