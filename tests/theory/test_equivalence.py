@@ -128,3 +128,25 @@ def test_bad_equivalence_arguments_are_refused_by_name(kwargs, needle):
 
     with pytest.raises(ValueError, match=needle):
         check_generation(never, never, ["p"], n=50, **kwargs)
+
+
+def test_check_engine_equivalence_reaches_the_verdict_and_the_exit_status(tmp_path, monkeypatch, capsys):
+    """``--equivalence`` plumbed through ``check-engine`` on a stand-in engine (two toy generators of one law, no
+    model): the bounds are in the JSON, and the exit status is 0 when they clear EPS and 4 when they do not."""
+    import argparse
+    import json
+
+    from cactus_theory.integrations import engines
+
+    same = _two_tokens(A1, A1)
+    monkeypatch.setitem(engines.ENGINES, "loop", lambda opts, **models: engines.EngineRun(same, same, "a", "b"))
+    for eps, n, want in ((0.5, 3000, 0), (0.05, 100, ce.EXIT_NOT_EQUIVALENT)):
+        parser = argparse.ArgumentParser()
+        ce.configure(parser)
+        out = tmp_path / f"eq{eps}.json"
+        args = parser.parse_args(["--prompt", "x", "--n", str(n), "--max-new-tokens", "2", "--equivalence", str(eps),
+                                  "--alpha", "0.05", "--json", str(out)])
+        assert ce.run(args, models={}) == want
+        data = json.loads(out.read_text())
+        assert data["equivalence"]["equivalent"] is (want == 0) and len(data["equivalence"]["rows"]) == 2
+    assert "equivalence verdict" in capsys.readouterr().out
