@@ -28,8 +28,8 @@ sides emitted one and the same token has nothing to compare (``strata[t]["same_t
 at any position has ``verdict == "untested"`` and a NaN p-value.
 
 **Equivalence mode** (``equivalence=eps``): an upper confidence bound on the next-token TV at every stratum
-(``equivalence.tv_upper_bound``: Weissman et al.'s L1 deviation inequality on a value-blind split of each
-side's draws) and, with a scorer, on the difference of mean scores (Hoeffding); ``alpha`` is split by a
+(``equivalence.tv_upper_bound``: Weissman et al.'s L1 deviation inequality, or a box of Clopper-Pearson
+intervals where it is sharper, on a value-blind split of each side's draws) and, with a scorer, on the difference of mean scores (Hoeffding); ``alpha`` is split by a
 union bound, ``alpha / T`` per position (``T`` positions, plus the answer), equally over its strata.
 
 **An answer-level test** when ``scorer(prompt, tokens) -> float`` is given (e.g. 1 for a correct answer):

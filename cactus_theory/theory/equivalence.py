@@ -15,13 +15,17 @@ Weinberger (2003, HP Labs HPL-2003-97, Theorem 2.1)::
 
     P(||pi(p_hat) - pi(p)||_1 >= e) <= (2^K - 2) exp(-m e^2 / 2),   so   e(m, K, d) = sqrt(2 (ln(2^K - 2) + ln(1/d)) / m)
 
-holds with probability ``>= 1 - d`` for ``m`` draws. With ``d = delta / 2`` per side (union bound), with
-probability ``>= 1 - delta``::
+holds with probability ``>= 1 - d`` for ``m`` draws. With ``d = delta / 4`` per side, with probability
+``>= 1 - delta / 2``::
 
-    TV(p_a, p_b) <= U := min(1, L(p_hat_a, p_hat_b) / 2 + (e(m_a, K, delta/2) + e(m_b, K, delta/2)) / 2)
+    TV(p_a, p_b) <= U_W := L(p_hat_a, p_hat_b) / 2 + (e(m_a, K, delta/4) + e(m_b, K, delta/4)) / 2
 
-``S`` is chosen on the selection half as the prefix of the frequency order minimising the same expression
-there (with the fit halves' sizes): a choice blind to the fit half, so the bound stays valid.
+A second bound, sharper where cells are rare (a near-deterministic prefix): Clopper-Pearson intervals
+``[lo, hi]`` for each of the ``2K`` pooled cells, each at error ``delta / (4K)``, hold together with probability
+``>= 1 - delta / 2``, and then ``L(p_a, p_b) <= sum_{i in S} max(hi_a(i) - lo_b(i), hi_b(i) - lo_a(i)) + hi_a(R) +
+hi_b(R) =: 2 U_CP``. By the union bound over the two, ``TV <= U := min(1, U_W, U_CP)`` with probability
+``>= 1 - delta``. ``S`` is chosen on the selection half as the prefix of the frequency order minimising the
+Weissman expression there (with the fit halves' sizes): a choice blind to the fit half, so the bound stays valid.
 
 **Answer-level difference** (``score_upper_bound``): scores in ``[0, 1]``, ``N`` per side (any mix of prompts,
 the same prompts on both sides). ``d_hat = mean_a - mean_b`` is a mean of ``2N`` independent terms, each in a
@@ -61,8 +65,8 @@ def _freq(counts: dict, cats: list) -> np.ndarray:
 def tv_upper_bound(sel_a: dict, sel_b: dict, fit_a: dict, fit_b: dict, delta: float, max_bins: int = 16
                    ) -> tuple[float, float, float]:
     """``U`` (module docstring) from category counts ``{category: count}`` of the selection and fit halves of
-    each side: ``(U, plug-in L / 2 on the fit half, margin (e_a + e_b) / 2)``; the last two let ``scale_needed``
-    say how many draws would bring ``U`` under a target. ``(1, 1, inf)`` when a fit half is empty."""
+    each side: ``(U, plug-in L / 2 on the fit half, U - plug-in)``; the last two let ``scale_needed`` say how many
+    draws would bring ``U`` under a target. ``(1, 1, inf)`` when a fit half is empty."""
     m_a, m_b = sum(fit_a.values()), sum(fit_b.values())
     if m_a == 0 or m_b == 0:
         return 1.0, 1.0, math.inf
@@ -72,14 +76,39 @@ def tv_upper_bound(sel_a: dict, sel_b: dict, fit_a: dict, fit_b: dict, delta: fl
     cats = [cats[i] for i in order]
     sa, sb = sa[order], sb[order]
 
-    def margin(j: int) -> float:
-        return 0.5 * (l1_deviation(m_a, j + 1, delta / 2) + l1_deviation(m_b, j + 1, delta / 2))
+    def margin(j: int) -> float:  # Weissman's, at error delta / 2 (the other half: the Clopper-Pearson box)
+        return 0.5 * (l1_deviation(m_a, j + 1, delta / 4) + l1_deviation(m_b, j + 1, delta / 4))
 
     top = max(1, min(len(cats), max_bins - 1))
     j = min(range(1, top + 1), key=lambda j: _plug_in(sa, sb, j) + margin(j))
     fa, fb = _freq(fit_a, cats), _freq(fit_b, cats)
-    plug, marg = _plug_in(fa, fb, j), margin(j)
-    return min(1.0, plug + marg), plug, marg
+    plug = _plug_in(fa, fb, j)
+    ka = np.array([fit_a.get(c, 0) for c in cats], dtype=np.int64)
+    kb = np.array([fit_b.get(c, 0) for c in cats], dtype=np.int64)
+    u = min(1.0, plug + margin(j), _box_bound(ka, kb, j, delta / 2))
+    return u, plug, max(u - plug, 0.0)
+
+
+def _clopper_pearson(k: np.ndarray, m: int, d: float) -> tuple[np.ndarray, np.ndarray]:
+    """Exact (Clopper-Pearson) intervals for cell probabilities from counts ``k`` of ``m`` draws, each at error
+    ``d``: ``[Beta(d/2; k, m - k + 1), Beta(1 - d/2; k + 1, m - k)]``, 0 / 1 at ``k = 0`` / ``k = m``."""
+    from scipy import stats as sps
+
+    lo = sps.beta.ppf(d / 2, np.maximum(k, 1), m - k + 1)
+    hi = sps.beta.ppf(1 - d / 2, k + 1, np.maximum(m - k, 1))
+    return np.where(k > 0, lo, 0.0), np.where(k < m, hi, 1.0)
+
+
+def _box_bound(ka: np.ndarray, kb: np.ndarray, j: int, d: float) -> float:
+    """``max L / 2`` over the box of Clopper-Pearson intervals of the ``K = j + 1`` pooled cells of each side
+    (``S`` the first ``j`` categories, ``R`` the rest), each at error ``d / (2K)``: with probability ``>= 1 - d``
+    every interval holds, and then ``|p_a(i) - p_b(i)| <= max(hi_a - lo_b, hi_b - lo_a)`` and ``p(R) <= hi(R)``."""
+    K = j + 1
+    cells_a, cells_b = np.append(ka[:j], ka[j:].sum()), np.append(kb[:j], kb[j:].sum())
+    lo_a, hi_a = _clopper_pearson(cells_a, int(ka.sum()), d / (2 * K))
+    lo_b, hi_b = _clopper_pearson(cells_b, int(kb.sum()), d / (2 * K))
+    spread = np.maximum(np.maximum(hi_a[:j] - lo_b[:j], hi_b[:j] - lo_a[:j]), 0.0)
+    return min(1.0, 0.5 * (float(spread.sum()) + float(hi_a[j]) + float(hi_b[j])))
 
 
 def score_upper_bound(scores_a: np.ndarray, scores_b: np.ndarray, delta: float) -> tuple[float, float, float]:

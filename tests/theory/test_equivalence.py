@@ -6,9 +6,9 @@ test): 1,000 seeds for ``tv_upper_bound`` at confidence 0.9 and 200 seeds for th
 ``check_generation`` at ``alpha`` = 0.2 (joint confidence 0.8). Monte-Carlo tolerance: the coverage may fall
 below its level by 3.1 standard errors (a binomial lower tail of ~0.001): 0.029 at 1,000 seeds and 0.9, 0.088 at
 200 seeds and 0.8. The bounds are conservative (finite-sample, union bounds): every seed covered (1000 of 1000
-on each pair, 200 of 200 for the family). The test still fails a wrong port that drops the margin (coverage
-578 of 1000 on the pair at TV 0.8, in a separate seeded run); it would pass one that quarters it (967 of 1000),
-the price of conservative bounds.
+on each pair, 200 of 200 for the family). The test still fails a wrong port that returns the plug-in alone
+(497 of 1000 on the pair at TV 0.8, same seeds); it would pass one that drops the Clopper-Pearson box and
+quarters Weissman's margin (970 of 1000), the price of conservative bounds.
 """
 
 from __future__ import annotations
@@ -56,12 +56,22 @@ def test_the_tv_bound_covers_over_1000_seeds():
 
 
 def test_the_tv_bound_clears_a_margin_when_the_laws_agree():
-    """Not vacuous: identical laws on 4 tokens, 4,000 draws a side, delta 0.01: the bound is below 0.15 (the
-    margin alone is ``sqrt(2 (ln 14 + ln 200) / 2000) = 0.0977`` on 4 cells at most)."""
+    """Not vacuous: identical laws on 4 tokens, 4,000 draws a side, delta 0.01: the bound is below 0.15 (Weissman's
+    margin alone is ``sqrt(2 (ln 14 + ln 400) / 2000) = 0.093`` on 4 cells at most)."""
     rng = np.random.default_rng(1)
     p = np.array([0.5, 0.3, 0.15, 0.05])
     u = _bound(rng.choice(4, 4000, p=p), rng.choice(4, 4000, p=p), 0.01)
     assert u < 0.15, u
+
+
+def test_a_deterministic_prefix_is_bounded_by_the_clopper_pearson_box():
+    """One token on both sides, 150 fit draws each, delta 0.05: ``S`` = that token, ``R`` empty; the box gives
+    ``2U = (1 - lo) + hi_a(R) + hi_b(R)`` with ``lo = (d/2)^(1/150)``, ``hi(R) = 1 - (d/2)^(1/150)``,
+    ``d = 0.025 / 4`` (written out here), far below Weissman's ``sqrt(2 (ln 2 + ln 80) / 150) = 0.26``."""
+    u, plug, _ = tv_upper_bound({1: 150}, {1: 150}, {1: 150}, {1: 150}, 0.05)
+    d = 0.025 / 4
+    edge = 1 - (d / 2) ** (1 / 150)
+    assert plug == 0.0 and u == pytest.approx(0.5 * 3 * edge, rel=1e-9) and u < 0.1
 
 
 def test_the_score_bound_is_hoeffding():
