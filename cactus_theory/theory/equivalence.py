@@ -121,8 +121,9 @@ def score_upper_bound(scores_a: np.ndarray, scores_b: np.ndarray, delta: float) 
 
 
 def scale_needed(plug: float, margin: float, eps: float) -> float:
-    """Factor on the draws that brings ``plug + margin`` under ``eps`` if the observed frequencies stay (the margin
-    shrinks as ``1 / sqrt(draws)``): ``(margin / (eps - plug))^2``; ``inf`` when ``plug >= eps``."""
+    """Factor on the draws that brings ``plug + margin`` under ``eps`` if the observed frequencies stay, the margin
+    taken to shrink as ``1 / sqrt(draws)`` (Weissman's rate; on rare cells the Clopper-Pearson box shrinks faster,
+    so the factor errs high): ``(margin / (eps - plug))^2``; ``inf`` when ``plug >= eps``."""
     if plug >= eps or not math.isfinite(margin):
         return math.inf
     return (margin / (eps - plug)) ** 2
