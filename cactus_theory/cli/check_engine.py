@@ -8,8 +8,14 @@ made on the fly); ``--engine vllm --spec {ngram,eagle3}`` judges vLLM's ``LLM.ge
 (n-gram lookup, or EAGLE-3 with the project's draft) against the same vLLM without it (it needs vLLM: ``make
 vllm-env``, then ``.venv-vllm/bin/cactus-theory``). Both sides decode ``--n`` times each prompt; ``theory.check_generation`` tests the
 next-token law at every position of the observed prefix tree (Holm over the family) and prints the table;
-``--json`` writes it. Exit status 0 when no difference is found, 1 when equality in law is rejected, 2 for
-an argument error (one line, before any model loads). The engines are ``integrations.engines.ENGINES``.
+``--json`` writes it. ``--equivalence EPS`` adds upper confidence bounds on the next-token TV at every tested
+prefix (``check_generation``'s equivalence mode). ``--quick``: the smallest meaningful run, a smoke test of the
+wiring rather than a verdict (``QUICK``: 50 decodes of one prompt per side, positions 0 and 1 of 2-token decodes,
+so position 1, the first a drafted token can change, is tested; flags given explicitly win). Exit status 0 when
+no difference is found (and, with ``--equivalence``, the bounds clear EPS), 1 when equality in law is rejected,
+2 for an argument error (one line, before any model loads), 3 when nothing was tested (no prefix seen
+``--min-count`` times on both sides), 4 when no difference was found but the equivalence bounds do not clear
+EPS. The engines are ``integrations.engines.ENGINES``.
 """
 
 from __future__ import annotations
@@ -30,6 +36,9 @@ DESCRIPTION = ("Judge an engine's speculative decoding against the same engine w
 ENGINE_NAMES = ("loop", "transformers", "vllm")  # integrations.engines.ENGINES (torch-free here; a test pins the copy)
 VLLM_SPECS = ("ngram", "eagle3")  # integrations.engines.VLLM_SPECS (pinned by the same test)
 VLLM_PLUGIN_MODES = ("none", "fixes")  # integrations.engines.VLLM_PLUGIN_MODES
+DEFAULT_N, DEFAULT_MAX_NEW = 500, 32
+QUICK = {"n": 50, "positions": 2, "max_new_tokens": 2, "prompts": 1}  # --quick (module docstring)
+EXIT_UNTESTED, EXIT_NOT_EQUIVALENT = 3, 4
 
 
 def _unit_float(text: str) -> float:
@@ -57,7 +66,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_rule_arguments(parser, default="sps")
     g = parser.add_argument_group("decoding")
     g.add_argument("-k", "--num-drafts", dest="num_drafts", type=positive_int, default=4, help="drafted tokens per step")
-    g.add_argument("--max-new-tokens", type=positive_int, default=32, help="new tokens per decode at most")
+    g.add_argument("--max-new-tokens", type=positive_int, default=None,
+                   help=f"new tokens per decode at most (default {DEFAULT_MAX_NEW}; --quick: {QUICK['max_new_tokens']})")
     g.add_argument("--tree", type=positive_int, default=None, metavar="NODES",
                    help="--engine loop: EAGLE-2's budget tree of NODES nodes (deterministic top-k candidates), "
                         "--tree-depth levels, --tree-topk per node")
@@ -84,7 +94,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--threads", type=positive_int, default=None,
                    help="torch CPU threads (vllm: its CPU worker's OpenMP threads, unpinned)")
     g = parser.add_argument_group("the test")
-    g.add_argument("--n", type=positive_int, default=500, help="decodes of each prompt on each side")
+    g.add_argument("--n", type=positive_int, default=None,
+                   help=f"decodes of each prompt on each side (default {DEFAULT_N}; --quick: {QUICK['n']})")
+    g.add_argument("--quick", action="store_true",
+                   help=f"smoke test, not a verdict: --n {QUICK['n']}, --positions {QUICK['positions']}, "
+                        f"--max-new-tokens {QUICK['max_new_tokens']} and the first built-in prompt only, unless given")
+    g.add_argument("--equivalence", type=_unit_float, default=None, metavar="EPS",
+                   help="also bound the next-token TV at every tested prefix from above (joint confidence 1 - alpha); "
+                        "exit 4 when a bound exceeds EPS")
     g.add_argument("--positions", type=positive_int, default=None,
                    help="test positions 0 .. POSITIONS - 1 (default: min(16, --max-new-tokens))")
     g.add_argument("--alpha", type=_unit_float, default=1e-3, help="family-wise level (Holm)")
@@ -104,14 +121,26 @@ def _prompts(args) -> list[str]:
     if not prompts:
         from ..lm.data import prompt_set
 
-        prompts = prompt_set(1)
+        prompts = prompt_set(1)[:QUICK["prompts"]] if args.quick else prompt_set(1)
     return prompts
+
+
+def _apply_quick(args: argparse.Namespace) -> None:
+    """Fill ``--n``, ``--positions`` and ``--max-new-tokens`` left out: ``QUICK`` with ``--quick``, else the
+    defaults (``--positions``: min(16, --max-new-tokens))."""
+    if args.n is None:
+        args.n = QUICK["n"] if args.quick else DEFAULT_N
+    if args.max_new_tokens is None:
+        args.max_new_tokens = QUICK["max_new_tokens"] if args.quick else DEFAULT_MAX_NEW
+    if args.positions is None and args.quick:
+        args.positions = min(QUICK["positions"], args.max_new_tokens)
 
 
 def check(args: argparse.Namespace) -> None:
     """Every check that needs no model (``ValueError`` naming the flag)."""
     from ..core.registry import rule_from_args
 
+    _apply_quick(args)
     args.rule_obj = rule_from_args(args)
     args.prompts = _prompts(args)
     check_model(args.verifier, "--verifier")
@@ -124,6 +153,9 @@ def check(args: argparse.Namespace) -> None:
                          f"tokens, so positions 0 .. {args.max_new_tokens - 1} only")
     if args.min_count < 2:
         raise ValueError(f"--min-count must be >= 2, got {args.min_count}")
+    if args.n < args.min_count:
+        raise ValueError(f"--n {args.n} is below --min-count {args.min_count}: no prefix can be seen --min-count times on "
+                         f"both sides, so nothing would be tested")
     for flag in ("tree_depth", "tree_topk"):
         if getattr(args, flag) is not None and args.tree is None:
             raise ValueError(f"--{flag.replace('_', '-')} shapes the --tree NODES tree: give --tree NODES too")
@@ -153,6 +185,8 @@ def check(args: argparse.Namespace) -> None:
         if args.temperature <= 0:
             raise ValueError(f"--engine transformers samples (do_sample=True): --temperature must be > 0, got "
                              f"{args.temperature}")
+        if args.assistant_layers is not None:
+            _check_assistant_layers(args.assistant_layers, args.verifier)
     if args.json:
         check_writable_file(args.json, "--json")
     if args.engine == "vllm":  # last: every other argument is checked where vLLM is missing too
@@ -161,6 +195,21 @@ def check(args: argparse.Namespace) -> None:
         problem = vllm_problem()
         if problem:
             raise ValueError(problem)
+
+
+def _check_assistant_layers(layers: int, verifier: str) -> None:
+    """``--assistant-layers`` against the verifier's depth, read from its config only (``lm.pair.model_depth``: no
+    weights load): the assistant keeps ``1 <= layers < depth`` of them (``integrations.engines.first_layers``)."""
+    from ..lm.pair import model_depth
+
+    try:
+        depth = model_depth(verifier)
+    except OSError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"could not read --verifier {verifier!r}'s config to check --assistant-layers: {first}") from None
+    if not 1 <= layers < depth:
+        raise ValueError(f"--assistant-layers must be in [1, {depth - 1}] for --verifier {verifier!r} of {depth} decoder "
+                         f"layers, got {layers}")
 
 
 def _check_vllm(args: argparse.Namespace) -> None:
@@ -268,7 +317,7 @@ def run(args: argparse.Namespace, models: dict | None = None) -> int:
         try:
             res = check_generation(eng.generate_a, eng.generate_b, args.prompts, n=args.n, positions=args.positions,
                                    alpha=args.alpha, power=args.power, seed=args.seed, min_count=args.min_count,
-                                   names=(eng.label_a, eng.label_b))
+                                   names=(eng.label_a, eng.label_b), equivalence=args.equivalence)
         finally:
             if eng.close is not None:
                 eng.close()
@@ -283,4 +332,15 @@ def run(args: argparse.Namespace, models: dict | None = None) -> int:
         out = ({"engine": args.engine, "config": config, "labels": [eng.label_a, eng.label_b],
                 "decode_seconds": round(seconds, 1)} | out | {"notes": list(eng.notes) + out["notes"]})
         atomic_write_json(args.json, out)
-    return 1 if res.reject else 0
+    return exit_status(res)
+
+
+def exit_status(res) -> int:
+    """1 rejected, 3 nothing tested (one line on stderr), 4 no difference but equivalence not shown, else 0."""
+    if not res.tested:
+        print("check-engine: nothing was tested (no prefix seen --min-count times on both sides): not a verdict",
+              file=sys.stderr)
+        return EXIT_UNTESTED
+    if res.reject:
+        return 1
+    return EXIT_NOT_EQUIVALENT if res.equivalent is False else 0

@@ -41,6 +41,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 __all__ = ["DraftStop", "SIGNALS", "check_draft_stop"]
 
 SIGNALS = ("top", "path")
@@ -59,6 +61,8 @@ class DraftStop:
 
     def __post_init__(self):
         t = self.threshold
+        if isinstance(t, (np.integer, np.floating)) and not isinstance(t, np.bool_):  # a numpy real scalar
+            t = t.item()
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or not 0 < t < 1:
             raise ValueError(f"draft_stop: threshold must be a number in (0, 1), got {t!r}")
         if self.signal not in SIGNALS:
@@ -94,7 +98,7 @@ def check_draft_stop(draft_stop, name: str = "draft_stop") -> DraftStop | None:
     a ``DraftStop`` or None; ``ValueError`` naming ``name`` otherwise."""
     if draft_stop is None or isinstance(draft_stop, DraftStop):
         return draft_stop
-    if isinstance(draft_stop, bool) or not isinstance(draft_stop, (int, float)):
+    if isinstance(draft_stop, (bool, np.bool_)) or not isinstance(draft_stop, (int, float, np.integer, np.floating)):
         raise ValueError(f"{name} must be None, a DraftStop or a threshold in (0, 1), got {draft_stop!r}")
     try:
         return DraftStop(draft_stop)

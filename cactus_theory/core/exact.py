@@ -196,4 +196,5 @@ def step_divergence(rule: Rule, p, q, name: str = "kl", *, check: bool = True) -
     from .divergences import divergence
 
     h = induced_distribution(rule, p, q, check=check)
-    return divergence(h, np.asarray(q, dtype=np.float64), name, check=False)
+    q64 = _as_f64(q, q, check=False)[1]  # read as induced_distribution reads it (bfloat16 tensors upcast)
+    return divergence(h, q64, name, check=False)

@@ -54,7 +54,9 @@ import numpy as np
 
 from ..core.validate import (
     InputTypeError,
+    check_int,
     check_nonneg,
+    check_number,
     check_positive_int,
     check_prob_param,
     check_probs,
@@ -105,6 +107,9 @@ def entropy(q: np.ndarray, entropy_eps: float = 0.0) -> float:
     return float(-t.sum())
 
 
+NEEDS = {"additive": ("delta",), "multiplicative": ("alpha",), "top_m": ("m",), "entropy": ("epsilon", "alpha")}
+
+
 def rejected_tokens(q, criterion: str, **params) -> np.ndarray:
     """The lower level set ``L(q)`` of tokens the criterion rejects, a boolean ``(V,)`` mask.
 
@@ -123,6 +128,11 @@ def rejected_tokens(q, criterion: str, **params) -> np.ndarray:
         top = q.max()
         strict = int(np.sum(q == top)) == 1
         return q < top if strict else np.ones(V, dtype=bool)
+    if criterion in NEEDS:
+        missing = [k for k in NEEDS[criterion] if k not in params]
+        if missing:
+            raise ValueError(f"criterion {criterion!r} needs the parameter {missing[0]} (its parameters: "
+                             f"{', '.join(NEEDS[criterion])}), got {sorted(params) or 'none'}")
     if criterion == "additive":
         delta = check_nonneg(params.pop("delta"), "delta")
         out = q < q.max() - delta
@@ -151,8 +161,9 @@ def rejected_tokens(q, criterion: str, **params) -> np.ndarray:
 # -- pooling --------------------------------------------------------------------------------------
 
 def kl2(x) -> float:
-    """``kl_2(x) = KL(Bern((1 + x)/2) || Bern(1/2))`` for ``x`` in [0, 1]: ``((1+x) log(1+x) + (1-x) log(1-x)) / 2``."""
-    x = float(x)
+    """``kl_2(x) = KL(Bern((1 + x)/2) || Bern(1/2))`` for ``x`` in [0, 1]: ``((1+x) log(1+x) + (1-x) log(1-x)) / 2``
+    (``ValueError`` naming ``x`` outside [0, 1] or not finite)."""
+    x = float(check_number(x, "x", low=0.0, high=1.0))
     return 0.5 * ((1 + x) * math.log1p(x) + ((1 - x) * math.log1p(-x) if x < 1 else 0.0))
 
 
@@ -201,7 +212,14 @@ def _pool_from_bottom(c: float, S_desc: np.ndarray, divergence: str) -> np.ndarr
 
 def pair_certificate(a: float, b: float, divergence: str = "kl") -> float:
     """Strict greedy with two tokens of values ``a >= b`` pooled: ``-log(1 - (sqrt a - sqrt b)^2)`` (``kl``) or
-    ``(a + b) kl_2((a - b) / (a + b))`` (``reverse_kl``)."""
+    ``(a + b) kl_2((a - b) / (a + b))`` (``reverse_kl``). ``a``, ``b``: probabilities of two tokens of one row,
+    so ``0 <= b <= a`` and ``a + b <= 1`` (``ValueError`` naming the argument otherwise)."""
+    a = check_number(a, "a", low=0.0, high=1.0)
+    b = check_number(b, "b", low=0.0, high=1.0)
+    if b > a:
+        raise ValueError(f"b must be <= a (the pooled pair's smaller value), got a = {a!r}, b = {b!r}")
+    if a + b > 1 + 1e-9:
+        raise ValueError(f"a + b must be <= 1 (two tokens of one probability row), got a = {a!r}, b = {b!r}")
     divergence = _direction(divergence)
     if divergence == "kl":
         v = (math.sqrt(a) - math.sqrt(b)) ** 2
@@ -396,7 +414,13 @@ def criterion_rule(criterion: str, V: int, **params):
 def certificate_cases(seed: int, n: int, sizes=(3, 4, 5, 6)) -> list[np.ndarray]:
     """``n`` verifier rows ``q`` for the checks, from ``seed``: Dirichlet rows of the given sizes (concentrations
     0.3 to 3), one in four with an exact tie at the top or among the others, one in four with exact zeros, one
-    in eight nearly one-hot."""
+    in eight nearly one-hot. ``seed`` >= 0, ``n`` >= 0, ``sizes`` a non-empty list of ints >= 2 (``ValueError``
+    naming the argument otherwise)."""
+    seed = check_int(seed, "seed", low=0)
+    n = check_int(n, "n", low=0)
+    if isinstance(sizes, (str, bytes)) or not hasattr(sizes, "__len__") or len(sizes) == 0:
+        raise ValueError(f"sizes must be a non-empty list of row sizes >= 2, got {sizes!r}")
+    sizes = [check_int(v, "sizes[i]", low=2) for v in sizes]
     rng = np.random.default_rng(seed)
     out = []
     for i in range(n):

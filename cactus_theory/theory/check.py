@@ -332,10 +332,12 @@ def _block_pool(law: BlockLaw, cands, n: float, max_bins: int, min_expected: flo
     return _BlockPool(key_bin, length_bin, pr / pr.sum(), tuple(names))
 
 
-def _noncentrality_interval(stat: float, df: int, confidence: float) -> tuple[float, float]:
+def _noncentrality_interval(stat: float, df: int, confidence: float, lower_tail: float | None = None
+                            ) -> tuple[float, float]:
     """Confidence interval for the noncentrality ``lambda`` of a chi-square statistic with ``df`` dof: the
     ``lambda`` at which the observed ``stat`` is the upper / lower ``(1 - confidence) / 2`` quantile (the upper
-    end from ``max(stat, df)``, so that a statistic below its null mean does not shrink it to 0)."""
+    end from ``max(stat, df)``, so that a statistic below its null mean does not shrink it to 0); the lower end
+    at error ``lower_tail`` instead when given."""
     from scipy import optimize
     from scipy import stats as sps
 
@@ -350,19 +352,29 @@ def _noncentrality_interval(stat: float, df: int, confidence: float) -> tuple[fl
         return float(optimize.brentq(lambda lam: sps.ncx2.cdf(x, df, lam) - q, 0.0, hi, xtol=1e-10))
 
     # the upper end from max(stat, df): a statistic below its null mean must not shrink it to 0
-    return solve(stat, 1 - tail), solve(max(stat, float(df)), tail)
+    return solve(stat, 1 - (tail if lower_tail is None else lower_tail)), solve(max(stat, float(df)), tail)
 
 
 def tv_interval(observed: np.ndarray, probs: np.ndarray, impossible: int = 0, *,
                 confidence: float = 0.95) -> EstimateResult:
-    """TV between the law behind pooled counts ``observed`` (K,) and the exact pooled law ``probs`` (K,), with
-    ``impossible`` further draws where the exact law is 0: the plug-in estimate ``sum |O / n - e| / 2`` and an
-    interval from Pearson's statistic. Under the alternative, the statistic is about noncentral chi-square with
-    noncentrality ``lambda = n chi2(P || e)``; a ``confidence`` interval ``[l, u]`` for ``lambda`` gives
-    ``TV <= sqrt(u / n) / 2`` (Cauchy-Schwarz: ``chi2 >= 4 TV^2``) and ``TV >= sqrt(e_min l / n) / 2``
-    (``chi2 <= 4 TV^2 / e_min``). Draws on impossible outputs add their share to both ends. Unlike a
-    percentile bootstrap of the plug-in (biased upwards, so its interval misses a TV near 0), this
-    interval covers at its level (simulated in ``tests/theory/test_check.py``)."""
+    """TV between the law ``P`` behind pooled counts ``observed`` (K,) and the exact pooled law ``e = probs`` (K,),
+    with ``impossible`` further draws where the exact law is 0: the plug-in ``sum |O / n - e| / 2`` and an interval.
+
+    Pearson's statistic on the ``m`` possible draws is about noncentral chi-square with noncentrality
+    ``lambda = m chi2(P || e)``; ``[l, u]`` is its interval (``_noncentrality_interval``). **Upper end**:
+    ``chi2 >= 4 TV^2`` (Cauchy-Schwarz), so ``TV <= sqrt(u / m) / 2``. **Lower end**: the larger of two bounds.
+    (i) ``chi2 <= 4 TV^2 / e_min`` (``sum d^2 / e <= (sum |d|)^2 / e_min``): ``TV >= sqrt(e_min l / m) / 2``.
+    (ii) Weissman et al.'s L1 deviation inequality (``equivalence.l1_deviation``, finite-sample):
+    ``TV >= TV_hat - e(m, K, tail) / 2``. Bound (i) is *weak by necessity* when a bin is rare: a large statistic is
+    also what a small TV moved onto the rarest bin gives (``chi2`` up to ``TV^2 / e_min + TV``), so alone it read
+    "0.2811" beside a plug-in of 0.8428. The sharper ``chi2 <= TV^2 / e_min + TV`` is not used: it is tight exactly
+    where the noncentral approximation is poor (a large deviation on a rare bin inflates the statistic's variance),
+    and with it the lower end covered 0.68 of 300 draws at TV 0.3 with ``e_min = 0.005`` (n = 4000); (i)'s factor
+    of 2 absorbs that error. (ii) does not depend on ``e_min`` and lifts the lower end when TV is large (0.77 for a
+    plug-in of 0.81 on 3,546 draws over 4 bins). The lower end's error ``(1 - confidence) / 2`` is split evenly
+    between ``l`` and (ii) (union bound). Draws on impossible outputs add their observed share to both ends (taken
+    as known: such a part rejects anyway, with p = 0). The coverage is simulated in ``tests/theory/test_check.py``
+    and ``tests/theory/test_fail_closed.py``."""
     obs = np.asarray(observed, dtype=np.float64)
     e = np.asarray(probs, dtype=np.float64)
     n = float(obs.sum()) + impossible
@@ -374,11 +386,16 @@ def tv_interval(observed: np.ndarray, probs: np.ndarray, impossible: int = 0, *,
         return EstimateResult(float(est), share, min(1.0, share + (1 - share) * (1.0 if m == 0 else 0.0)),
                               confidence, "impossible outputs only (one bin)")
     stat = float(((obs - m * e) ** 2 / (m * e)).sum())
-    lo, hi = _noncentrality_interval(stat, e.size - 1, confidence)
-    low = share + (1 - share) * 0.5 * math.sqrt(e.min() * lo / m)
+    tail = (1 - confidence) / 2  # each end's error; the lower end's is split between l and the L1 bound
+    lo, hi = _noncentrality_interval(stat, e.size - 1, confidence, lower_tail=tail / 2)
+    low_i = 0.5 * math.sqrt(float(e.min()) * lo / m)
+    from .equivalence import l1_deviation
+
+    low_ii = 0.5 * float(np.abs(obs / m - e).sum()) - 0.5 * l1_deviation(m, e.size, tail / 2)
+    low = share + (1 - share) * max(low_i, low_ii, 0.0)
     high = min(1.0, share + (1 - share) * 0.5 * math.sqrt(hi / m))
-    return EstimateResult(float(est), float(low), float(high), confidence,
-                          "plug-in; interval from Pearson's noncentral chi-square (Cauchy-Schwarz bounds)")
+    return EstimateResult(float(est), float(low), float(max(low, high)), confidence,
+                          "plug-in; interval from Pearson's noncentral chi-square and an L1 deviation bound")
 
 
 # -- results ---------------------------------------------------------------------------------------
@@ -391,7 +408,8 @@ class PartResult(TestResult):
     ``holm`` the adjusted p-value over the parts, ``alpha`` the family level (``reject = holm < alpha``),
     ``n`` draws, ``bins`` names of the pooled bins, ``observed`` (K,) counts and ``expected`` (K,) expected
     counts on them, ``impossible`` draws of probability 0, ``tv`` plug-in TV of the pooled law with a 95%
-    bootstrap interval, ``detectable_tv`` the pooled TV detected with probability ``power`` at level
+    confidence interval (``tv_interval``: Pearson's noncentral chi-square and an L1 deviation bound; no bootstrap),
+    ``detectable_tv`` the pooled TV detected with probability ``power`` at level
     ``alpha / m``, ``note`` what limits the part (empty when none)."""
 
     name: str
@@ -502,6 +520,7 @@ class SamplerCheckResult(TestResult):
     seconds: float = 0.0
     mode: str = "sample"
     sampler: str = ""
+    sized: bool = True
 
     @property
     def tv_estimate(self) -> EstimateResult | None:
@@ -517,8 +536,9 @@ class SamplerCheckResult(TestResult):
         """The parts as a text table (one line each), then what was not testable and the exact verdict."""
         head = f"check_sampler: {self.sampler} against {self.rule!r}, k = {self.k}, V = {self.V}, "
         head += ("exact mode (no sampling)" if self.mode == "exact" else
-                 f"N = {self.n} rows (chunks of {self.chunk}), alpha = {self.alpha:g}, designed for TV {self.tv:g} "
-                 f"at power {self.power:g}")
+                 f"N = {self.n} rows (chunks of {self.chunk}; " + (
+                     f"sized for TV {self.tv:g} at power {self.power:g}" if self.sized else "set by num_samples, not by "
+                     "the design") + f"), alpha = {self.alpha:g}" + self._detectable_phrase())
         lines = [head]
         if self.parts:
             lines.append(f"{'part':6} {'n':>9} {'bins':>5} {'impossible':>10} {'statistic':>11} {'p-value':>9} "
@@ -539,6 +559,13 @@ class SamplerCheckResult(TestResult):
                      f"(p = {self.pvalue:.3g}, alpha = {self.alpha:g})")
         return "\n".join(lines)
 
+    def _detectable_phrase(self) -> str:
+        """The design actually run: the largest pooled TV the tested parts detect at ``power`` at this ``N``."""
+        if not self.parts:
+            return ""
+        det = max(p.detectable_tv for p in self.parts.values())
+        return f"; at this N each part detects a pooled TV of {det:.4g} with probability {self.power:g}"
+
     def __str__(self) -> str:
         return self.table()
 
@@ -551,6 +578,7 @@ class SamplerCheckResult(TestResult):
                     "reject": p.reject}
         out = {"sampler": self.sampler, "rule": repr(self.rule), "k": self.k, "V": self.V, "n": self.n,
                "chunk": self.chunk, "alpha": self.alpha, "tv": self.tv, "power": self.power, "mode": self.mode,
+               "sized": self.sized,
                "statistic": self.statistic, "pvalue": self.pvalue, "reject": self.reject, "seconds": self.seconds,
                "parts": {k: part(v) for k, v in self.parts.items()}, "not_testable": dict(self.not_testable)}
         if self.exact is not None:
@@ -720,6 +748,7 @@ def check_sampler(sampler, P, Q, *, rule: Rule | None = None, tv: float = 0.02, 
     max_samples = check_int(max_samples, "max_samples", low=1)
     max_bins = check_int(max_bins, "max_bins", low=2)
     min_expected = check_number(min_expected, "min_expected", low=0.0, low_open=True, what="> 0")
+    atol = check_number(atol, "atol", low=0.0, what="a finite number >= 0 (exact mode's tolerance)")
     if num_samples is not None:
         num_samples = check_int(num_samples, "num_samples", low=1)
     if chunk is not None:
@@ -763,7 +792,7 @@ def check_sampler(sampler, P, Q, *, rule: Rule | None = None, tv: float = 0.02, 
     frac = {"first": 1.0, "bonus": reach, "block": 1.0}
     masses = {"first": sorted_first, "bonus": sorted_bonus, "block": cand_masses}
     need = {}
-    for p in tested:
+    for p in (tested if num_samples is None else ()):  # the design sizes N only when num_samples does not
         n_p, K = _size(bins_at[p], tv, alpha_part, power, max_bins)
         if K < 2:  # concentrated: the draws that fill two bins if the cap allows, else the impossible outputs only
             second = 1.0 - float(masses[p][0]) if masses[p].size > 1 else 0.0
@@ -857,7 +886,7 @@ def check_sampler(sampler, P, Q, *, rule: Rule | None = None, tv: float = 0.02, 
     if exact is not None and exact.reject:
         pvalue = 0.0
     return SamplerCheckResult(best.statistic, pvalue, alpha, results, not_testable, N, k, V, B, rule, tv, power, exact,
-                              seconds, mode, _name(sampler))
+                              seconds, mode, _name(sampler), num_samples is None)
 
 
 # -- adapters: other samplers' conventions to verify's -------------------------------------------------

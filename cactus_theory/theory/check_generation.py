@@ -14,11 +14,23 @@ at every prefix of positive probability the next-token laws are equal. At positi
 generated token), every prefix ``s`` (the prompt and ``t`` generated tokens) observed at least
 ``min_count`` times in *both* samples is a stratum; its next token (or "end": the decode stopped after
 ``t`` tokens) is compared between the samples by ``stats.homogeneity`` (chi-square of the 2 x K table,
-categories pooled on the combined counts to an expected count >= ``min_expected`` in the smaller row;
-a stratum left with one bin carries no test). The position's statistic is the sum over its strata, with
-the summed degrees of freedom: given the prefix counts, the strata are independent under H0, so the sum
-is chi-square. Choosing strata and bins from the counts is valid: under H0 the next tokens are
-exchangeable between the samples given the prefix counts and the combined next-token counts.
+categories pooled on the combined counts to an expected count >= ``min_expected`` in the smaller row).
+The position's statistic is the sum over its strata, with the summed degrees of freedom: given the prefix
+counts, the strata are independent under H0, so the sum is chi-square. Choosing strata and bins from the
+counts is valid: under H0 the next tokens are exchangeable between the samples given the prefix counts and
+the combined next-token counts. A stratum with two categories or more that pooling leaves with one bin (a
+near-deterministic prefix where one side emits a rare token) is tested exactly: Fisher's exact test of
+(most frequent token, any other) x (a, b); a position's such strata form one member "position t exact" of
+the family with p-value ``min(1, s min_j p_j)`` (Bonferroni over its ``s`` strata). A stratum where both
+sides emitted one and the same token has nothing to compare (``strata[t]["same_token"]``).
+
+**Nothing tested is not a verdict**: ``n < min_count`` is refused before generating; a run with no stratum
+at any position has ``verdict == "untested"`` and a NaN p-value.
+
+**Equivalence mode** (``equivalence=eps``): an upper confidence bound on the next-token TV at every stratum
+(``equivalence.tv_upper_bound``: Weissman et al.'s L1 deviation inequality, or a box of Clopper-Pearson
+intervals where it is sharper, on a value-blind split of each side's draws) and, with a scorer, on the difference of mean scores (Hoeffding); ``alpha`` is split by a
+union bound, ``alpha / T`` per position (``T`` positions, plus the answer), equally over its strata.
 
 **An answer-level test** when ``scorer(prompt, tokens) -> float`` is given (e.g. 1 for a correct answer):
 the difference of mean scores, stratified by prompt (each prompt's ``n`` decodes per side), z-test with
@@ -45,9 +57,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..core.validate import check_int, check_number
+from .equivalence import scale_needed, score_upper_bound, tv_upper_bound
 from .stats import TestResult, detectable_tv, holm, homogeneity, samples_needed
 
-__all__ = ["check_generation", "GenerationCheckResult", "GenerationTest", "read_decodes", "END"]
+__all__ = ["check_generation", "GenerationCheckResult", "GenerationTest", "EquivalenceBound", "read_decodes", "END"]
 
 END = -1  # the next-token category "the decode ended after this prefix"
 
@@ -60,7 +73,10 @@ class GenerationTest(TestResult):
     between the two next-token laws, averaged over strata by ``n_a n_b / (n_a + n_b)``: biased upwards by
     noise) or, for the answer test, the difference of mean scores with ``low`` / ``high`` its 95% interval;
     ``detectable`` the detectable TV (or, for the answer test, the detectable score difference) and
-    ``detectable_one`` the detectable TV at the most observed prefix alone."""
+    ``detectable_one`` the detectable TV at the most observed prefix alone. For an exact member ("position t
+    exact": the position's one-bin strata), ``statistic`` is the smallest Fisher p-value, ``dof`` the number of
+    strata, ``pvalue`` ``min(1, strata * statistic)``, and both detectable TVs are the chi-square approximation at
+    its largest stratum and level ``alpha / (m strata)``."""
 
     name: str
     position: int | None
@@ -84,12 +100,38 @@ class GenerationTest(TestResult):
 
 
 @dataclass(frozen=True)
+class EquivalenceBound:
+    """One row of the equivalence mode: ``name`` ("position t" or "answer"), ``position``, ``strata`` prefixes
+    bounded (answer: prompts), ``bound`` the largest upper confidence bound on the next-token TV over them
+    (answer: on ``|mean_a - mean_b|``), ``plug_in`` the plug-in part of that bound, ``delta`` the error share of
+    each bound (union bound over the family: the shares sum to ``alpha``), ``eps`` the margin, ``needed`` decodes
+    per prompt per side that would bring every failing bound of the row under ``eps`` if the observed frequencies
+    stay (``n`` itself when it holds; ``inf`` when a plug-in part already reaches ``eps``)."""
+
+    name: str
+    position: int | None
+    strata: int
+    bound: float
+    plug_in: float
+    delta: float
+    eps: float
+    needed: float
+
+    @property
+    def holds(self) -> bool:
+        return bool(self.bound <= self.eps)
+
+
+@dataclass(frozen=True)
 class GenerationCheckResult(TestResult):
     """What ``check_generation`` found. Unpacks to ``(statistic, pvalue)``: the statistic of the test with the
     smallest Holm-adjusted p-value and that p-value; ``reject = pvalue < alpha``. ``tests`` the family
     (``GenerationTest`` rows), ``not_tested`` positions without a stratum (and why), ``n`` decodes per prompt
     per side, ``prompts`` how many, ``seeds`` (of a, of b), ``names`` of the two generators, ``seconds``
-    spent generating (a, b)."""
+    spent generating (a, b), ``strata`` {position: {"pooled", "exact", "same_token": prefixes}} (every prefix seen
+    ``min_count`` times on both sides, by how it was tested), ``equivalence`` the ``EquivalenceBound`` rows (None
+    without equivalence mode). A check that tested nothing has ``tested`` False, ``verdict`` "untested" and
+    ``pvalue`` NaN (never 1)."""
 
     statistic: float
     pvalue: float
@@ -105,6 +147,55 @@ class GenerationCheckResult(TestResult):
     min_count: int
     seconds: tuple = (0.0, 0.0)
     notes: list = field(default_factory=list)
+    strata: dict = field(default_factory=dict)
+    equivalence: list | None = None
+
+    @property
+    def tested(self) -> bool:
+        return bool(self.tests)
+
+    @property
+    def equivalent(self) -> bool | None:
+        """Every equivalence bound clears its ``eps`` (None without equivalence mode; False when nothing was
+        bounded)."""
+        if self.equivalence is None:
+            return None
+        return bool(self.equivalence) and all(r.holds for r in self.equivalence)
+
+    @property
+    def verdict(self) -> str:
+        """"untested", "reject" or "no difference detected"."""
+        return "untested" if not self.tested else ("reject" if self.reject else "no difference detected")
+
+    def _verdict_lines(self) -> list[str]:
+        if not self.tested:
+            return ["verdict: UNTESTED: no position had a prefix seen often enough to compare (nothing was tested; "
+                    "this is not evidence of equality)"]
+        return [f"verdict: {'REJECT equality in law' if self.reject else 'no evidence of a difference'} "
+                f"(p = {self.pvalue:.3g}, alpha = {self.alpha:g}); observed / detectable: TV of next-token laws "
+                f"(answer: difference of mean scores, a - b)"]
+
+    def _equivalence_lines(self) -> list[str]:
+        if self.equivalence is None:
+            return []
+        eps = self.equivalence[0].eps if self.equivalence else math.nan
+        lines = [f"equivalence: upper bounds on the next-token TV (answer: on |mean_a - mean_b|), jointly at "
+                 f"confidence {1 - self.alpha:g} (union bound: the deltas sum to alpha)",
+                 f"  {'row':12} {'strata':>6} {'bound':>8} {'plug-in':>8} {'delta':>9} {'needed n':>9}"]
+        for r in self.equivalence:
+            lines.append(f"  {r.name:12} {r.strata:6d} {r.bound:8.4f} {r.plug_in:8.4f} {r.delta:9.2g} "
+                         f"{r.needed:9.0f}")
+        if self.equivalent:
+            lines.append(f"equivalence verdict: TV <= {eps:g} at every tested prefix (and answer) at confidence "
+                         f"{1 - self.alpha:g}")
+        elif not self.equivalence:
+            lines.append("equivalence verdict: NOT SHOWN: no prefix was bounded")
+        else:
+            need = max(r.needed for r in self.equivalence)
+            lines.append(f"equivalence verdict: NOT SHOWN at eps {eps:g}: " + (
+                f"about {need:.0f} decodes per prompt per side would be needed (observed frequencies kept)"
+                if math.isfinite(need) else "a plug-in part already reaches eps: no n would show it"))
+        return lines
 
     def table(self) -> str:
         a, b = self.names
@@ -121,9 +212,7 @@ class GenerationCheckResult(TestResult):
         for note in self.not_tested:
             lines.append(f"not tested: {note}")
         lines += list(self.notes)
-        lines.append(f"verdict: {'REJECT equality in law' if self.reject else 'no evidence of a difference'} "
-                     f"(p = {self.pvalue:.3g}, alpha = {self.alpha:g}); observed / detectable: TV of next-token laws "
-                     f"(answer: difference of mean scores, a - b)")
+        lines += self._verdict_lines() + self._equivalence_lines()
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -137,8 +226,18 @@ class GenerationCheckResult(TestResult):
                     t[key] = None
         return {"names": list(self.names), "n": self.n, "prompts": self.prompts, "seeds": list(self.seeds),
                 "alpha": self.alpha, "tv": self.tv, "power": self.power, "min_count": self.min_count,
-                "statistic": self.statistic, "pvalue": self.pvalue, "reject": self.reject, "tests": tests,
-                "not_tested": list(self.not_tested), "notes": list(self.notes), "seconds": list(self.seconds)}
+                "statistic": _finite(self.statistic), "pvalue": _finite(self.pvalue), "reject": self.reject, "tests": tests,
+                "not_tested": list(self.not_tested), "notes": list(self.notes), "seconds": list(self.seconds),
+                "verdict": self.verdict, "strata": {str(k): v for k, v in self.strata.items()},
+                "equivalence": None if self.equivalence is None else {
+                    "equivalent": self.equivalent,
+                    "rows": [{f: (None if isinstance(getattr(r, f), float) and not math.isfinite(getattr(r, f))
+                                  else getattr(r, f)) for f in r.__dataclass_fields__} | {"holds": r.holds}
+                             for r in self.equivalence]}}
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
 
 
 def read_decodes(out, count: int, name: str) -> list[tuple[int, ...]]:
@@ -180,20 +279,27 @@ class _Tree:
         self.child: dict[tuple[int, int], int] = {}
         self.depth: list[int] = []
         self.counts: list[list[dict]] = [[], []]  # side -> node -> {next token: count}
+        self.even: list[list[dict]] = [[], []]  # the same, decodes of even index only (equivalence's selection half)
 
     def _node(self, t: int) -> int:
         self.depth.append(t)
-        self.counts[0].append({})
-        self.counts[1].append({})
+        for side in (0, 1):
+            self.counts[side].append({})
+            self.even[side].append({})
         return len(self.depth) - 1
+
+    def halves(self, side: int, node: int) -> tuple[dict, dict]:
+        """(even-index, odd-index) next-token counts of ``side`` at ``node``."""
+        c, e = self.counts[side][node], self.even[side][node]
+        return e, {k: v - e.get(k, 0) for k, v in c.items() if v - e.get(k, 0) > 0}
 
     def add(self, side: int, roots: list[int], decodes: list[tuple], n: int, max_depth: int) -> None:
         for idx, d in enumerate(decodes):
             node = roots[idx // n]
             for t in range(min(len(d), max_depth - 1) + 1):
                 nxt = d[t] if t < len(d) else END
-                c = self.counts[side][node]
-                c[nxt] = c.get(nxt, 0) + 1
+                for c in (self.counts[side][node],) + ((self.even[side][node],) if idx % 2 == 0 else ()):
+                    c[nxt] = c.get(nxt, 0) + 1
                 if t == len(d) or t + 1 >= max_depth:
                     break
                 key = (node, nxt)
@@ -202,30 +308,65 @@ class _Tree:
                     node = self.child[key] = self._node(t + 1)
 
 
-def _position_test(tree: _Tree, nodes: list[int], min_expected: float):
-    """Stratified homogeneity over ``nodes``: (statistic, dof, strata, n_a, n_b, n_eff sum, largest n_eff, TV)."""
-    stat, dof, strata, na_tot, nb_tot, eff, eff_max, tv_w = 0.0, 0, 0, 0, 0, 0.0, 0.0, 0.0
+@dataclass
+class _Position:
+    """What one position's strata gave: the pooled chi-square sum (``stat``, ``dof``, ``strata``, ``n_a``,
+    ``n_b``, ``eff`` = sum of ``n_a n_b / (n_a + n_b)``, ``eff_max``, ``tv_w`` = the ``eff``-weighted plug-in TV
+    sum), the one-bin strata tested exactly (``exact``: (Fisher p-value, n_a, n_b, eff, plug-in TV) each) and
+    ``same`` strata where both sides emitted one and the same token (nothing to compare)."""
+
+    stat: float = 0.0
+    dof: int = 0
+    strata: int = 0
+    n_a: int = 0
+    n_b: int = 0
+    eff: float = 0.0
+    eff_max: float = 0.0
+    tv_w: float = 0.0
+    exact: list = field(default_factory=list)
+    same: int = 0
+
+
+def _fisher_top(xa: np.ndarray, xb: np.ndarray) -> float:
+    """Fisher's exact test (two-sided) of the 2 x 2 table (the most frequent category of both sides, any other) x
+    (side a, side b). The category is chosen from the combined counts, which Fisher's test conditions on, so the
+    test is exact under H0 (the next tokens exchangeable between the sides given the prefix counts)."""
+    from scipy import stats as sps
+
+    top = int(np.argmax(xa + xb))
+    table = [[int(xa[top]), int(xa.sum() - xa[top])], [int(xb[top]), int(xb.sum() - xb[top])]]
+    return float(sps.fisher_exact(table, alternative="two-sided").pvalue)
+
+
+def _position_test(tree: _Tree, nodes: list[int], min_expected: float) -> _Position:
+    """Every stratum of one position: ``homogeneity`` (pooled chi-square) where pooling leaves two bins or more,
+    Fisher's exact test (``_fisher_top``) where the stratum has two categories or more but pooling leaves one bin,
+    and a count of strata where both sides emitted one and the same token."""
+    out = _Position()
     for node in nodes:
         ca, cb = tree.counts[0][node], tree.counts[1][node]
         cats = sorted(set(ca) | set(cb))
         xa = np.array([ca.get(c, 0) for c in cats], dtype=np.int64)
         xb = np.array([cb.get(c, 0) for c in cats], dtype=np.int64)
         na, nb = int(xa.sum()), int(xb.sum())
+        e = na * nb / (na + nb)
+        tv = 0.5 * float(np.abs(xa / na - xb / nb).sum())
         if len(cats) < 2:
+            out.same += 1
             continue
         try:
             r = homogeneity(xa, xb, len(cats), kind="counts", min_expected=min_expected)
-        except ValueError:  # fewer than 2 bins after pooling: this prefix carries no test
+        except ValueError:  # one bin after pooling: tested exactly instead
+            out.exact.append((_fisher_top(xa, xb), na, nb, e, tv))
             continue
-        stat += r.statistic
-        dof += r.dof
-        strata += 1
-        na_tot, nb_tot = na_tot + na, nb_tot + nb
-        e = na * nb / (na + nb)
-        eff += e
-        eff_max = max(eff_max, e)
-        tv_w += e * 0.5 * float(np.abs(xa / na - xb / nb).sum())
-    return stat, dof, strata, na_tot, nb_tot, eff, eff_max, (tv_w / eff if eff else 0.0)
+        out.stat += r.statistic
+        out.dof += r.dof
+        out.strata += 1
+        out.n_a, out.n_b = out.n_a + na, out.n_b + nb
+        out.eff += e
+        out.eff_max = max(out.eff_max, e)
+        out.tv_w += e * tv
+    return out
 
 
 def _answer_test(scores_a: np.ndarray, scores_b: np.ndarray):
@@ -253,8 +394,8 @@ def _answer_test(scores_a: np.ndarray, scores_b: np.ndarray):
 def check_generation(generate_a: Callable, generate_b: Callable, prompts, *, n: int | None = None,
                      positions: int | Sequence[int] | None = 16, tv: float = 0.1, alpha: float = 1e-3,
                      power: float = 0.9, seed: int = 0, scorer: Callable | None = None, min_count: int = 20,
-                     min_expected: float = 5.0, bins: int = 16, names: tuple[str, str] = ("a", "b")
-                     ) -> GenerationCheckResult:
+                     min_expected: float = 5.0, bins: int = 16, names: tuple[str, str] = ("a", "b"),
+                     equivalence: float | None = None) -> GenerationCheckResult:
     """Judge whether ``generate_a`` and ``generate_b`` emit the same law of whole decodes (module docstring).
 
     Args:
@@ -272,6 +413,9 @@ def check_generation(generate_a: Callable, generate_b: Callable, prompts, *, n: 
         min_expected: pooling of each stratum's categories.
         bins: categories assumed at position 0 when sizing ``n``.
         names: labels of the two generators in the table.
+        equivalence: a TV margin ``eps`` in (0, 1): also bound the next-token TV at every tested prefix (and, with a
+            scorer, whose scores must then be in [0, 1], the difference of mean scores) from above at joint confidence
+            ``1 - alpha`` (``EquivalenceBound`` rows; module docstring). Needs ``positions`` given.
 
     Returns: ``GenerationCheckResult`` (unpacks to ``(statistic, pvalue)``; ``.reject``; ``print`` shows the table).
     """
@@ -302,12 +446,21 @@ def check_generation(generate_a: Callable, generate_b: Callable, prompts, *, n: 
             raise ValueError("positions must name at least one position")
     if not (isinstance(names, (tuple, list)) and len(names) == 2):
         raise ValueError(f"names must be two labels, got {names!r}")
+    if equivalence is not None:
+        equivalence = check_number(equivalence, "equivalence", low=0.0, high=1.0, low_open=True, high_open=True,
+                                   what="a TV margin in (0, 1)")
+        if wanted is None:
+            raise ValueError("equivalence needs positions given (an int or a list): the bound's confidence is split "
+                             "over the positions before any decode is seen, got positions=None")
     m_plan = (len(wanted) if wanted is not None else 16) + (scorer is not None)
     if n is None:
         need = samples_needed(tv, categories=bins, alpha=alpha / m_plan, beta=1 - power)
         n = max(2 * min_count, math.ceil(2 * need / len(prompts)))
     else:
         n = check_int(n, "n", low=1)
+    if n < min_count:
+        raise ValueError(f"n = {n} decodes per prompt is below min_count = {min_count}: no prefix can be seen "
+                         f"min_count times on both sides, so nothing would be tested (give n >= min_count)")
 
     seeds = (2 * seed, 2 * seed + 1)
     decodes, seconds = [], []
@@ -322,54 +475,135 @@ def check_generation(generate_a: Callable, generate_b: Callable, prompts, *, n: 
     roots = [tree._node(0) for _ in prompts]
     for side in (0, 1):
         tree.add(side, roots, decodes[side], n, depth)
-    by_depth: dict[int, list[int]] = {}
-    for node, t in enumerate(tree.depth):
-        na, nb = sum(tree.counts[0][node].values()), sum(tree.counts[1][node].values())
-        if na >= min_count and nb >= min_count:
-            by_depth.setdefault(t, []).append(node)
+    by_depth = _strata(tree, min_count)
     positions_all = wanted if wanted is not None else list(range(depth))
+    scores = _scores(scorer, prompts, decodes, n, equivalence is not None) if scorer is not None else None
 
-    raw, not_tested = [], []
+    raw, not_tested, notes, strata_count = [], [], [], {}
     for t in positions_all:
         nodes = by_depth.get(t, [])
         if not nodes:
             not_tested.append(f"position {t}: no prefix seen >= {min_count} times on both sides")
             continue
-        stat, dof, strata, na, nb, eff, eff_max, tvo = _position_test(tree, nodes, min_expected)
-        if strata == 0:
-            not_tested.append(f"position {t}: {len(nodes)} prefixes seen often enough, each with one next-token bin "
-                              f"(deterministic there, or too few draws to pool two bins)")
-            continue
-        raw.append(("position", t, strata, na, nb, stat, dof, eff, eff_max, tvo))
-    answer = None
-    if scorer is not None:
-        sc = []
-        for side in (0, 1):
-            vals = np.array([float(scorer(prompts[i // n], list(d))) for i, d in enumerate(decodes[side])])
-            if not np.all(np.isfinite(vals)):
-                raise ValueError(f"scorer returned a non-finite score for a decode of generate_{'ab'[side]}")
-            sc.append(vals.reshape(len(prompts), n))
-        answer = _answer_test(sc[0], sc[1])
-    m = len(raw) + (answer is not None)
-    if m == 0:
-        return GenerationCheckResult(0.0, 1.0, alpha, [], not_tested, n, len(prompts), seeds, tuple(names), tv, power,
-                                     min_count, tuple(seconds))
+        pos = _position_test(tree, nodes, min_expected)
+        strata_count[t] = {"pooled": pos.strata, "exact": len(pos.exact), "same_token": pos.same}
+        if pos.strata:
+            raw.append(("position", t, pos))
+        if pos.exact:
+            raw.append(("exact", t, pos))
+        if pos.same and (pos.strata or pos.exact):
+            notes.append(f"position {t}: {pos.same} prefix(es) where both sides emitted one and the same token "
+                         f"(nothing to compare)")
+        if not pos.strata and not pos.exact:
+            not_tested.append(f"position {t}: {len(nodes)} prefixes seen often enough, each with one and the same "
+                              f"next token on both sides")
+    answer = _answer_test(*scores) if scores is not None else None
+    equiv = (_equivalence(tree, by_depth, positions_all, scores, equivalence, alpha, n)
+             if equivalence is not None else None)
+    tests = _family(raw, answer, alpha, power, len(prompts), n)
+    if not tests:
+        return GenerationCheckResult(math.nan, math.nan, alpha, [], not_tested, n, len(prompts), seeds, tuple(names),
+                                     tv, power, min_count, tuple(seconds), notes, strata_count, equiv)
+    best = min(tests, key=lambda x: x.holm)
+    return GenerationCheckResult(best.statistic, best.holm, alpha, tests, not_tested, n, len(prompts), seeds,
+                                 tuple(names), tv, power, min_count, tuple(seconds), notes, strata_count, equiv)
+
+
+def _strata(tree: _Tree, min_count: int) -> dict[int, list[int]]:
+    """Nodes seen at least ``min_count`` times on both sides, by depth."""
+    by_depth: dict[int, list[int]] = {}
+    for node, t in enumerate(tree.depth):
+        na, nb = sum(tree.counts[0][node].values()), sum(tree.counts[1][node].values())
+        if na >= min_count and nb >= min_count:
+            by_depth.setdefault(t, []).append(node)
+    return by_depth
+
+
+def _scores(scorer: Callable, prompts, decodes, n: int, unit: bool) -> tuple[np.ndarray, np.ndarray]:
+    """``scorer`` on every decode, (prompts, n) per side; ``TypeError`` / ``ValueError`` naming the scorer and what
+    it returned (a real number; in [0, 1] when ``unit``, for the equivalence bound)."""
+    name = getattr(scorer, "__name__", type(scorer).__name__)
+    sc = []
+    for side in (0, 1):
+        vals = []
+        for i, d in enumerate(decodes[side]):
+            v = scorer(prompts[i // n], list(d))
+            if isinstance(v, np.ndarray) and v.ndim == 0:
+                v = v[()]
+            if not isinstance(v, (int, float, np.integer, np.floating, np.bool_)):
+                raise TypeError(f"scorer {name} must return a real number (bool allowed), got {v!r:.60} "
+                                f"({type(v).__name__}) for decode {i % n} of prompt {i // n} of generate_{'ab'[side]}")
+            v = float(v)
+            if not math.isfinite(v) or (unit and not 0 <= v <= 1):
+                raise ValueError(f"scorer {name} returned {v!r} for decode {i % n} of prompt {i // n} of "
+                                 f"generate_{'ab'[side]}: " + ("a score must be in [0, 1] for the equivalence bound"
+                                                               if math.isfinite(v) else "a score must be finite"))
+            vals.append(v)
+        sc.append(np.array(vals).reshape(len(prompts), n))
+    return sc[0], sc[1]
+
+
+def _family(raw: list, answer, alpha: float, power: float, prompts: int, n: int) -> list[GenerationTest]:
+    """The Holm family: one pooled chi-square member per position (its multi-bin strata summed), one exact member
+    per position with one-bin strata (``min(1, s min_j p_j)`` over its ``s`` Fisher p-values: Bonferroni inside the
+    member), and the answer test."""
     from scipy import stats as sps
 
-    pvals = [float(sps.chi2.sf(r[5], r[6])) for r in raw] + ([answer[2]] if answer is not None else [])
+    m = len(raw) + (answer is not None)
+    if m == 0:
+        return []
+    pvals = [float(sps.chi2.sf(pos.stat, pos.dof)) if kind == "position" else
+             min(1.0, len(pos.exact) * min(e[0] for e in pos.exact)) for kind, _, pos in raw]
+    pvals += [answer[2]] if answer is not None else []
     adj = holm(pvals)
     tests = []
-    for r, p, h in zip(raw, pvals, adj, strict=False):
-        _, t, strata, na, nb, stat, dof, eff, eff_max, tvo = r
-        det = detectable_tv(max(eff, 1.0), categories=dof + 1, alpha=alpha / m, beta=1 - power)
-        det1 = detectable_tv(max(eff_max, 1.0), categories=dof + 1, alpha=alpha / m, beta=1 - power)
-        tests.append(GenerationTest(f"position {t}", t, strata, na, nb, float(stat), int(dof), p, h, alpha, tvo, det,
-                                    det1))
+    for (kind, t, pos), p, h in zip(raw, pvals, adj, strict=False):
+        if kind == "position":
+            det = detectable_tv(max(pos.eff, 1.0), categories=pos.dof + 1, alpha=alpha / m, beta=1 - power)
+            det1 = detectable_tv(max(pos.eff_max, 1.0), categories=pos.dof + 1, alpha=alpha / m, beta=1 - power)
+            tests.append(GenerationTest(f"position {t}", t, pos.strata, pos.n_a, pos.n_b, float(pos.stat),
+                                        int(pos.dof), p, h, alpha, pos.tv_w / pos.eff, det, det1))
+            continue
+        ex = pos.exact
+        eff = sum(e[3] for e in ex)
+        level = alpha / m / len(ex)
+        det1 = detectable_tv(max(max(e[3] for e in ex), 1.0), categories=2, alpha=level, beta=1 - power)
+        tests.append(GenerationTest(f"position {t} exact", t, len(ex), sum(e[1] for e in ex), sum(e[2] for e in ex),
+                                    float(min(e[0] for e in ex)), len(ex), p, h, alpha,
+                                    sum(e[3] * e[4] for e in ex) / eff, det1, det1))
     if answer is not None:
         d, z, p, se0, (lo, hi) = answer
         mdd = (float(sps.norm.isf(alpha / m / 2)) + float(sps.norm.ppf(power))) * se0
-        tests.append(GenerationTest("answer", None, len(prompts), len(prompts) * n, len(prompts) * n, float(z), 1, p,
-                                    adj[-1], alpha, d, mdd, math.nan, lo, hi))
-    best = min(tests, key=lambda x: x.holm)
-    return GenerationCheckResult(best.statistic, best.holm, alpha, tests, not_tested, n, len(prompts), seeds,
-                                 tuple(names), tv, power, min_count, tuple(seconds))
+        tests.append(GenerationTest("answer", None, prompts, prompts * n, prompts * n, float(z), 1, p, adj[-1], alpha,
+                                    d, mdd, math.nan, lo, hi))
+    return tests
+
+
+def _equivalence(tree: _Tree, by_depth: dict, positions: list[int], scores, eps: float, alpha: float, n: int
+                 ) -> list[EquivalenceBound]:
+    """Upper confidence bounds (``equivalence.tv_upper_bound``) on the next-token TV at every stratum, ``alpha``
+    split by a union bound: ``alpha / T`` per position (``T`` = positions + the answer), that share split equally
+    over the position's strata (their number is fixed by the decodes' earlier tokens, before the next tokens are
+    seen); the answer's bound (``score_upper_bound``) at ``alpha / T``. ``needed``: decodes per prompt per side that
+    would bring the worst failing bound under ``eps`` if the observed frequencies stay (``scale_needed``)."""
+    T = len(positions) + (scores is not None)
+    rows = []
+    for t in positions:
+        nodes = by_depth.get(t, [])
+        if not nodes:
+            continue
+        delta = alpha / T / len(nodes)
+        got = [tv_upper_bound(*tree.halves(0, node), *tree.halves(1, node), delta) for node in nodes]
+        worst = max(got, key=lambda g: g[0])
+        scale = max(scale_needed(plug, marg, eps) for u, plug, marg in got if u > eps) if worst[0] > eps else 1.0
+        rows.append(EquivalenceBound(f"position {t}", t, len(nodes), worst[0], worst[1], delta, eps,
+                                     _decodes(n, scale)))
+    if scores is not None:
+        u, d, margin = score_upper_bound(scores[0], scores[1], alpha / T)
+        scale = scale_needed(d, margin, eps) if u > eps else 1.0
+        rows.append(EquivalenceBound("answer", None, scores[0].shape[0], u, d, alpha / T, eps, _decodes(n, scale)))
+    return rows
+
+
+def _decodes(n: int, scale: float) -> float:
+    return float(math.ceil(n * scale)) if math.isfinite(scale) else math.inf

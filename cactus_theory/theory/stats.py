@@ -33,6 +33,7 @@ such an array is as likely a table of counts, and guessing either way gives a wr
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from dataclasses import dataclass
@@ -407,12 +408,26 @@ def detectable_tv(n: int, *, categories: int, alpha: float = 0.05, beta: float =
     Cauchy-Schwarz bound ``chi2 >= (2 TV)^2`` holds."""
     _check_alpha(beta, "beta")
     check_number(n, "n", low=1.0, what="a finite number >= 1")
+    power(int(n), 1.0, categories=categories, alpha=alpha)  # checks categories and alpha
+    return _detectable(int(n), int(categories), float(alpha), float(beta))
+
+
+@functools.lru_cache(maxsize=4096)
+def _detectable(n: int, categories: int, alpha: float, beta: float) -> float:
+    """``detectable_tv`` on checked arguments (a pure function of four scalars: cached, since a checker asks
+    for the same design many times)."""
+    df = categories - 1
+    crit = sps.chi2.isf(alpha, df)  # power()'s critical value, computed once for the bisection
+
+    def pw(eps: float) -> float:  # power(n, eps, categories=categories, alpha=alpha), term for term
+        return float(sps.ncx2.sf(crit, df, 4 * n * eps * eps))
+
     lo, hi = 0.0, 1.0
-    if power(int(n), hi, categories=categories, alpha=alpha) < 1 - beta:
+    if pw(hi) < 1 - beta:
         return math.inf
     while hi - lo > 1e-6:
         mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if mid == 0 or power(int(n), mid, categories=categories, alpha=alpha) < 1 - beta else (lo, mid)
+        lo, hi = (mid, hi) if mid == 0 or pw(mid) < 1 - beta else (lo, mid)
     return hi
 
 

@@ -169,7 +169,8 @@ def test_check_engine_loop_runs_end_to_end_on_a_tiny_pair(tmp_path, capsys):
     data = json.loads(out.read_text())
     assert rc == (1 if data["reject"] else 0) == 0
     assert "position 0" in table and "verdict" in table and data["engine"] == "loop" and data["n"] == 400
-    assert [t["position"] for t in data["tests"]] == list(range(len(data["tests"]))) and data["config"]["rule"] == "SpS()"
+    pooled = [t["position"] for t in data["tests"] if not t["name"].endswith("exact")]
+    assert pooled == list(range(len(pooled))) and data["config"]["rule"] == "SpS()" and data["verdict"] != "untested"
 
 
 def test_check_engine_transformers_runs_on_a_tiny_llama():
@@ -190,11 +191,11 @@ def test_check_engine_transformers_runs_on_a_tiny_llama():
 def test_check_engine_transformers_on_the_real_smollm2(smollm2, tmp_path, capsys):
     model, tok = smollm2
     out = tmp_path / "tf.json"
-    args = parse(["--engine", "transformers", "--prompt", "Name a colour.", "--n", "8", "--max-new-tokens", "2",
-                  "--positions", "2", "--json", str(out)])
+    args = parse(["--engine", "transformers", "--prompt", "Name a colour.", "--n", "8", "--min-count", "4",
+                  "--max-new-tokens", "2", "--positions", "2", "--json", str(out)])  # --n 8 below --min-count 20 tests nothing
     rc = ce.run(args, models={"model": model, "tokenizer": tok})
     data = json.loads(out.read_text())
-    assert rc in (0, 1) and data["engine"] == "transformers" and data["n"] == 8
+    assert rc in (0, 1, ce.EXIT_UNTESTED) and data["engine"] == "transformers" and data["n"] == 8
     assert any("first 4 of 30 decoder layers" in n for n in data["notes"])
     assert "transformers generate(assistant_model=...)" in capsys.readouterr().out
 

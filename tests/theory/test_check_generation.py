@@ -32,11 +32,11 @@ def test_the_speculative_loop_under_sps_is_its_verifier_in_law(seed):
     res = check_generation(spec, plain, PROMPTS, n=1500, positions=5, alpha=ALPHA, seed=seed, names=("SpS", "plain"))
     stat, p = res
     assert (stat, p) == (res.statistic, res.pvalue) and not res.reject, res.table()
-    assert [t.position for t in res.tests] == [0, 1, 2, 3, 4] and res.n == 1500
+    assert [t.position for t in res.tests if "exact" not in t.name] == [0, 1, 2, 3, 4] and res.n == 1500
     assert all(t.n_a <= 3000 and t.strata >= 1 and 0 < t.detectable < 1 for t in res.tests)
     assert res.tests[0].strata == len(PROMPTS) and res.tests[0].n_a == res.tests[0].n_b == 3000
     d = res.as_dict()
-    assert d["reject"] is False and len(d["tests"]) == 5
+    assert d["reject"] is False and len(d["tests"]) == len(res.tests) and d["verdict"] == "no difference detected"
 
 
 def test_a_lossy_rule_is_caught_at_the_first_token():
