@@ -52,7 +52,7 @@ import torch
 
 from cactus_theory.core.draft_stop import DraftStop
 from cactus_theory.core.tree import SCHEMES, BudgetTree, DynamicTree, branching_parents
-from cactus_theory.lm.data import prompt_set
+from cactus_theory.lm.data import MATH_PROMPTS, prompt_set
 from cactus_theory.lm.experiments.experiment import (
     DEFAULT_RULES,
     SAMPLING,
@@ -61,8 +61,10 @@ from cactus_theory.lm.experiments.experiment import (
     targets,
     tree_targets,
 )
+from cactus_theory.lm.roofline import cpu_model
 from cactus_theory.lm.roofline import format_table as roofline_table
 from cactus_theory.rules import Cactus, SpS
+from cactus_theory.util.args import check_device, positive_int
 from cactus_theory.util.atomic import atomic_write_json
 
 __all__ = ["main"]
@@ -73,10 +75,11 @@ RULE_SETS = {"all": DEFAULT_RULES, "sps": [r for r in DEFAULT_RULES if r[1] == S
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--per-style", type=int, default=8, help="prompts per style (math, code, prose; at most 8)")
-    ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--ks", type=int, nargs="+", default=[4], help="drafts per step")
-    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1])
+    ap.add_argument("--per-style", type=_per_style, default=8,
+                    help=f"prompts per style (math, code, prose; 1 to {len(MATH_PROMPTS)})")
+    ap.add_argument("--max-new-tokens", type=positive_int, default=64)
+    ap.add_argument("--ks", type=positive_int, nargs="+", default=[4], help="drafts per step")
+    ap.add_argument("--batch-sizes", type=positive_int, nargs="+", default=[1])
     ap.add_argument("--tree-branching", nargs="+", default=[], metavar="B1,B2,...",
                     help="also run every rule on these static trees (depth d nodes have B_d children)")
     ap.add_argument("--tree-dynamic", nargs="+", default=[], metavar="DEPTH,WIDTH,CHILDREN",
@@ -93,7 +96,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rules", nargs="+", default=["all"], choices=sorted(RULE_SETS),
                     help="rule sets: all (SpS, TAS, top-k, interpolation, Cactus 0.25 / 0.5 / 1), sps, cactus")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (the targets' run uses 1)")
+    ap.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (the targets' run uses 1)")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="verifier and draft dtype")
     ap.add_argument("--draft-dtype", default=None, choices=["float32", "bfloat16"],
                     help="the draft's dtype when it differs from --dtype (the built draft is stored in float32)")
@@ -105,9 +108,9 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true",
                     help="smoke test: 1 prompt per style, 8 new tokens, rules sps and cactus (unless given), "
                          "a 32 MiB copy and 3 repeats for the roofs; not a measurement")
-    ap.add_argument("--roofline-mib", type=int, default=None,
+    ap.add_argument("--roofline-mib", type=positive_int, default=None,
                     help="MiB copied by the bandwidth measurement (default 256, 32 with --quick; past the caches)")
-    ap.add_argument("--roofline-repeats", type=int, default=None,
+    ap.add_argument("--roofline-repeats", type=positive_int, default=None,
                     help="repeats of each roof measurement, the best kept (default 10, 3 with --quick)")
     args = ap.parse_args(argv)
     if args.quick:
@@ -119,25 +122,36 @@ def main(argv=None) -> int:
         args.roofline_mib = 32 if args.quick else 256
     if args.roofline_repeats is None:
         args.roofline_repeats = 3 if args.quick else 10
-    for name in ("roofline_mib", "roofline_repeats", "per_style", "max_new_tokens"):
-        if getattr(args, name) < 1:
-            ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    trees = []
     try:
-        trees += [(f"tree {t}", branching_parents(tuple(int(x) for x in t.split(",")))) for t in args.tree_branching]
-        trees += [(f"dyn {t}", DynamicTree(*(int(x) for x in t.split(",")))) for t in args.tree_dynamic]
-        for t in args.tree_budget:
-            tree = BudgetTree(*(int(x) for x in t.split(",")))
-            trees.append((f"eagle2 {t}", tree, "deterministic", "rounds"))
-            if args.tree_joint:
-                trees.append((f"eagle2 {t} joint", tree, "deterministic", "joint"))
-    except (ValueError, TypeError) as e:
-        ap.error(f"--tree-branching / --tree-dynamic / --tree-budget: {e}")
+        check_device(args.device, "--device")
+    except ValueError as e:
+        ap.error(str(e))
+    trees = []
+    for flag, texts, arity in (("--tree-branching", args.tree_branching, None),
+                               ("--tree-dynamic", args.tree_dynamic, "DEPTH,WIDTH,CHILDREN"),
+                               ("--tree-budget", args.tree_budget, "NODES,DEPTH,TOPK")):
+        for t in texts:
+            nums = _tree_numbers(t)
+            want = f"three integers >= 1, {arity}" if arity else "comma-separated integers >= 1"
+            if nums is None or (arity and len(nums) != 3):
+                ap.error(f"{flag} must be {want}, got {t!r}")
+            try:
+                if flag == "--tree-branching":
+                    trees.append((f"tree {t}", branching_parents(nums)))
+                elif flag == "--tree-dynamic":
+                    trees.append((f"dyn {t}", DynamicTree(*nums)))
+                else:
+                    tree = BudgetTree(*nums)
+                    trees.append((f"eagle2 {t}", tree, "deterministic", "rounds"))
+                    if args.tree_joint:
+                        trees.append((f"eagle2 {t} joint", tree, "deterministic", "joint"))
+            except (ValueError, TypeError) as e:
+                ap.error(f"{flag} {t!r}: {e}")
     try:
         stops = [DraftStop.parse(t) for t in args.draft_stop_prob]
     except ValueError as e:
         ap.error(f"--draft-stop-prob: {e}")
-    if args.threads:
+    if args.threads is not None:
         torch.set_num_threads(args.threads)
     rules = []
     for name in args.rules:
@@ -166,8 +180,6 @@ def main(argv=None) -> int:
                         batch_sizes=tuple(args.batch_sizes), max_new_tokens=args.max_new_tokens, seed=args.seed,
                         sampling=SAMPLING, trees=trees, tree_scheme=args.tree_scheme, draft_stops=stops)
     res["draft_info"] = {k: v for k, v in info.items() if k != "losses"}
-    from tree_cost import cpu_model
-
     res["settings"].update(dtype=args.dtype, draft_dtype=draft_dtype, prepacked=packed,
                            device=args.device, cpu=cpu_model())
     found = targets(res, k=4 if 4 in args.ks else args.ks[0], batch=min(args.batch_sizes))
@@ -244,6 +256,27 @@ def roofline_of(pair, res: dict, prompts, trees, args) -> dict:
         roof["phases"] += [{**r, "rule": row["rule"], "k": row["k"], "batch_size": row["batch_size"], "context": ctx}
                            for r in rows]
     return roof
+
+
+def _per_style(text: str) -> int:
+    """argparse type of ``--per-style``: an integer in [1, len(MATH_PROMPTS)] (the prompt set has that many a style)."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= len(MATH_PROMPTS):
+        raise argparse.ArgumentTypeError(f"must be an integer in [1, {len(MATH_PROMPTS)}] (prompts per style), "
+                                         f"got {text!r}")
+    return n
+
+
+def _tree_numbers(text: str) -> tuple[int, ...] | None:
+    """The integers >= 1 of a comma-separated tree flag value, or None when it is not one."""
+    try:
+        nums = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        return None
+    return nums if nums and min(nums) >= 1 else None
 
 
 def _tree_width(tree) -> int:
