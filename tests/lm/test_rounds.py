@@ -103,3 +103,21 @@ def test_gates_pass_a_trustworthy_run_and_name_each_failure():
     assert gates({"baselines": {"1": {"tokens_per_s_rounds": [1.0, 1.0], "drift": 1.0}}}) == []
     with pytest.raises(ValueError, match="drift_bound"):
         gates(_res([1.0, 1.0], GOOD), drift_bound=0.9)
+
+
+def test_gates_refuse_the_committed_lean_run():
+    """The committed lean run (benchmarks/results/lm/lean_bf16.json, the former design: one baseline before the
+    rules and one after) has chain forwards over 5 positions measured faster than the one-token forward at
+    batch 1; the gates name exactly those (its baselines drifted 1.054 and 1.003: under the bound)."""
+    import json
+    from pathlib import Path
+
+    res = json.loads((Path(__file__).resolve().parents[2] / "benchmarks/results/lm/lean_bf16.json").read_text())
+    one = next(p["ms"] for p in res["roofline"]["phases"] if p["row"] == "verifier alone B=1" and p["phase"] == "verifier")
+    wider = [p for p in res["roofline"]["phases"] if p["phase"] == "verifier" and p["rule"] and p["batch_size"] == 1
+             and p["ms"] < one]
+    assert [p["row"] for p in wider] == ["SpS k=4 B=1", "Cactus delta=1 k=4 B=1"]  # read independently of gates
+    got = gates(res)
+    assert len(got) == 2 and all(g.startswith("W = >1 forward faster than W = 1") for g in got)
+    assert [g.split(": ")[1].split("'s ")[0] for g in got] == [p["row"] for p in wider]
+    assert gates(res, drift_bound=1.05)[0].startswith("baseline drift: the verifier alone at batch 1 ran at 31.16, 29.57")
