@@ -44,6 +44,8 @@ def no_load(monkeypatch):
     (["--tree-dynamic", "4,4"], "--tree-dynamic must be three integers >= 1, DEPTH,WIDTH,CHILDREN, got '4,4'"),
     (["--tree-branching", "2,0"], "--tree-branching must be comma-separated integers >= 1, got '2,0'"),
     (["--max-new-tokens", "0"], "argument --max-new-tokens: must be an integer >= 1, got '0'"),
+    (["--rounds", "1"], "--rounds must be >= 2 (an interval over rounds needs two), got 1"),
+    (["--drift-bound", "0.9"], "--drift-bound must be a finite number >= 1"),
 ])
 def test_bad_flags_exit_2_naming_the_flag_before_any_load(argv, says, no_load, capsys):
     mod = bench_lm()
