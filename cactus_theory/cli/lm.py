@@ -5,7 +5,10 @@ the speedup (defaults: the embedded SmolLM2 pair, the paper's sampling).
 Every argument is checked (``check``) before any model loads. Timing: both runs are warmed up on
 the first batch before they are timed, so one-time costs (allocations, lazy initialisation) land
 in neither; speeds are decode time only (the exact step-KL bookkeeping excluded); a speedup that
-rests on fewer than ``MIN_TIMED_TOKENS`` generated tokens is flagged as noise.
+rests on fewer than ``MIN_TIMED_TOKENS`` generated tokens is flagged as noise. ``--rounds R`` times
+the two with the benchmark's own helper (``lm.rounds.interleaved_rounds``: R rounds, a random order
+per round) and reports the speedup as ``benchmarks/bench_lm.py`` does (``lm.rounds.ratio_over_rounds``:
+the geometric mean of the rounds' ratios and its 95% t-interval); without it, one round.
 """
 
 from __future__ import annotations
@@ -85,6 +88,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                    help="opt out of the lean CPU step (default: linear maps prepacked once, the draft in --dtype)")
     g = parser.add_argument_group("output")
     g.add_argument("--baseline", action="store_true", help="also run the verifier alone: its texts and the speedup")
+    g.add_argument("--rounds", type=positive_int, default=None, metavar="R",
+                   help="with --baseline: time both in R interleaved rounds (a random order per round, lm.rounds, as "
+                        "benchmarks/bench_lm.py does) and report the speedup within rounds with its 95%% interval "
+                        "over rounds (R >= 2 for an interval); default one round")
     g.add_argument("--no-warmup", action="store_true", help="time the first runs cold (not recommended)")
     g.add_argument("--json", help="also write the statistics and texts to this JSON file (atomically)")
     g.add_argument("--verbose", action="store_true",
@@ -114,6 +121,8 @@ def check(args: argparse.Namespace) -> None:
     args.draft_stop = _check_draft_stop(args)
     if args.json:
         check_writable_file(args.json, "--json")
+    if getattr(args, "rounds", None) is not None and not args.baseline:
+        raise ValueError(f"--rounds {args.rounds} times the decode against the verifier alone: give --baseline too")
     if args.draft_path is not None:
         if args.draft != "embedded":
             raise ValueError(f"--draft-path goes with --draft embedded, got --draft {args.draft!r}")
@@ -272,6 +281,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..core.registry import label
     from ..lm.loop import autoregressive_generate, speculative_generate, tree_generate
+    from ..lm.rounds import interleaved_rounds, pooled_stats, ratio_over_rounds
     from ..util.atomic import atomic_write_json
 
     if args.threads:
@@ -312,9 +322,13 @@ def run(args: argparse.Namespace) -> int:
             for _, fn, kw in runs:
                 fn(prompts=batches[0], max_new_tokens=min(WARMUP_TOKENS, args.max_new_tokens),
                    batch_size=bs, seed=args.seed, **kw)
-        results = {name: _decode(fn, batches, name, args.seed, max_new_tokens=args.max_new_tokens,
-                                 batch_size=bs, **kw) for name, fn, kw in runs}
-
+        jobs = {name: (lambda fn=fn, kw=kw, name=name: _decode(fn, batches, name, args.seed, batch_size=bs,
+                                                                max_new_tokens=args.max_new_tokens, **kw))
+                for name, fn, kw in runs}
+        rounds = getattr(args, "rounds", None) or 1
+        by_round, _ = interleaved_rounds(jobs, rounds, seed=args.seed)
+    # every round decodes with the same seeds: texts and counters of the first, timings pooled over rounds
+    results = {name: (r[0][0], pooled_stats([x[1] for x in r]), r[0][2]) for name, r in by_round.items()}
     spec_texts, spec, spec_kls = results["speculative"]
     base_texts, base, _ = results.get("verifier alone", (None, None, None))
     for i, prompt in enumerate(prompts):
@@ -331,14 +345,20 @@ def run(args: argparse.Namespace) -> int:
     if base is not None:
         for line in _stats_lines("verifier alone", base):
             print(line)
-        speedup = spec.tokens_per_s / base.tokens_per_s
-        print(f"speedup over the verifier alone: {speedup:.2f}x (same prompts, sampling and batch size; warmed up"
-              f"{'' if not args.no_warmup else ': NO, --no-warmup'})")
+        ratio = ratio_over_rounds([x[1].tokens_per_s for x in by_round["speculative"]],
+                                  [x[1].tokens_per_s for x in by_round["verifier alone"]])
+        speedup = ratio["ratio"]
+        over = (f"{rounds} interleaved rounds: geometric mean {speedup:.2f}x, 95% interval [{ratio['ci'][0]:.2f}, "
+                f"{ratio['ci'][1]:.2f}], rounds {', '.join(f'{x:.2f}' for x in ratio['rounds'])}" if rounds > 1
+                else "one round; --rounds R for an interval")
+        print(f"speedup over the verifier alone: {speedup:.2f}x (same prompts, sampling and batch size; {over}; "
+              f"warmed up{'' if not args.no_warmup else ': NO, --no-warmup'})")
         timed = min(spec.new_tokens, base.new_tokens)
         if timed < MIN_TIMED_TOKENS:
             print(f"warning: this speedup rests on {timed} generated tokens (< {MIN_TIMED_TOKENS}): CPU timings this "
                   "short are mostly noise; use more prompts or a larger --max-new-tokens", file=sys.stderr)
-        out.update(autoregressive=base.as_dict(), baseline_texts=base_texts, speedup=speedup)
+        out.update(autoregressive=base.as_dict(), baseline_texts=base_texts, speedup=speedup,
+                   speedup_ci=ratio["ci"], speedup_rounds=ratio["rounds"], rounds=rounds)
     if args.json:
         atomic_write_json(args.json, out)
     return 0

@@ -3,9 +3,10 @@ reproduction call it): each (rule, k, batch size) against the verifier decoding 
 batch size, same prompts, same sampling, in one run, with bootstrap intervals over prompts.
 
 Units: AL = tokens per verifier call, bonus included; per-token acceptance = accepted / drafted;
-speedup = tokens/s of the rule / tokens/s of the verifier alone (mean of a run before and a run
-after the rules, both warmed up). At batch size 1 every prompt is timed on its own, so the speedup
-also gets a paired bootstrap interval over prompts.
+speedup = tokens/s of the rule / tokens/s of the verifier alone in the same round, the verifier alone
+and every rule run once per round in a random order, several rounds (``lm.rounds``), after a warm-up;
+its interval is a 95% t-interval over rounds of the log ratio. ``gates`` says when a run's timings are
+not to be trusted (a wider forward faster than one position, baseline drift, a phase below its roofline).
 """
 
 from __future__ import annotations
@@ -22,9 +23,12 @@ from ...core.rules import TAS, Cactus, Interpolation, SpS, TopK
 from ...core.tree import check_mode
 from ..loop import SAMPLING, autoregressive_generate, speculative_generate, tree_generate
 from ..metrics import SequenceCounters, al_of
+from ..rounds import LEVEL, drift, interleaved_rounds, pooled_stats, ratio_over_rounds, same_decodes
 
-__all__ = ["DEFAULT_RULES", "SAMPLING", "run_benchmark", "format_table", "bootstrap", "targets", "tree_targets"]
+__all__ = ["DEFAULT_RULES", "SAMPLING", "ROUNDS", "DRIFT_BOUND", "THROUGHPUT_BATCHES", "run_benchmark", "gates",
+           "throughput", "format_throughput", "format_table", "bootstrap", "targets", "tree_targets"]
 
+ROUNDS = 5  # interleaved rounds of a run (``--rounds``): enough for a t-interval with 4 degrees of freedom
 DEFAULT_RULES = [(registry.label(r), r) for r in (SpS(), TAS(0.09, 0.3), TopK(5), Interpolation(0.5), Cactus(0.25),
                                                   Cactus(0.5), Cactus(1.0))]
 
@@ -62,25 +66,53 @@ def _rate(c):
     return sum(x.new_tokens for x in c) / s if s > 0 else math.nan
 
 
-def _row(label, rule, k, batch, res, base_res):
-    s = res.stats
+def _row(label, rule, k, batch, results: list, base: list) -> dict:
+    """One (rule, k, batch) row from its rounds ``results`` and the verifier alone's rounds ``base`` at the same
+    batch size: the counters of the first round (``rounds.same_decodes`` says whether every round decoded the
+    same), the timings pooled over rounds (``rounds.pooled_stats``), the speedups within rounds
+    (``rounds.ratio_over_rounds``) and bootstrap intervals over prompts of AL and acceptance."""
+    first = results[0]
+    s = pooled_stats([r.stats for r in results])
     row = {**s.as_dict(), "rule": label, "repr": repr(rule), "k": k, "batch_size": batch}
-    row["al_ci"] = bootstrap([res.per_sequence], _al)[1:]
-    row["acceptance_ci"] = bootstrap([res.per_sequence], _acc)[1:]
-    if batch == 1:  # per-prompt timings: a paired interval for the speedup over the verifier alone
-        row["speedup_ci"] = bootstrap([res.per_sequence, *base_res], lambda a, *b: _rate(a) / np.mean(
-            [_rate(x) for x in b]))[1:]
-    row["per_sequence"] = [vars(c) for c in res.per_sequence]
+    row["al_ci"] = bootstrap([first.per_sequence], _al)[1:]
+    row["acceptance_ci"] = bootstrap([first.per_sequence], _acc)[1:]
+    tps = ratio_over_rounds([r.stats.tokens_per_s for r in results], [r.stats.tokens_per_s for r in base])
+    per_prompt = ratio_over_rounds([r.stats.seconds / max(1, r.stats.sequences) for r in base],
+                                   [r.stats.seconds / max(1, r.stats.sequences) for r in results])
+    row.update(speedup=tps["ratio"], speedup_ci=tps["ci"], speedup_rounds=tps["rounds"],
+               prompt_speedup=per_prompt["ratio"], prompt_speedup_ci=per_prompt["ci"],
+               prompt_speedup_rounds=per_prompt["rounds"],
+               tokens_per_s_rounds=[r.stats.tokens_per_s for r in results], same_decodes=same_decodes(results))
+    row["per_sequence"] = [vars(c) for c in first.per_sequence]
     return row
+
+
+def _decode_job(pair, prompts, b, k, rule, kw, tree_scheme):
+    """The call that decodes one job ((batch, k or tree or (k, stop), label, rule)), and its row's k."""
+    if isinstance(k, tuple) and isinstance(k[1], DraftStop):  # (k, adaptive draft length)
+        return (lambda: speculative_generate(pair, prompts, rule, k=k[0], batch_size=b, draft_stop=k[1], **kw),
+                f"{k[0]} {k[1].label()}")
+    if isinstance(k, tuple):  # (label, tree[, scheme[, mode]])
+        return (lambda: tree_generate(pair, prompts, rule, k[1], k[2] if len(k) > 2 else tree_scheme,
+                                      mode=k[3] if len(k) > 3 else "rounds", batch_size=b, **kw), k[0])
+    return lambda: speculative_generate(pair, prompts, rule, k=k, batch_size=b, **kw), k
 
 
 def run_benchmark(pair, prompts, rules=DEFAULT_RULES, ks=(4,), batch_sizes=(1,), max_new_tokens: int = 64,
                   seed: int = 0, sampling: dict = SAMPLING, progress: bool = True, warmup: bool = True,
-                  trees=(), tree_scheme: str = "iid", draft_stops=()) -> dict:
-    """Decode ``prompts`` with the verifier alone (a run before and one after the rules, at each batch
-    size) and with every (rule, k, batch size); return ``{"rows": [...], "baselines": {...}}``. Each
-    row has the run's ``DecodeStats`` fields, ``speedup`` (against the mean of the two baseline runs
-    at its batch size), bootstrap intervals and the per-prompt counters.
+                  trees=(), tree_scheme: str = "iid", draft_stops=(), rounds: int = ROUNDS) -> dict:
+    """Decode ``prompts`` with the verifier alone at each batch size and with every (rule, k, batch size),
+    in ``rounds`` interleaved rounds (``lm.rounds.interleaved_rounds``: every job once per round, a random
+    order per round drawn from ``seed``); return ``{"rows": [...], "baselines": {...}, "orders": [...]}``.
+    Every round decodes the same prompts with the same ``seed``, so a job emits the same tokens in every
+    round (``same_decodes`` on each row and baseline says whether it did): AL, acceptance, KL and NLL are
+    the first round's. Each row has the run's ``DecodeStats`` fields (timings: the mean over rounds),
+    ``speedup`` (tokens/s over the verifier alone's at its batch size, within each round: the geometric
+    mean of the rounds' ratios, ``speedup_ci`` its 95% t-interval over rounds of the log ratio,
+    ``speedup_rounds`` the rounds' ratios), ``prompt_speedup`` (the same for the time per prompt: the
+    verifier alone's over the rule's), bootstrap intervals over prompts of AL and acceptance and the
+    per-prompt counters. Each baseline has its per-round runs, ``tokens_per_s_rounds`` and ``drift``
+    (max / min of those: the gate ``gates`` reads).
 
     ``trees``: (label, tree) pairs (``tree_generate``'s static parents, ``DynamicTree`` or
     ``BudgetTree``), or (label, tree, scheme) / (label, tree, scheme, mode) tuples; each rule also runs
@@ -102,43 +134,40 @@ def run_benchmark(pair, prompts, rules=DEFAULT_RULES, ks=(4,), batch_sizes=(1,),
     jobs += [(b, tree, label, rule) for b in batch_sizes for tree in trees for label, rule in rules
              if _runs_on(tree, rule)]
     jobs += [(b, (k, stop), label, rule) for b in batch_sizes for k in ks for stop in draft_stops for label, rule in rules]
-    bar = tqdm(total=len(jobs) + 2 * len(batch_sizes), desc="bench_lm", disable=not progress)
+    calls, keys = {}, {}
+    for b in batch_sizes:
+        calls[f"verifier alone B={b}"] = lambda b=b: autoregressive_generate(pair, prompts, batch_size=b, **kw)
+    for i, (b, k, label, rule) in enumerate(jobs):
+        call, row_k = _decode_job(pair, prompts, b, k, rule, kw, tree_scheme)
+        calls[f"{label} {row_k} B={b} #{i}"] = call
+        keys[i] = (f"{label} {row_k} B={b} #{i}", row_k)
+    bar = tqdm(total=rounds * len(calls), desc="bench_lm", disable=not progress)
+
+    def done(r, name, res):
+        bar.set_postfix(round=r + 1, job=name.split(" #")[0], al=f"{res.stats.al:.2f}")
+        bar.update()
+
+    results, orders = interleaved_rounds(calls, rounds, seed=seed, on_done=done)
+    bar.close()
     rows, baselines = [], {}
     for b in batch_sizes:
-        base = [autoregressive_generate(pair, prompts, batch_size=b, **kw)]
-        bar.update()
-        mine = [j for j in jobs if j[0] == b]
-        results = []
-        for _, k, label, rule in mine:
-            if isinstance(k, tuple) and isinstance(k[1], DraftStop):  # (k, adaptive draft length)
-                res = speculative_generate(pair, prompts, rule, k=k[0], batch_size=b, draft_stop=k[1], **kw)
-                k = f"{k[0]} {k[1].label()}"
-            elif isinstance(k, tuple):  # (label, tree[, scheme[, mode]])
-                res = tree_generate(pair, prompts, rule, k[1], k[2] if len(k) > 2 else tree_scheme,
-                                    mode=k[3] if len(k) > 3 else "rounds", batch_size=b, **kw)
-                k = k[0]
-            else:
-                res = speculative_generate(pair, prompts, rule, k=k, batch_size=b, **kw)
-            results.append((label, rule, k, res))
-            bar.set_postfix(rule=label, k=k, B=b, al=f"{res.stats.al:.2f}")
-            bar.update()
-        base.append(autoregressive_generate(pair, prompts, batch_size=b, **kw))
-        bar.update()
-        ref = float(np.mean([r.stats.tokens_per_s for r in base]))
-        baselines[b] = {"runs": [r.stats.as_dict() for r in base], "tokens_per_s": ref,
-                        "nll": float(np.mean([r.stats.nll for r in base])),
+        base = results[f"verifier alone B={b}"]
+        rates = [r.stats.tokens_per_s for r in base]
+        baselines[b] = {"runs": [r.stats.as_dict() for r in base], "tokens_per_s": pooled_stats(
+                            [r.stats for r in base]).tokens_per_s, "tokens_per_s_rounds": rates, "drift": drift(rates),
+                        "nll": base[0].stats.nll, "same_decodes": same_decodes(base),
                         "verifier_ms": 1000 * sum(r.stats.verifier_seconds for r in base)
                         / max(1, sum(r.stats.verifier_calls for r in base))}
-        base_seq = [r.per_sequence for r in base]
-        for label, rule, k, res in results:
-            row = _row(label, rule, k, b, res, base_seq)
-            row["speedup"] = row["tokens_per_s"] / ref
-            row["draft_ms"] = 1000 * res.stats.draft_seconds / max(1, res.stats.draft_calls)
-            row["draft_vs_verifier"] = row["draft_ms"] / baselines[b]["verifier_ms"]
-            row["verifier_ms"] = 1000 * res.stats.verifier_seconds / max(1, res.stats.verifier_calls)
-            row["verifier_vs_one"] = row["verifier_ms"] / baselines[b]["verifier_ms"]
-            rows.append(row)
-    bar.close()
+    for i, (b, _, label, rule) in enumerate(jobs):
+        name, row_k = keys[i]
+        res = results[name]
+        base = results[f"verifier alone B={b}"]
+        row = _row(label, rule, row_k, b, res, base)
+        row["draft_ms"] = 1000 * row["draft_seconds"] / max(1, row["draft_calls"])
+        row["draft_vs_verifier"] = row["draft_ms"] / baselines[b]["verifier_ms"]
+        row["verifier_ms"] = 1000 * row["verifier_seconds"] / max(1, row["verifier_calls"])
+        row["verifier_vs_one"] = row["verifier_ms"] / baselines[b]["verifier_ms"]
+        rows.append(row)
     for r in rows:
         same_tree = r["k"].removesuffix(" joint") if isinstance(r["k"], str) else r["k"]
         sps = next((x for x in rows if x["repr"] == repr(SpS()) and x["k"] == same_tree
@@ -153,8 +182,126 @@ def run_benchmark(pair, prompts, rules=DEFAULT_RULES, ks=(4,), batch_sizes=(1,),
             r["al_vs_chain"] = r["al"] / chain["al"]
             r["al_vs_chain_ci"] = _paired_al_ratio(r, chain)
     return {"rows": rows, "baselines": {str(b): v for b, v in baselines.items()},
+            "orders": [[n.split(" #")[0] for n in o] for o in orders],
             "settings": {"max_new_tokens": max_new_tokens, "seed": seed, "prompts": len(prompts), **sampling,
-                         "ks": list(ks), "batch_sizes": list(batch_sizes), "threads": torch.get_num_threads()}}
+                         "ks": list(ks), "batch_sizes": list(batch_sizes), "threads": torch.get_num_threads(),
+                         "rounds": rounds, "statistics_from": "round 1 (every round decodes with the same seed)",
+                         "speedup": "tokens/s of the rule / the verifier alone's in the same round: geometric mean "
+                                    f"over rounds, {LEVEL:.0%} t-interval of the log ratio"}}
+
+
+DRIFT_BOUND = 1.10
+
+
+def gates(res: dict, drift_bound: float = DRIFT_BOUND) -> list[str]:
+    """Why a run's timings are not to be trusted, one sentence per failed gate (empty: every gate passed).
+    ``res``: ``run_benchmark``'s result, with ``res["roofline"]`` (``bench_lm``'s ``roofline_of``) when the
+    run measured its roofs.
+
+    (a) **A wider forward faster than the one-token forward**: at each batch size, a rule's verifier
+        forward over W > 1 positions (a chain's k + 1, a tree's nodes + 1; the roofline's ``"verifier"``
+        phase of the rule's row) measured faster than the verifier alone's W = 1 forward (its
+        ``"verifier"`` phase). A forward over more positions reads the same weights and does more work,
+        so this says the two were measured in different machine states (the committed lean run had
+        31.1 ms at W = 5 against 31.9 ms at W = 1). On a device where W = 5 costs the same as W = 1
+        (a GPU), noise alone can trip it: there the gates are to be turned off and the run says so.
+    (b) **Baseline drift**: at each batch size, the verifier alone's per-round tokens/s, max / min, above
+        ``drift_bound`` (a result of the former design: its runs before and after the rules). Pairing within rounds cancels a drift slower than a round, but a speed that
+        moves by more than the effects being measured (speedups of 1.05x to 1.4x) during the run
+        says the machine was not quiet. The default 1.10: of the 15 before / after baseline pairs in the
+        committed results (benchmarks/results/lm, batch 1 to 8), 9 differ by 1.003 to 1.06 and 6 by 1.08 to
+        1.25; a 10% drift is the size of the effects measured, so a run past it does not resolve them.
+    (c) **A phase below its roofline**: any roofline row with measured / roofline < 1, which the
+        machine cannot do if its roofs were measured right (the roofs are the best of repeated
+        measurements of the same machine; ``lm.roofline``). It flags a roof measured in a slower state
+        than the decodes; the one legitimate exception, a phase whose bytes stay in the cache between
+        calls (``lm.roofline``'s module docstring), is also refused: such a run needs ``--no-gates``
+        and says why."""
+    if not (isinstance(drift_bound, (int, float)) and math.isfinite(drift_bound) and drift_bound >= 1):
+        raise ValueError(f"drift_bound must be a finite number >= 1, got {drift_bound!r}")
+    failed = []
+    for b, base in res["baselines"].items():  # a result of the former design: its runs before and after the rules
+        rates = base.get("tokens_per_s_rounds") or [r["tokens_per_s"] for r in base.get("runs", [])]
+        d = drift(rates)
+        if not math.isfinite(d) or d > drift_bound:
+            failed.append(f"baseline drift: the verifier alone at batch {b} ran at "
+                          f"{', '.join(f'{x:.2f}' for x in rates)} tokens/s over the rounds, "
+                          f"max / min {d:.3f} > {drift_bound:g}")
+    phases = (res.get("roofline") or {}).get("phases", [])
+    one = {p["batch_size"]: p for p in phases if p["rule"] is None and p["phase"] == "verifier"}
+    for p in phases:
+        ref = one.get(p["batch_size"])
+        if p["rule"] is not None and p["phase"] == "verifier" and ref is not None and p["ms"] < ref["ms"]:
+            failed.append(f"W = {p.get('width', '>1')} forward faster than W = 1: {p['row']}'s verifier forward "
+                          f"{p['ms']:.2f} ms < the verifier alone's one-token forward {ref['ms']:.2f} ms "
+                          f"(batch {p['batch_size']})")
+    for p in phases:
+        if not p["ratio"] >= 1:
+            failed.append(f"below its roofline: {p['row']} {p['phase']} measured {p['ms']:.3f} ms < roofline "
+                          f"{p['roofline_ms']:.3f} ms (ratio {p['ratio']:.2f} < 1; the roof measurement is wrong)")
+    return failed
+
+
+THROUGHPUT_BATCHES = (1, 8, 32)  # bench_lm --throughput: the eval decodes at batch 32 (``replicated.RunConfig``)
+
+
+def throughput(res: dict) -> list[dict]:
+    """Batch throughput of a run (``bench_lm --throughput``), one dict per (method, batch size) for the verifier
+    alone and the SpS and Cactus delta=1 chain rows: ``tokens_per_s`` (every row of the batch together: new
+    tokens over the pooled decode time), ``rows`` (mean live rows per verifier call, steps / verifier calls),
+    ``tokens_per_s_per_row`` (``tokens_per_s / rows``: what one sequence of the batch sees), ``speedup`` with
+    ``speedup_ci`` (over the verifier alone at the same batch size, within rounds; None for the verifier alone),
+    ``vs_batch1`` (``tokens_per_s`` over the verifier alone's at batch 1), ``seconds_per_1000_answers`` (1,000
+    answers of the run's mean length at ``tokens_per_s``: what a batch of the eval's size costs it) and
+    ``compute_roof_ratio``: the decode's time per verifier call (the prefill excluded) over the time its GEMM
+    FLOPs take at the compute roof (``res["roofline"]``: the phases' FLOPs per verifier call over
+    ``flop_rate``, the draft's phases over ``draft_flop_rate`` where the draft runs in another dtype); 1 at the
+    roof, NaN without a roofline row."""
+    roof = res.get("roofline") or {}
+    rate = roof.get("flop_rate")
+    draft_rate = roof.get("draft_flop_rate", rate)
+    out = []
+    base1 = res["baselines"].get("1", {}).get("tokens_per_s", math.nan)
+
+    def roof_ratio(label, seconds):
+        ph = [p for p in roof.get("phases", []) if p["row"] == label]
+        if not ph or not rate:
+            return math.nan
+        flops_s = sum(p["flops"] / (draft_rate if p["phase"] in ("draft", "bookkeeping") else rate) for p in ph)
+        return seconds / flops_s if flops_s > 0 else math.nan
+
+    def entry(method, b, st, speedup=None, ci=None, label=None):
+        tps = st["tokens_per_s"]
+        rows = st["steps"] / max(1, st["verifier_calls"])
+        per_call = (st["seconds"] - st.get("prefill_seconds", 0.0)) / max(1, st["verifier_calls"])
+        return {"method": method, "batch_size": b, "tokens_per_s": tps, "rows": rows,
+                "tokens_per_s_per_row": tps / rows if rows > 0 else math.nan, "speedup": speedup, "speedup_ci": ci,
+                "vs_batch1": tps / base1 if base1 > 0 else math.nan,
+                "seconds_per_1000_answers": 1000 * st["new_tokens"] / max(1, st["sequences"]) / tps if tps > 0
+                else math.nan, "compute_roof_ratio": roof_ratio(label, per_call)}
+
+    for b, base in res["baselines"].items():
+        runs = base["runs"]
+        pooled = {f: float(np.mean([r[f] for r in runs])) for f in ("seconds", "prefill_seconds")}
+        st = {**runs[0], **pooled, "tokens_per_s": base["tokens_per_s"]}
+        out.append(entry("verifier alone", int(b), st, label=f"verifier alone B={b}"))
+        for r in res["rows"]:
+            if r["batch_size"] == int(b) and isinstance(r["k"], int) and r["repr"] in (repr(SpS()), repr(Cactus(1.0))):
+                out.append(entry(f"{r['rule']} k={r['k']}", int(b), r, r["speedup"], r.get("speedup_ci"),
+                                 f"{r['rule']} k={r['k']} B={b}"))
+    return out
+
+
+def format_throughput(entries: list[dict]) -> str:
+    """The throughput table (``throughput``)."""
+    lines = [f"{'method':<22}{'B':>4}{'tok/s':>9}{'rows':>6}{'tok/s/row':>10}{'speedup':>9}{'95% CI':>14}"
+             f"{'vs B=1':>8}{'s/1000 ans':>11}{'compute roof':>13}"]
+    for e in entries:
+        sp = f"{e['speedup']:.2f}x" if e["speedup"] is not None else "-"
+        lines.append(f"{e['method']:<22}{e['batch_size']:>4}{e['tokens_per_s']:>9.1f}{e['rows']:>6.1f}"
+                     f"{e['tokens_per_s_per_row']:>10.2f}{sp:>9}{_ci(e['speedup_ci']):>14}{e['vs_batch1']:>7.2f}x"
+                     f"{e['seconds_per_1000_answers']:>11.0f}{e['compute_roof_ratio']:>12.1f}x")
+    return "\n".join(lines)
 
 
 def _runs_on(tree: tuple, rule) -> bool:
@@ -184,8 +331,8 @@ def format_table(res: dict) -> str:
     lines = []
     for b, base in res["baselines"].items():
         runs = ", ".join(f"{x['tokens_per_s']:.2f}" for x in base["runs"])
-        lines.append(f"batch {b}: verifier alone {base['tokens_per_s']:.2f} tokens/s (runs {runs}), "
-                     f"{base['verifier_ms']:.1f} ms per forward, NLL {base['nll']:.3f}")
+        lines.append(f"batch {b}: verifier alone {base['tokens_per_s']:.2f} tokens/s (rounds {runs}; max / min "
+                     f"{base.get('drift', math.nan):.3f}), {base['verifier_ms']:.1f} ms per forward, NLL {base['nll']:.3f}")
     kw = max([3] + [len(str(r["k"])) + 1 for r in res["rows"]])  # tree labels name the tree
     lines.append(f"{'rule':<18}{'k':>{kw}}{'B':>3}{'AL':>7}{'95% CI':>14}{'acc':>7}{'95% CI':>14}{'AL/SpS':>7}"
                  f"{'tok/s':>8}{'speedup':>9}{'95% CI':>14}{'step KL':>9}{'NLL':>7}{'draft/ver':>10}{'fwd/one':>8}")

@@ -11,23 +11,42 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_run_benchmark_on_the_tiny_pair():
+    """Every job (the verifier alone at each batch size, each rule at each k and batch size) once per round in a
+    random order; each speedup recomputed from the rounds' own runs (the ratio within each round, their geometric
+    mean and scipy's t-interval of the log ratio); statistics from the first round, which every round repeats."""
+    import numpy as np
+    from scipy import stats
+
     from cactus_theory.lm.experiments.experiment import format_table, run_benchmark, targets
 
     rules = [("SpS", ct.SpS()), ("Cactus d=1.0", ct.Cactus(1.0))]
-    res = run_benchmark(pair(), [[1, 2], [3], [4, 5]], rules=rules, ks=(1, 4), batch_sizes=(1, 2),
-                        max_new_tokens=6, progress=False)
+    res = run_benchmark(pair(), [[1, 2], [3], [4, 5]], rules=rules, ks=(3,), batch_sizes=(1, 2),
+                        max_new_tokens=6, progress=False, rounds=3)
     rows = res["rows"]
     assert [(r["rule"], r["k"], r["batch_size"]) for r in rows] == [
-        (n, k, b) for b in (1, 2) for k in (1, 4) for n in ("SpS", "Cactus d=1.0")]
-    assert set(res["baselines"]) == {"1", "2"} and all(len(b["runs"]) == 2 for b in res["baselines"].values())
+        (n, k, b) for b in (1, 2) for k in (3,) for n in ("SpS", "Cactus d=1.0")]
+    jobs = {f"verifier alone B={b}" for b in (1, 2)} | {f"{r['rule']} {r['k']} B={r['batch_size']}" for r in rows}
+    assert len(res["orders"]) == 3 and all(sorted(o) == sorted(jobs) for o in res["orders"])
+    assert res["settings"]["rounds"] == 3
+    for base in res["baselines"].values():
+        rates = [x["tokens_per_s"] for x in base["runs"]]
+        assert len(rates) == 3 and base["tokens_per_s_rounds"] == rates and base["same_decodes"]
+        assert base["drift"] == pytest.approx(max(rates) / min(rates))
     for r in rows:
-        ref = res["baselines"][str(r["batch_size"])]["tokens_per_s"]
-        assert r["speedup"] == pytest.approx(r["tokens_per_s"] / ref)
-        assert r["new_tokens"] == 18 and 1 <= r["al"] <= r["k"] + 1
+        base = res["baselines"][str(r["batch_size"])]
+        ratios = np.array(r["tokens_per_s_rounds"]) / np.array(base["tokens_per_s_rounds"])
+        assert r["speedup_rounds"] == pytest.approx(list(ratios))
+        assert r["speedup"] == pytest.approx(stats.gmean(ratios))
+        ci = stats.ttest_1samp(np.log(ratios), 0.0).confidence_interval(0.95)
+        assert r["speedup_ci"] == pytest.approx([np.exp(ci.low), np.exp(ci.high)])
+        per_prompt = [x["seconds"] / x["sequences"] for x in base["runs"]]
+        assert r["prompt_speedup_rounds"][0] == pytest.approx(
+            per_prompt[0] / (r["new_tokens"] / r["tokens_per_s_rounds"][0] / r["sequences"]))
+        assert r["same_decodes"] and r["new_tokens"] == 18 and 1 <= r["al"] <= r["k"] + 1
         lo, hi = r["al_ci"]
         assert lo <= r["al"] <= hi
-        assert ("speedup_ci" in r) == (r["batch_size"] == 1)
         assert sum(c["new_tokens"] for c in r["per_sequence"]) == 18
+        assert r["seconds"] == pytest.approx(np.mean([r["new_tokens"] / x for x in r["tokens_per_s_rounds"]]))
     assert all(r["al_vs_sps"] == 1 for r in rows if r["rule"] == "SpS")
 
     def pooled_al(seq):  # tokens per verifier call from the per-prompt counters, bonus included
@@ -41,8 +60,8 @@ def test_run_benchmark_on_the_tiny_pair():
             lo, hi = r["al_vs_sps_ci"]
             assert lo <= r["al_vs_sps"] <= hi
     assert "Cactus d=1.0" in format_table(res)
-    assert all(len(t) == 5 for t in targets(res))
-    names = [t[0] for t in targets(res)]
+    assert all(len(t) == 5 for t in targets(res, k=3))
+    names = [t[0] for t in targets(res, k=3)]
     assert "SpS AL" in names and "Cactus d=1 AL / SpS AL" in names
 
 
@@ -53,7 +72,7 @@ def test_run_benchmark_runs_trees():
     rules = [("SpS", ct.SpS()), ("Cactus d=1.0", ct.Cactus(1.0))]
     trees = [("tree 2,2", branching_parents((2, 2))), ("dyn 3,2,2", DynamicTree(3, 2, 2))]
     res = run_benchmark(pair(), [[1, 2], [3], [4, 5]], rules=rules, ks=(2,), batch_sizes=(2,), max_new_tokens=6,
-                        progress=False, trees=trees, tree_scheme="deterministic")
+                        progress=False, trees=trees, tree_scheme="deterministic", rounds=1)
     rows = res["rows"]
     assert [(r["rule"], r["k"]) for r in rows] == [(n, k) for k in (2, "tree 2,2", "dyn 3,2,2")
                                                    for n in ("SpS", "Cactus d=1.0")]
@@ -72,7 +91,7 @@ def test_run_benchmark_runs_adaptive_draft_lengths_beside_fixed_k():
     rules = [("SpS", ct.SpS()), ("Cactus d=1.0", ct.Cactus(1.0))]
     stops = [DraftStop(0.5), DraftStop(0.3, "path")]
     res = run_benchmark(pair(), [[1, 2], [3], [4, 5]], rules=rules, ks=(3,), batch_sizes=(2,), max_new_tokens=6,
-                        progress=False, draft_stops=stops)
+                        progress=False, draft_stops=stops, rounds=1)
     rows = res["rows"]
     assert [(r["rule"], r["k"]) for r in rows] == [(n, k) for k in (3, "3 top>=0.5", "3 path>=0.3")
                                                    for n in ("SpS", "Cactus d=1.0")]
@@ -97,7 +116,7 @@ def test_run_benchmark_budget_trees_joint_twins_and_tree_targets():
     tree = BudgetTree(4, 3, 2)
     trees = [("eagle2 4,3,2", tree, "deterministic", "rounds"), ("eagle2 4,3,2 joint", tree, "deterministic", "joint")]
     res = run_benchmark(pair(), [[1, 2], [3], [4, 5]], rules=rules, ks=(2,), batch_sizes=(1,), max_new_tokens=6,
-                        progress=False, trees=trees)
+                        progress=False, trees=trees, rounds=1)
     rows = res["rows"]
     assert [(r["rule"], r["k"]) for r in rows] == [("SpS", 2), ("Cactus d=1.0", 2), ("SpS", "eagle2 4,3,2"),
                                                    ("Cactus d=1.0", "eagle2 4,3,2"), ("Cactus d=1.0", "eagle2 4,3,2 joint")]
