@@ -1,14 +1,15 @@
 """Committed shards of a replicated eval (eval_v3): its decodes kept in the repository in small pieces, so that a
 run that stops leaves what it finished in main and a later run, here or on another machine, goes on from them.
 
-A shard is one gzipped JSON file per (run, task, chunk of ``per_shard`` batches)::
+A shard is one gzipped JSON file per (design, run, task, chunk of ``per_shard`` batches)::
 
-    <dir>/<run>/<task>/c<chunk>.json.gz
+    <dir>/<decode key>/<run>/<task>/c<chunk>.json.gz
     {"format": 1, "run": "primary", "task": "add_wide", "chunk": 3, "batches": [15, ..., 19],
      "protocol_sha256": ..., "decode_key": ..., "machine": {"cpu": ..., "torch": ..., "threads": ...},
      "methods": {<method slug>: {"rule": <rule identity>, "batches": {"15": <batch>, ...}}}}
 
-where a batch is what ``replicated._decode`` returns (rows with their seeds, decode seconds, per-row records)
+(the decode key names what a row's decode depends on: questions, seed, budget, sampling, pair, dtype...; two
+designs never write the same file), where a batch is what ``replicated._decode`` returns (rows with their seeds, decode seconds, per-row records)
 without the token ids (the texts, answers and counters stay). A shard is written once, atomically, when every
 method of its run has decoded every batch of its chunk; ``ShardStore.get`` serves a batch from any run's
 shards (the sweep reads the primary run's lossless batches) when its rule identity and rows match.
@@ -18,9 +19,9 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
-import tempfile
 from pathlib import Path
+
+from ...util.atomic import atomic_write_bytes
 
 __all__ = ["ShardStore", "FORMAT", "strip_tokens"]
 
@@ -33,19 +34,10 @@ def strip_tokens(batch: dict) -> dict:
 
 
 def _write_gz_json(path: Path, obj) -> None:
-    """``obj`` as gzipped JSON at ``path``, atomically (a temporary file in the same folder, then a rename); the
-    gzip header carries no time stamp, so the same content gives the same bytes."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """``obj`` as gzipped JSON at ``path``, atomically (``util.atomic``); the gzip header carries no time stamp, so
+    the same content gives the same bytes."""
     data = json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as gz:
-            gz.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic_write_bytes(path, gzip.compress(data, compresslevel=9, mtime=0))
 
 
 class ShardStore:
@@ -62,13 +54,15 @@ class ShardStore:
         self._sealed: dict[tuple[str, str, int], list[int]] = {}  # (run, task, chunk) on disk -> its batches
         self.files = 0
         self.protocols: set[str] = set()  # the protocol hashes the shards on disk were made under
-        for f in sorted(self.root.glob("*/*/c*.json.gz")) if self.root.is_dir() else []:
+        key = self.meta.get("decode_key", "any")
+        folder = self.root / key
+        for f in sorted(folder.glob("*/*/c*.json.gz")) if folder.is_dir() else []:
             with gzip.open(f, "rt") as fh:
                 sh = json.load(fh)
             if sh.get("format") != FORMAT:
                 raise ValueError(f"{f}: shard format {sh.get('format')!r}, expected {FORMAT}")
-            if self.meta.get("decode_key") and sh.get("decode_key") != self.meta["decode_key"]:
-                continue  # another design's decodes (another question count, dtype, pair...)
+            if sh.get("decode_key", "any") != key:
+                raise ValueError(f"{f}: a shard of decode key {sh.get('decode_key')!r} in the folder of {key!r}")
             self.files += 1
             self.protocols.add(sh.get("protocol_sha256", ""))
             self._sealed[(sh["run"], sh["task"], sh["chunk"])] = list(sh["batches"])
@@ -83,7 +77,7 @@ class ShardStore:
         return list(range(chunk * self.per_shard, min(n_batches, (chunk + 1) * self.per_shard)))
 
     def path(self, task: str, chunk: int) -> Path:
-        return self.root / self.run / task / f"c{chunk:03d}.json.gz"
+        return self.root / self.meta.get("decode_key", "any") / self.run / task / f"c{chunk:03d}.json.gz"
 
     def get(self, task: str, slug: str, b: int) -> dict | None:
         """The batch ``b`` of method ``slug`` on ``task`` from any run's shard, or None."""

@@ -67,7 +67,7 @@ def _run(proto, out, pair, cache=None):
 
 def _shards(root):
     out = {}
-    for f in sorted(root.glob("*/*/c*.json.gz")):
+    for f in sorted(root.glob("*/*/*/c*.json.gz")):
         with gzip.open(f, "rt") as fh:
             out[f.relative_to(root).as_posix()] = json.load(fh)
     return out
@@ -94,7 +94,8 @@ def test_shards_resume_and_complete_a_run(tmp_path):
     sh = _shards(root)
     n_batches = math.ceil(6 * 2 / 4)
     # one shard per (task, chunk of 2 batches), every method's batches in it, no token ids
-    assert sorted(sh) == sorted(f"primary/{t}/c{c:03d}.json.gz" for t in proto.design["tasks"]
+    key = rp.RunConfig.from_protocol(proto, "tiny-ragged")[0].decode_key()
+    assert sorted(sh) == sorted(f"{key}/primary/{t}/c{c:03d}.json.gz" for t in proto.design["tasks"]
                                 for c in range(math.ceil(n_batches / 2)))
     labels = [m["label"] for m in saved["methods"]]
     for s in sh.values():
