@@ -727,9 +727,15 @@ def pair_id(draft: str, verifier: str, draft_path: str | None = None) -> str:
     if draft != "embedded":
         return f"{draft}->{verifier}"
     if draft_path is None:
-        from ..pair import embedded_draft_path
+        from ..draft_config import DEFAULT_VERIFIER, DraftConfig
+        from ..draft_config import draft_path as default_path
 
-        draft_path = embedded_draft_path(verifier)
+        if verifier == DEFAULT_VERIFIER:  # named without torch or a model file (a check before any load)
+            draft_path = default_path(DraftConfig(), verifier)
+        else:
+            from ..pair import embedded_draft_path
+
+            draft_path = embedded_draft_path(verifier)
     return f"embedded:{os.path.basename(draft_path)}->{verifier}"
 
 

@@ -47,7 +47,7 @@ import math
 import os
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -310,7 +310,8 @@ def run_replicated(pair, cfg: RunConfig, method_list: list[Method], cache_dir: P
         members = shards.chunk_batches(c, len(batches))
         if shards.sealed(t, c, members) or not all(bb in got[t][lab] for lab in seal for bb in members):
             return
-        path = shards.seal(t, c, {by_label[lab].slug: {bb: got[t][lab][bb] for bb in members} for lab in seal})
+        path = shards.seal(t, c, {by_label[lab].slug: {bb: got[t][lab][bb] for bb in members} for lab in seal},
+                           extra={"machine": _machine()})
         log(f"shard written: {path}")
 
     t0, fresh = time.perf_counter(), 0
@@ -943,15 +944,43 @@ def shard_store(protocol: Protocol, cfg: RunConfig, run: str):
     sh = protocol.design.get("shards")
     if sh is None:
         return None
-    import torch
-
-    from ..roofline import cpu_model
     from .protocol import protocol_dir
     from .shards import ShardStore
 
-    meta = {"protocol_sha256": protocol.sha256, "decode_key": cfg.decode_key(),
-            "machine": {"cpu": cpu_model(), "torch": torch.__version__, "threads": torch.get_num_threads()}}
+    meta = {"protocol_sha256": protocol.sha256, "decode_key": cfg.decode_key()}
     return ShardStore(protocol_dir(protocol, sh["dir"]), run, sh["batches_per_shard"], meta)
+
+
+def _machine() -> dict:
+    """What a shard records of the machine that decoded it."""
+    import torch
+
+    from ..roofline import cpu_model
+
+    return {"cpu": cpu_model(), "torch": torch.__version__, "threads": torch.get_num_threads()}
+
+
+def complete_in_shards(protocol: Protocol, cfg: RunConfig, only: list[str] | None = None) -> bool:
+    """Whether the protocol's committed shards hold every batch of every method of the primary run (then
+    ``evaluate`` assembles the result without a model; read without torch)."""
+    from ...core.tree_shapes import BudgetTree
+
+    shards = shard_store(protocol, cfg, "primary")
+    if shards is None:
+        return False
+    prev = read_json(protocol_dir_of(protocol) / "reestimation.json")
+    R = max(cfg.replicates, int(prev["replicates"])) if prev else cfg.replicates
+    n_batches = len(batch_rows(cfg.questions, R, cfg.batch_size))
+    ml = protocol_methods(protocol, only, [BudgetTree(*t) for t in cfg.trees])
+    return all(shards.get(t, m.slug, b) is not None for t in cfg.tasks for m in ml for b in range(n_batches))
+
+
+def protocol_dir_of(protocol: Protocol) -> Path:
+    """The protocol's results folder: the parent of its shards folder (eval_v3), else the first design's."""
+    from .protocol import protocol_dir
+
+    sh = protocol.design.get("shards")
+    return DEFAULT_OUT if sh is None else protocol_dir(protocol, sh["dir"]).parent
 
 
 def _reestimation(protocol: Protocol, cfg: RunConfig, out_dir: Path, log):
@@ -1115,7 +1144,7 @@ def _overrides(args) -> dict:
 def _plan(args, pair: str = "pair"):
     """The protocol, the run's config and deviations, ``--rules`` and the output folder (``ValueError`` naming the
     flag)."""
-    from .protocol import load_protocol, protocol_dir
+    from .protocol import load_protocol
 
     if args.seed is not None and args.seed < 0:
         raise ValueError(f"--seed must be an integer >= 0, got {args.seed}")
@@ -1130,7 +1159,7 @@ def _plan(args, pair: str = "pair"):
     if args.sweep and "sweep" not in protocol.design:
         raise ValueError(f"--sweep: the protocol {args.protocol} has no design.sweep")
     sh = protocol.design.get("shards")
-    committed = DEFAULT_OUT if sh is None else protocol_dir(protocol, sh["dir"]).parent
+    committed = protocol_dir_of(protocol)
     out = committed if args.out is None else Path(args.out)
     if dev and out.resolve() == committed.resolve():
         raise ValueError(f"--out: a run that deviates from the protocol ({'; '.join(dev)}) does not write the committed "
@@ -1155,7 +1184,7 @@ def check(args) -> None:
 
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads!r}")
-    protocol, *_ = _plan(args)
+    protocol, cfg, _, only = _plan(args)
     check_model(args.verifier, "--verifier")
     check_model(args.draft, "--draft")
     if args.draft_path is not None and (args.draft != "embedded" or not os.path.isfile(args.draft_path)):
@@ -1166,7 +1195,8 @@ def check(args) -> None:
     check_device(args.device)
     if args.draft_path is not None:
         check_draft_file(args.draft_path, "--draft-path")
-    elif args.draft == "embedded" and "shards" not in protocol.design:
+    elif args.draft == "embedded" and not (args.sweep is False and complete_in_shards(
+            protocol, replace(cfg, pair=pair_id(args.draft, args.verifier)), only)):
         check_draft_built(args.verifier)  # not built yet: say so now, not after the verifier loads
 
 

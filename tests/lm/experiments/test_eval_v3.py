@@ -112,13 +112,16 @@ def test_shards_resume_and_complete_a_run(tmp_path):
                          for b in m["batches"].values() for r in b["records"]]
             assert sorted(json.dumps(r, sort_keys=True) for r in in_shards) == sorted(
                 json.dumps({k: v for k, v in r.items() if k != "tokens"}, sort_keys=True) for r in tr["records"][lab])
-    # complete from the shards alone: no local cache, no model
+    # complete from the shards alone: no local cache, no model (and the command knows it before any load)
+    cfg0, _ = rp.RunConfig.from_protocol(proto, "tiny-ragged")
+    assert rp.complete_in_shards(proto, cfg0)
     shutil.rmtree(out / "cache")
     _, again = _run(proto, out, lambda: pytest.fail("a model was loaded"))
     assert _stable(again) == _stable(saved)
     # one shard removed: only its batches are decoded again, and the result is the same
     gone = sorted(sh)[1]
     (root / gone).unlink()
+    assert not rp.complete_in_shards(proto, cfg0)
     shutil.rmtree(out / "cache")
     decoded = []
     real = rp._decode
