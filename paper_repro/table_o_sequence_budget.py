@@ -24,6 +24,19 @@ Pre-registered reading, per (B, allocation):
     ``len(BUDGETS) x len(ALLOCATIONS)`` comparisons at alpha 0.05: **differs** if the adjusted p < 0.05, else
     **no difference detected** (with the minimum detectable difference at power 0.8).
 
+Re-read after the run (issue 41 item 9), from the committed JSON alone (no decoding; ``reread``):
+  * AL: Holm over the family of the ``len(BUDGETS) x len(ALLOCATIONS)`` AL comparisons at alpha 0.05. The
+    committed result keeps each comparison's estimate and 95% percentile interval but neither the bootstrap
+    replicates nor the per-problem records, so each two-sided p-value is read from its interval by the normal
+    approximation (``al_pvalue``: SE = interval width / (2 z_0.975)); **differs** / **holds** need a Holm-adjusted
+    p < 0.05 (the sign of the estimate says which), else **inconclusive**. The pre-registered reading above had no
+    multiplicity adjustment.
+  * the match: a row is **not matched** when its delta was clamped at the ladder's end, or when the matched
+    Cactus's realised mean KL per answer lies outside the 95% interval of the budget's (the target); such a row
+    gets no AL verdict (its "same KL" comparison was not made), and every row prints the KL gap in %.
+  * accuracy: the minimum detectable difference at Holm's first step (alpha 0.05 / the family's size:
+    ``holm_mdd``), the level the most significant comparison must clear.
+
 ``python -m paper_repro.table_o_sequence_budget [--fast]`` writes ``paper_repro/results/table_o_sequence_budget.md``.
 About 1.1 hours on 2 CPU cores (18 methods x 300 problems, and the calibration batch; the committed run: 3,929 s).
 """
@@ -56,6 +69,8 @@ LADDER = (0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0)  # Cactus deltas of the 
 DELTA_MAX = 1.0  # the budget's per-position cap: the paper's Cactus delta
 ALPHA = 0.05
 FAMILY = "Holm over the budgets x allocations comparisons of accuracy against the matched Cactus, alpha 0.05"
+AL_FAMILY = ("Holm over the {n} budgets x allocations comparisons of AL against the matched Cactus, alpha 0.05 "
+             "(p-values from the committed 95% intervals, normal approximation)")
 
 
 def config(ctx: Ctx) -> dict:
@@ -200,13 +215,75 @@ def _certificate(c: dict) -> str:
     return "holds" if c["certificate_max"] <= c["budget"] else "differs"
 
 
-def _al_reading(c: dict) -> str:
-    _, lo, hi = c["al_diff"]
-    return "higher" if lo > 0 else "lower" if hi < 0 else "no difference detected"
-
-
 def _acc_reading(c: dict) -> str:
     return "differs" if c["holm"] < ALPHA else "no difference detected"
+
+
+def al_pvalue(al_diff) -> float:
+    """Two-sided p-value of "AL difference = 0" read from a committed ``[estimate, low, high]`` (95% percentile
+    bootstrap) by the normal approximation: SE = (high - low) / (2 z_0.975), p = 2 Phi(-|estimate| / SE). A
+    zero-width interval gives 0 (estimate != 0) or 1; an undefined end gives 1 (nothing excluded)."""
+    from scipy.stats import norm
+
+    est, lo, hi = (float(x) for x in al_diff)
+    if not all(math.isfinite(x) for x in (est, lo, hi)):
+        return 1.0
+    se = (hi - lo) / (2 * norm.ppf(1 - ALPHA / 2))
+    if se <= 0:
+        return 1.0 if est == 0 else 0.0
+    return float(2 * norm.sf(abs(est) / se))
+
+
+def holm_mdd(mdd: float, m: int, power: float = 0.8) -> float:
+    """The minimum detectable difference ``mdd`` (McNemar, two-sided ``ALPHA``, ``power``) at Holm's first step,
+    two-sided ``ALPHA / m``: ``ledger.mcnemar_mdd`` is ``(z_{1 - a/2} + z_power) sqrt(discordance / n)``, so the
+    stored value is rescaled by ``(z_{1 - ALPHA/(2m)} + z_power) / (z_{1 - ALPHA/2} + z_power)``."""
+    from scipy.stats import norm
+
+    return float(mdd * (norm.isf(ALPHA / (2 * m)) + norm.ppf(power)) / (norm.isf(ALPHA / 2) + norm.ppf(power)))
+
+
+def reread(d: dict) -> list[dict]:
+    """Per comparison of the committed result (same order): the AL p-value (``al_pvalue``) and its Holm-adjusted
+    value over the AL family, the match (the KL gap of the matched Cactus to the budget, in % of the budget's mean
+    KL per answer; ``clamped``; ``matched``), the AL reading ("higher" / "lower" / "no difference detected" by
+    Holm, or "not matched") and the accuracy MDD at Holm's first step."""
+    from cactus_theory.claims.ledger import holm
+
+    comps = d["comparisons"]
+    rows = {r["label"]: r for r in d["rows"]}
+    clamped = {t["method"]: bool(t["outside_ladder"]) for t in d["calibration"]["targets"]}
+    p = [al_pvalue(c["al_diff"]) for c in comps]
+    adj = holm(p)
+    out = []
+    for c, pv, a in zip(comps, p, adj, strict=True):
+        b, k = rows[c["method"]]["kl_mean"], rows[c["cactus"]]["kl_mean"]
+        matched = not clamped[c["method"]] and b[1] <= k[0] <= b[2]
+        if not matched:
+            reading = "not matched"
+        elif a < ALPHA:
+            reading = "higher" if c["al_diff"][0] > 0 else "lower"
+        else:
+            reading = "no difference detected"
+        out.append({"method": c["method"], "al_p": pv, "al_holm": a, "budget_kl": b, "cactus_kl": k,
+                    "kl_gap_pct": 100 * (k[0] / b[0] - 1), "clamped": clamped[c["method"]], "matched": matched,
+                    "al_reading": reading, "mdd_holm": holm_mdd(c["mdd"], len(comps))})
+    return out
+
+
+def _holm_tally(d: dict, rr: list[dict]) -> str:
+    """``"0 higher, 3 lower, 5 no difference detected"``: the AL readings by Holm alone, the match not checked."""
+    n = {"higher": 0, "lower": 0, "no difference detected": 0}
+    for c, r in zip(d["comparisons"], rr, strict=True):
+        n["no difference detected" if r["al_holm"] >= ALPHA else "higher" if c["al_diff"][0] > 0 else "lower"] += 1
+    return ", ".join(f"{v} {k}" for k, v in n.items())
+
+
+def _match_text(r: dict) -> str:
+    why = ("delta clamped at the ladder's end; " if r["clamped"] else "") + (
+        f"Cactus {fmt(r['cactus_kl'][0])} vs budget {fmt(r['budget_kl'][0])} [{fmt(r['budget_kl'][1])}, "
+        f"{fmt(r['budget_kl'][2])}] nats ({r['kl_gap_pct']:+.1f}%)")
+    return ("matched: " if r["matched"] else "not matched: ") + why
 
 
 def _iv(v, pct: bool = False, digits: int = 3) -> str:
@@ -233,12 +310,24 @@ def render(d: dict) -> str:
         cert = f"{_certificate(comp[label])} (B = {comp[label]['budget']:g})" if label in comp else "-"
         lines.append(f"| {label} | {_iv(r['accuracy'], pct=True)} | {_iv(r['al'], digits=2)} | {_iv(r.get('kl_mean'))} | "
                      f"{fmt(r.get('kl_max'))} | {cert} |")
-    lines += ["", "| budget (allocation) | matched Cactus | AL difference | reading | accuracy difference (points) | "
-              "Holm p | detectable (power 0.8) | reading |", "|---|---|---|---|---|---|---|---|"]
-    for c in d["comparisons"]:
-        lines.append(f"| {c['budget']:g} ({c['allocation']}) | {c['cactus']} | {_iv(c['al_diff'], digits=2)} | "
-                     f"{_al_reading(c)} | {_iv(c['accuracy_diff'], pct=True)} | {fmt(c['holm'])} | "
-                     f"{100 * c['mdd']:.1f} | {_acc_reading(c)} |")
+    rr = reread(d)
+    m = len(d["comparisons"])
+    lines += ["", f"Re-read from the committed numbers (issue 41): AL by Holm over its {m} comparisons (p-values from the "
+              "95% intervals by the normal approximation: the bootstrap replicates are not stored); a row is not "
+              "matched when its delta was clamped at the ladder's end or the matched Cactus's mean KL per answer lies "
+              "outside the budget's 95% interval (no AL verdict then); accuracy by McNemar with Holm over its "
+              f"{m} comparisons, the detectable difference at Holm's first step (alpha 0.05 / {m}, power 0.8). "
+              f"By Holm alone the AL comparisons read {_holm_tally(d, rr)}; with the match checked, "
+              + ", ".join(f"{sum(r['al_reading'] == v for r in rr)} {v}" for v in
+                          ("higher", "lower", "no difference detected", "not matched")) + ".", "",
+              "| budget (allocation) | matched Cactus | KL match (mean KL per answer) | AL difference | AL p (Holm) | "
+              "AL reading | accuracy difference (points) | Holm p | detectable (power 0.8, alpha 0.05 / "
+              f"{m}) | accuracy reading |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for c, r in zip(d["comparisons"], rr, strict=True):
+        lines.append(f"| {c['budget']:g} ({c['allocation']}) | {c['cactus']} | {_match_text(r)} | "
+                     f"{_iv(c['al_diff'], digits=2)} | {fmt(r['al_p'])} ({fmt(r['al_holm'])}) | {r['al_reading']} | "
+                     f"{_iv(c['accuracy_diff'], pct=True)} | {fmt(c['holm'])} | {r['mdd_holm'] * 100:.1f} | "
+                     f"{_acc_reading(c)} |")
     cal = d["calibration"]
     lines += ["", "Calibration (first batch): Cactus's mean KL per answer along the ladder: "
               + ", ".join(f"delta {x:g}: {fmt(y)}" for x, y in zip(cal["ladder"], cal["ladder_kl"], strict=True)) + "; "
@@ -255,7 +344,9 @@ def section(d: dict) -> str:
 def claims(d: dict) -> list[Claim]:
     out = []
     units = f"{d['config']['problems']} problems"
-    for c in d["comparisons"]:
+    rr = reread(d)
+    m = len(d["comparisons"])
+    for c, r in zip(d["comparisons"], rr, strict=True):
         tag = f"{c['budget']:g}-{c['allocation']}"
         out.append(Claim(
             f"sequence-budget-certificate-{tag}",
@@ -267,13 +358,18 @@ def claims(d: dict) -> list[Claim]:
             f"sequence-budget-vs-cactus-{tag}",
             f"SequenceBudget({c['budget']:g}, {c['allocation']}) reaches a higher AL than per-token Cactus at the same "
             f"mean KL per answer ({c['cactus']})", "ours (issue 28)", "derived",
-            "paired over problems, one run: AL difference (bootstrap 95%); accuracy difference (bootstrap 95%, "
-            "McNemar, Holm over the comparisons) reported beside it",
-            f"AL {_iv(c['al_diff'], digits=2)}; accuracy {_iv(c['accuracy_diff'], pct=True)} points, Holm p "
-            f"{fmt(c['holm'])} ({_acc_reading(c)}, detectable {100 * c['mdd']:.1f} points)",
-            {"higher": "holds", "lower": "differs"}.get(_al_reading(c), "inconclusive"), units=units,
-            decision="holds if the AL difference's 95% interval lies above 0, differs if below, else inconclusive",
-            family=FAMILY))
+            "paired over problems, one run: AL difference (bootstrap 95%; p-value from the interval, normal "
+            "approximation; Holm over the AL comparisons); the match checked on the realised mean KL per answer; "
+            "accuracy difference (bootstrap 95%, McNemar, Holm over the comparisons) reported beside it",
+            f"{_match_text(r)}; AL {_iv(c['al_diff'], digits=2)}, p {fmt(r['al_p'])}, Holm {fmt(r['al_holm'])} "
+            f"({r['al_reading']}); accuracy {_iv(c['accuracy_diff'], pct=True)} points, Holm p {fmt(c['holm'])} "
+            f"({_acc_reading(c)}, detectable {100 * r['mdd_holm']:.1f} points at alpha 0.05 / {m})",
+            {"higher": "holds", "lower": "differs", "not matched": "out of reach"}.get(r["al_reading"], "inconclusive"),
+            units=units, detail="not matched: no AL verdict at the same KL" if not r["matched"] else "",
+            decision=("out of reach (not matched) if the delta was clamped at the ladder's end or the matched Cactus's "
+                      "mean KL per answer lies outside the budget's 95% interval; else holds if the Holm-adjusted AL "
+                      "p-value is < 0.05 with the budget higher, differs if < 0.05 with it lower, else inconclusive"),
+            family=f"{AL_FAMILY.format(n=m)}; accuracy: {FAMILY}"))
     return out
 
 
@@ -291,8 +387,9 @@ def findings(results, claims: list[Claim]) -> list[str]:
            f"`SequenceBudget(B)` caps every answer's KL to the verifier (the realised sum of exact step KLs), which no "
            f"per-token rule does (Cactus, TAS, top-k and the production rules bound one position at most); on the real "
            f"LM the realised KL per answer stayed within its budget in {ok}/{len(rows)} (budget, allocation) "
-           f"settings. Against per-token Cactus at the delta that spends the same mean KL per answer (one run, "
-           f"paired over problems, 95% intervals), the pre-registered claim that the budget reaches a higher AL "
+           f"settings. Against per-token Cactus at the delta matched to the same mean KL per answer (one run, "
+           f"paired over problems; Holm over the {len(rows)} AL comparisons and over the {len(rows)} accuracy "
+           f"comparisons), the pre-registered claim that the budget reaches a higher AL "
            f"{_tally([c for c in claims if c.key.startswith('sequence-budget-vs-cactus-')])}:"]
     stored = read_json(results / f"{NAME}.json")
     if not (isinstance(stored, dict) and "data" in stored):
@@ -300,21 +397,25 @@ def findings(results, claims: list[Claim]) -> list[str]:
     d = stored["data"]
     by = {r["label"]: r for r in d["rows"]}
     out += ["", "| B (nats / answer) | allocation | largest KL per answer: budget | matched Cactus (its largest) | "
-            "AL: budget | AL difference vs Cactus | accuracy difference (points) |", "|---|---|---|---|---|---|---|"]
-    for c in d["comparisons"]:
+            "mean KL per answer: Cactus vs budget | AL: budget | AL difference vs Cactus (Holm) | accuracy difference "
+            "(points) |", "|---|---|---|---|---|---|---|---|"]
+    for c, r in zip(d["comparisons"], reread(d), strict=True):
         b, m = by[c["method"]], by[c["cactus"]]
         out.append(f"| {c['budget']:g} | {c['allocation']} | {fmt(c['certificate_max'])} | {c['cactus']} "
-                   f"({fmt(m.get('kl_max'))}) | {_iv(b['al'], digits=2)} | {_iv(c['al_diff'], digits=2)} "
-                   f"({_al_reading(c)}) | {_iv(c['accuracy_diff'], pct=True)} ({_acc_reading(c)}) |")
+                   f"({fmt(m.get('kl_max'))}) | {fmt(r['cactus_kl'][0])} vs {fmt(r['budget_kl'][0])} "
+                   f"({r['kl_gap_pct']:+.1f}%{', clamped' if r['clamped'] else ''}: "
+                   f"{'matched' if r['matched'] else 'not matched'}) | {_iv(b['al'], digits=2)} | "
+                   f"{_iv(c['al_diff'], digits=2)} ({r['al_reading']}) | {_iv(c['accuracy_diff'], pct=True)} "
+                   f"({_acc_reading(c)}) |")
     out.append("")
     return out
 
 
 def _tally(rows: list[Claim]) -> str:
-    """``"holds in 0, differs (lower AL) in 4, is inconclusive in 4 of 8 settings"``."""
-    n = {v: sum(c.verdict == v for c in rows) for v in ("holds", "differs", "inconclusive")}
+    """``"holds in 0, differs (lower AL) in 0 and is inconclusive in 4 of 8 settings; 4 not matched (no verdict)"``."""
+    n = {v: sum(c.verdict == v for c in rows) for v in ("holds", "differs", "inconclusive", "out of reach")}
     return (f"holds in {n['holds']}, differs (lower AL) in {n['differs']} and is inconclusive in "
-            f"{n['inconclusive']} of {len(rows)} settings")
+            f"{n['inconclusive']} of {len(rows)} settings; {n['out of reach']} not matched in KL (no verdict)")
 
 
 def run(ctx: Ctx) -> StepResult:

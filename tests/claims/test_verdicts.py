@@ -48,7 +48,8 @@ def fake_eval(n=300, lenient=None, strict=None, al_diff=(0.3, 0.2, 0.4), rej=(-0
         if lab != "SpS":  # some discordance both ways, as real runs have
             flip = rng.choice(n, 30, replace=False)
             c[flip[:15]] = ~c[flip[:15]]
-        recs[lab] = [{"id": f"p{i}", "correct": bool(c[i]), "strict": bool(s[i])} for i in range(n)]
+        # ids of the arith task's draws, as a first-design eval has them: step h groups them by question
+        recs[lab] = [{"id": f"arith/0/{i}", "correct": bool(c[i]), "strict": bool(s[i])} for i in range(n)]
     tok = 1000
     for lab, key, _ in labels:
         r = 1.0 if key is None else (speed if key == "cactus" else 0.9)
@@ -170,7 +171,10 @@ def test_step_h_reads_a_format_2_run_by_its_protocol(tmp_path, monkeypatch):
 
 
 # -- one claim, one paper statement; "matches" as non-inferiority --------------------------------------
-def test_main_scores_split_and_tested_as_non_inferiority_on_strict_match():
+def test_main_scores_split_and_read_on_lenient_clustered_with_strict_beside_it():
+    """Claim 10 on a first-design eval: primary on the lenient metric against the verifier alone and the pooled
+    lossless runs, intervals over distinct questions; strict-match against SpS beside it (same runs), out of reach
+    while SpS's strict-match accuracy is not above twice the margin. Each verdict of the rule is reached."""
     from paper_repro import table_h_eval as h
 
     cl = h.claims(fake_eval(), "full run")
@@ -178,20 +182,35 @@ def test_main_scores_split_and_tested_as_non_inferiority_on_strict_match():
     assert "main-scores" not in keys  # the merged claim is gone
     assert {"main-scores-cactus", "main-scores-tas-gpqa", "tas-arith"} <= set(keys)
     prim = by_key(cl, "main-scores-cactus")
-    assert "strict-match" in prim.how and "-5 points" in prim.decision
-    assert by_key(cl, "main-scores-cactus", "same runs").how.endswith("last integer)")  # lenient beside it
+    assert "lenient extraction" in prim.how and "resampling whole distinct questions" in prim.how
+    assert "-5 points" in prim.decision and "first design" in prim.decision and "eval_v3" in prim.ours
+    # the 300 arith draws of seed 0 are 97 distinct questions (the committed eval's ids)
+    assert prim.units == "97 distinct questions (300 problem-runs)" and "97 distinct questions" in prim.scope
+    assert by_key(cl, "main-scores-cactus", "same runs").how.startswith("the same runs; accuracy by strict-match")
     assert by_key(cl, "main-scores-tas-gpqa").verdict == "out of reach"
     tas = by_key(cl, "tas-arith")
     assert tas.kind == "derived" and tas.scope  # our arithmetic result is scoped, not the paper's GPQA claim
-    # Cactus a little below SpS (about -1 point, interval across 0) is non-inferior at a 5-point margin:
+    # Cactus a little below a lossless run (one part's estimate about -1 point) is non-inferior at a 5-point margin:
     # "matches" is not coded as "beats"
-    res = fake_eval(lenient={"Cactus delta=0.75": -3, "Cactus delta=1": -3}, strict={})
-    d = ev.comparisons(res)["metrics"]["lenient"]["diffs"]["Cactus delta=0.75"]
-    assert d["estimate"] < 0 < d["high"] and -0.05 < d["low"] < 0
-    assert by_key(h.claims(res, "full run"), "main-scores-cactus", "same runs").verdict == "consistent"
-    # Cactus 25 points worse on strict-match: the interval lies below -5: differs (the claim's own metric decides)
-    res = fake_eval(strict={"SpS": 150})
+    res = fake_eval(lenient={"Cactus delta=0.75": -1, "Cactus delta=1": -3})
+    parts = h.first_design_clustered(res)["parts"]
+    assert min(p["estimate"] for p in parts) < 0 and all(p["low"] > -0.05 for p in parts)
+    assert by_key(h.claims(res, "full run"), "main-scores-cactus").verdict == "consistent"
+    # one part's interval reaching below -5 points while its upper end stays above: inconclusive
+    res = fake_eval(lenient={"Cactus delta=0.75": -1, "Cactus delta=1": -12})
+    parts = h.first_design_clustered(res)["parts"]
+    assert min(p["low"] for p in parts) < -0.05 < min(p["high"] for p in parts)
+    assert by_key(h.claims(res, "full run"), "main-scores-cactus").verdict == "inconclusive"
+    # Cactus about 20 points worse than every lossless run: every interval lies below -5: differs
+    res = fake_eval(lenient={"Cactus delta=0.75": -75, "Cactus delta=1": -75})
+    assert all(p["high"] < -0.05 for p in h.first_design_clustered(res)["parts"])
     assert by_key(h.claims(res, "full run"), "main-scores-cactus").verdict == "differs"
+    # strict-match: SpS near 10% cannot reach "differs" (out of reach); raised to ~60%, a 25-point loss differs there
+    low = fake_eval(strict={"SpS": -10})
+    assert low["summary"]["SpS"]["strict_accuracy"] <= 0.10
+    assert by_key(h.claims(low, "full run"), "main-scores-cactus", "same runs").verdict == "out of reach"
+    res = fake_eval(strict={"SpS": 150})
+    assert by_key(h.claims(res, "full run"), "main-scores-cactus", "same runs").verdict == "differs"
 
 
 def test_eval_table_has_holm_the_pooled_lossless_row_and_the_mdd():

@@ -474,6 +474,14 @@ def _strict_or_none(records: list[dict]) -> np.ndarray | None:
     return np.array([bool(r["strict"]) for r in records]) if records and all("strict" in r for r in records) else None
 
 
+def lossless_labels(result: dict) -> list[str]:
+    """The methods of a saved eval that emit exactly the verifier's law, in table order: ``LOSSLESS``, and SpS on a
+    tree (deterministic candidates: lossless by exact law); the pooled lossless reference of ``comparisons``."""
+    labels = [m["label"] for m in result["methods"] if m["label"] in result["summary"]]
+    return [lab for lab in labels if lab in LOSSLESS or any(
+        m["label"] == lab and m.get("key") == "sps" and m.get("tree") for m in result["methods"])]
+
+
 def comparisons(result: dict) -> dict:
     """The accuracy comparisons against SpS of a saved eval, re-derived from its per-problem records:
     for each metric (``"lenient"``: ``correct``, the extracted answer; ``"strict"``: the integer after
@@ -510,9 +518,7 @@ def comparisons(result: dict) -> dict:
         for lab, a in zip(family, adj, strict=True):
             diffs[lab]["holm"] = a
         n = result["summary"][sps]["problems"]
-        # the lossless methods: LOSSLESS, and SpS on a tree (deterministic candidates: lossless by exact law)
-        lossless_all = [lab for lab in labels if lab in LOSSLESS or any(
-            m["label"] == lab and m.get("key") == "sps" and m.get("tree") for m in result["methods"])]
+        lossless_all = lossless_labels(result)
         lossless = [lab for lab in lossless_all if lab != sps]
         disc = [(diffs[lab]["x_only"] + diffs[lab]["y_only"]) / n for lab in lossless]
         entry = {"diffs": diffs, "n": n}
