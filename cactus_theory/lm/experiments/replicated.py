@@ -1016,11 +1016,13 @@ def _reestimation(protocol: Protocol, cfg: RunConfig, out_dir: Path, log):
 
 def evaluate(pair, protocol: Protocol, cfg: RunConfig, out_dir: Path, cache_dir: Path | None = None, *,
              deviations=(), only: list[str] | None = None, amendment: str | None = None, progress: bool = True,
-             calibrate_only: bool = False, lawtests: bool = True, figure: bool = True, log=print) -> dict:
+             calibrate_only: bool = False, lawtests: bool = True, figure: bool = True, log=print,
+             use_shards: bool = True) -> dict:
     """The whole eval: the protocol guard (results under another protocol hash refuse to go on unless
     ``amendment``), decoding (``run_replicated``), the summary (``analyse``), the protocol's claims, the distribution
     tests (``lawtests.run_lawtests``, the protocol's sizes) and ``eval.json`` (format 2), ``eval.md`` and the figure
-    (``figure``)."""
+    (``figure``). ``use_shards``: read and write the protocol's committed shards (eval_v3); a run that deviates
+    from the protocol keeps its decodes in its own cache (the command passes False then)."""
     from ...core.tree_shapes import BudgetTree
     from .protocol import ProtocolChanged
 
@@ -1035,7 +1037,7 @@ def evaluate(pair, protocol: Protocol, cfg: RunConfig, out_dir: Path, cache_dir:
         am = guard(protocol, rec, amendment, where)
         if am is not None:
             amendments.append(am)
-    shards = shard_store(protocol, cfg, "primary")
+    shards = shard_store(protocol, cfg, "primary") if use_shards else None
     for sha in sorted(shards.protocols) if shards is not None else []:  # committed shards of another protocol hash
         am = guard(protocol, sha, amendment, str(shards.root))
         if am is not None and am not in amendments:
@@ -1164,11 +1166,8 @@ def _plan(args, pair: str = "pair"):
     if dev and out.resolve() == committed.resolve():
         raise ValueError(f"--out: a run that deviates from the protocol ({'; '.join(dev)}) does not write the committed "
                          f"results in {committed}: give another --out")
-    if dev and sh is not None:
-        raise ValueError(f"a run that deviates from the protocol ({'; '.join(dev)}) would mix its decodes with the "
-                         f"committed shards of {args.protocol}: run it under a copy of the protocol without "
-                         "design.shards")
     args.out_dir = out
+    args.use_shards = sh is not None and not dev  # a deviating run keeps its decodes in its own cache only
     return protocol, cfg, dev, only
 
 
@@ -1195,7 +1194,7 @@ def check(args) -> None:
     check_device(args.device)
     if args.draft_path is not None:
         check_draft_file(args.draft_path, "--draft-path")
-    elif args.draft == "embedded" and not (args.sweep is False and complete_in_shards(
+    elif args.draft == "embedded" and not (args.use_shards and args.sweep is False and complete_in_shards(
             protocol, replace(cfg, pair=pair_id(args.draft, args.verifier)), only)):
         check_draft_built(args.verifier)  # not built yet: say so now, not after the verifier loads
 
@@ -1237,10 +1236,12 @@ def run(args) -> int:
     cfg.pair = pair_id(args.draft, args.verifier, args.draft_path)
     load = _loader(args, cfg, not args.no_progress)
     if args.sweep:
+        if dev:
+            raise ValueError(f"--sweep reads the primary run's committed shards: it takes no deviation ({'; '.join(dev)})")
         return run_sweep(load, protocol, cfg, args)
     res = evaluate(load, protocol, cfg, args.out_dir, args.cache, deviations=dev, only=only,
                    amendment=args.amend_protocol, progress=not args.no_progress,
-                   calibrate_only=args.calibrate_only, lawtests=not args.no_lawtests)
+                   calibrate_only=args.calibrate_only, lawtests=not args.no_lawtests, use_shards=args.use_shards)
     if args.calibrate_only:
         return 0
     print(format_report(res))

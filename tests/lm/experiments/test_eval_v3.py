@@ -324,3 +324,15 @@ def test_committed_shards_of_another_protocol_hash_refuse_without_an_amendment(t
                       figure=False, log=lambda *_: None, amendment="margin typo")
     assert [a["reason"] for a in res["protocol"]["amendments"]] == ["margin typo"]
     assert res["protocol"]["amendments"][0]["from"] == proto.sha256
+
+
+def test_a_run_without_the_shards_writes_none(tmp_path):
+    """What the command does for a run that deviates from the protocol: its decodes stay in its own cache."""
+    proto = _protocol(tmp_path, reestimation={"after_batches": 99, "max_replicates": 2, "when": "", "statistic": "",
+                                              "rule": ""})
+    out = tmp_path / "elsewhere"
+    cfg, _ = rp.RunConfig.from_protocol(proto, "tiny-ragged")
+    res = rp.evaluate(RAGGED, proto, cfg, out, progress=False, lawtests=False, figure=False, log=lambda *_: None,
+                      use_shards=False)
+    assert "shards" not in res and not (tmp_path / "results").exists()
+    assert any((out / "cache").rglob("b*.json"))
