@@ -75,3 +75,21 @@ def tiny_llama(seed: int, vocab: int = 10, hidden: int = 16, layers: int = 2, ct
         for p in m.parameters():
             p.mul_(scale)
     return m
+
+
+def holm_written_out(p, alpha: float = 0.05) -> tuple[list[float], set[int]]:
+    """Holm's step-down, written out (the tests' reference for every Holm the project computes): the adjusted
+    p-values (running maximum of ``(m - rank) p`` over the sorted p-values, capped at 1) and the rejected set (walk
+    up the sorted p-values while ``p_(i) <= alpha / (m - i)``, 0-based ``i``)."""
+    m = len(p)
+    order = sorted(range(m), key=lambda i: p[i])
+    adj, running = [0.0] * m, 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p[i]))
+        adj[i] = running
+    rejected = set()
+    for rank, i in enumerate(order):
+        if p[i] > alpha / (m - rank):
+            break
+        rejected.add(i)
+    return adj, rejected

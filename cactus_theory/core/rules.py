@@ -1414,8 +1414,25 @@ def fsd_divergence(p: Array, q: Array, divergence: str = "js_div") -> Array:
         return (xp.sum(xlogy(m, m) - xlogy(m, p), axis=-1) + xp.sum(xlogy(m, m) - xlogy(m, q), axis=-1)) / 2
 
 
+class _ReadsDraftRow:
+    """For a rule that reads the draft's whole row (``reads_draft_row``): its statistics come in pairs of rows
+    (``pair_stats_at`` / ``pair_stats_all``); the ``q``-only entry points refuse by name."""
+
+    def _unpaired(self):
+        raise ValueError(f"{self!r} reads the draft's whole row p (reads_draft_row): use pair_stats_at(p, q, n)")
+
+    def row_stats(self, q):
+        self._unpaired()
+
+    def stats_at(self, q, n):
+        self._unpaired()
+
+    def stats_all(self, q):
+        self._unpaired()
+
+
 @dataclass(frozen=True)
-class FSD(Rule):
+class FSD(_ReadsDraftRow, Rule):
     """Fuzzy Speculative Decoding (Holsman, Huang, Dhingra, arXiv 2502.20704, ACL Findings 2025): every draft at a
     position is accepted iff the draft's and the verifier's rows are within ``threshold`` of each other, and on
     rejection the verifier's row is sampled (no residual):
@@ -1450,18 +1467,6 @@ class FSD(Rule):
         xp = xp_of(p, q)
         d = fsd_divergence(xp.astype(p, xp.float64), xp.astype(q, xp.float64), self.divergence)
         return xp.astype(d <= self.threshold, q.dtype)
-
-    def _unpaired(self):
-        raise ValueError(f"{self!r} reads the draft's whole row p (reads_draft_row): use pair_stats_at(p, q, n)")
-
-    def row_stats(self, q):
-        self._unpaired()
-
-    def stats_at(self, q, n):
-        self._unpaired()
-
-    def stats_all(self, q):
-        self._unpaired()
 
     def pair_stats_at(self, p, q, n):
         return (self.gate(p, q),)
@@ -1651,7 +1656,7 @@ MAX_PIN = "modular/modular@105920b9a352f04e4ec176a470c8d1cc1981694c"
 
 
 @dataclass(frozen=True)
-class RowTarget(Rule):
+class RowTarget(_ReadsDraftRow, Rule):
     """Generalised speculative sampling (Theorem 1) towards a target ``h(p, q)`` read from the whole pair of rows,
     the same for every drafted token:
 
@@ -1667,18 +1672,6 @@ class RowTarget(Rule):
     def target_row(self, p: Array, q: Array) -> Array:
         """``h`` (..., V) from the rows ``p`` and ``q`` (..., V)."""
         raise NotImplementedError
-
-    def _unpaired(self):
-        raise ValueError(f"{self!r} reads the draft's whole row p (reads_draft_row): use pair_stats_at(p, q, n)")
-
-    def row_stats(self, q):
-        self._unpaired()
-
-    def stats_at(self, q, n):
-        self._unpaired()
-
-    def stats_all(self, q):
-        self._unpaired()
 
     def pair_stats_at(self, p, q, n):
         return (gather(self.target_row(p, q), n),)

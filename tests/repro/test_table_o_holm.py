@@ -13,6 +13,7 @@ import pytest
 
 from paper_repro import table_o_sequence_budget as o
 from paper_repro.common import RESULTS
+from tests.helpers import holm_written_out
 
 Z = NormalDist().inv_cdf
 
@@ -28,29 +29,12 @@ def _p_from_interval(est, lo, hi):
     return math.erfc(abs(est) / se / math.sqrt(2))
 
 
-def _holm_direct(p, alpha=0.05):
-    """Holm's step-down, written out: the adjusted p-values (running maximum of (m - rank) p over the sorted
-    p-values, capped at 1) and the rejected set (walk up the sorted p-values while p_(i) <= alpha / (m - i))."""
-    m = len(p)
-    order = sorted(range(m), key=lambda i: p[i])
-    adj, running = [0.0] * m, 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (m - rank) * p[i]))
-        adj[i] = running
-    rejected = set()
-    for rank, i in enumerate(order):
-        if p[i] > alpha / (m - rank):
-            break
-        rejected.add(i)
-    return adj, rejected
-
-
 def test_holm_over_the_al_family_matches_a_direct_step_down(d):
     rr = o.reread(d)
     comps = d["comparisons"]
     p = [_p_from_interval(*c["al_diff"]) for c in comps]
     assert [r["al_p"] for r in rr] == pytest.approx(p, rel=1e-9)
-    adj, rejected = _holm_direct(p)
+    adj, rejected = holm_written_out(p)
     assert [r["al_holm"] for r in rr] == pytest.approx(adj, rel=1e-9)
     assert {i for i, r in enumerate(rr) if r["al_holm"] < 0.05} == rejected
     # Holm alone: 0 higher, 3 lower (B = 0.5, 1, 2 spend_down), 5 inconclusive; B = 4 spend_down (raw p 0.015) is no
@@ -68,7 +52,7 @@ def test_holm_direct_agrees_with_the_library_on_random_families():
     for _ in range(200):
         m = int(rng.integers(1, 12))
         p = list(rng.uniform(0, 1, m) ** rng.uniform(0.3, 4))
-        adj, rejected = _holm_direct(p)
+        adj, rejected = holm_written_out(p)
         assert holm(p) == pytest.approx(adj, rel=1e-12, abs=1e-15)
         assert {i for i, a in enumerate(holm(p)) if a <= 0.05} == rejected
 

@@ -19,6 +19,7 @@ from scipy import stats as sps
 
 from cactus_theory.sampler import verify
 from cactus_theory.theory.check import check_sampler
+from tests.helpers import holm_written_out
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -26,17 +27,6 @@ ALPHA, SEEDS, LEVEL = 0.05, 1000, 1e-3
 _rng = np.random.default_rng(5)
 P = _rng.dirichlet(np.full(4, 2.0), size=2)
 Q = _rng.dirichlet(np.full(4, 2.0), size=3)
-
-
-def _holm(pvalues: list[float]) -> list[float]:
-    """Holm's step-down: sorted ascending, ``adj_(i) = max_{j <= i} min(1, (m - j) p_(j))`` (0-based ``j``)."""
-    m = len(pvalues)
-    order = sorted(range(m), key=lambda i: pvalues[i])
-    out, running = [0.0] * m, 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (m - rank) * pvalues[i]))
-        out[i] = running
-    return out
 
 
 def _two_sided_region(n: int, p: float, level: float) -> tuple[int, int]:
@@ -62,7 +52,7 @@ def test_check_sampler_holds_its_size_and_its_holm_family():
         res = check_sampler(verify, P, Q, num_samples=300, alpha=ALPHA, seed=seed)
         assert set(res.parts) == set(raw) and not res.not_testable
         names = list(res.parts)
-        adj = _holm([res.parts[k].pvalue for k in names])
+        adj = holm_written_out([res.parts[k].pvalue for k in names])[0]
         for k, a in zip(names, adj, strict=True):
             assert res.parts[k].holm == pytest.approx(a, abs=1e-12)
             raw[k] += res.parts[k].pvalue < ALPHA

@@ -39,6 +39,7 @@ from cactus_theory.lm.experiments import replicated as rp
 from cactus_theory.lm.experiments import tasks
 from cactus_theory.lm.experiments.eval import methods
 from cactus_theory.lm.experiments.protocol import PROTOCOLS, ProtocolChanged, load_protocol
+from tests.helpers import holm_written_out
 from tests.lm.experiments.test_eval import ALPHABET, PAIR, CharTokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -122,16 +123,6 @@ def test_a_row_s_tokens_do_not_depend_on_its_batch():
 
 # -- the pilot, end to end ----------------------------------------------------------------------------
 
-def _holm(ps):
-    """Holm's step-down adjustment, written out."""
-    order = sorted(range(len(ps)), key=lambda i: ps[i])
-    out, run = [0.0] * len(ps), 0.0
-    for rank, i in enumerate(order):
-        run = max(run, min(1.0, (len(ps) - rank) * ps[i]))
-        out[i] = run
-    return out
-
-
 def test_pilot_end_to_end(tmp_path, monkeypatch):
     cfg, dev = rp.RunConfig.from_protocol(PROTO, "tiny-ragged", **PILOT)
     logged = []
@@ -197,7 +188,7 @@ def test_pilot_end_to_end(tmp_path, monkeypatch):
         # each method decoded every batch, in a per-batch order that differs between batches
         pos = [[b["position"] for b in saved["rows"][t]["timing"][lab]] for lab in rows]
         assert len({tuple(p) for p in zip(*pos, strict=True)}) > 1
-    assert [v["holm"] for _, _, v in fam] == pytest.approx(_holm([v["p_noninferior"] for _, _, v in fam]))
+    assert [v["holm"] for _, _, v in fam] == pytest.approx(holm_written_out([v["p_noninferior"] for _, _, v in fam])[0])
     assert S["family"]["size"] == len(fam) == 2 * 4
     # printed as stored (one computation): the Cactus row's accuracy and difference cells come from the JSON
     e = S["tasks"]["add_wide"]["metrics"]["lenient"]["methods"]["Cactus delta=1"]
