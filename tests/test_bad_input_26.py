@@ -68,6 +68,9 @@ CLI_CASES = [
     (["verify", "--cases", "0"], "--cases"),
     (["build-draft", "--epochs", "1.5"], "--epochs"),
     (["eval", "--rules", "nosuch"], "--rules: unknown ['nosuch']"),
+    (["eval", "--rounds", "3"], "--rounds goes with --wall-clock"),
+    (["eval", "--wall-clock", "--sweep"], "--wall-clock and --sweep are two runs"),
+    (["eval", "--wall-clock", "--rounds", "2"], "rounds: at least 5 in the protocol's wall clock, 2 in this run"),
 ]
 HEAVY = ("torch", "scipy", "cvxpy", "transformers")
 SLOW_S = 10.0  # per refusal, generous for a busy 2-core machine: the depth-10^9 trees took > 60 s before

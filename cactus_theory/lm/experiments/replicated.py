@@ -189,8 +189,9 @@ def lossless_labels(infos: list[dict]) -> list[str]:
 
 # -- decoding -------------------------------------------------------------------------------------
 
-def _decode(pair, problems: list, rows: list, method: Method, cfg: RunConfig, task: str) -> dict:
-    """One batch: texts scored, per-row counters, the decode seconds (the loop's, KL tracking excluded)."""
+def _decode(pair, problems: list, rows: list, method: Method, cfg: RunConfig, task: str, track_kl: bool = True) -> dict:
+    """One batch: texts scored, per-row counters, the decode seconds (the loop's, KL tracking excluded).
+    ``track_kl=False`` (the wall-clock benchmark) skips the exact step KL: same tokens, KL counters zero."""
     from ..loop import autoregressive_generate, speculative_generate, tree_generate
 
     prompts = [problems[q].question for q, _ in rows]
@@ -201,7 +202,7 @@ def _decode(pair, problems: list, rows: list, method: Method, cfg: RunConfig, ta
     elif method.tree is not None:
         res = tree_generate(pair, prompts, method.rule, method.tree, "deterministic", **kw)
     else:
-        res = speculative_generate(pair, prompts, method.rule, k=cfg.k, **kw)
+        res = speculative_generate(pair, prompts, method.rule, k=cfg.k, track_kl=track_kl, **kw)
     recs = []
     for (q, r), s, text, sc, toks in zip(rows, seeds, res.texts, res.per_sequence, res.tokens, strict=True):
         pred = tasks.extract_answer(text)
@@ -1132,6 +1133,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sweep", action="store_true",
                         help="run the protocol's secondary sweep (design.sweep: the other rules at R = 1 on its "
                              "questions, the primary run's lossless runs as the reference) instead of the primary run")
+    parser.add_argument("--wall-clock", action="store_true",
+                        help="run the protocol's wall-clock benchmark (analysis.wall_clock: the first 24 questions of "
+                             "each task, batch 1, one thread, interleaved rounds of the primary methods; run it on a "
+                             "quiet machine) into <out>/wall_clock.json instead of the primary run")
+    parser.add_argument("--rounds", type=positive_int, default=None,
+                        help="with --wall-clock: interleaved rounds (the protocol's at least 5; fewer is a deviation)")
 
 
 def _overrides(args) -> dict:
@@ -1160,6 +1167,19 @@ def _plan(args, pair: str = "pair"):
     protocol_methods(protocol, only, [BudgetTree(*t) for t in cfg.trees])
     if args.sweep and "sweep" not in protocol.design:
         raise ValueError(f"--sweep: the protocol {args.protocol} has no design.sweep")
+    rounds = getattr(args, "rounds", None)
+    if rounds is not None and not getattr(args, "wall_clock", False):
+        raise ValueError(f"--rounds goes with --wall-clock, got --rounds {rounds} without it")
+    if getattr(args, "wall_clock", False):
+        from .wallclock import ROUNDS
+
+        if args.sweep:
+            raise ValueError("--wall-clock and --sweep are two runs: give one")
+        if "wall_clock" not in protocol.analysis:
+            raise ValueError(f"--wall-clock: the protocol {args.protocol} has no analysis.wall_clock")
+        args.rounds = ROUNDS if rounds is None else rounds
+        if args.rounds < ROUNDS:
+            dev.append(f"rounds: at least {ROUNDS} in the protocol's wall clock, {args.rounds} in this run")
     sh = protocol.design.get("shards")
     committed = protocol_dir_of(protocol)
     out = committed if args.out is None else Path(args.out)
@@ -1194,7 +1214,8 @@ def check(args) -> None:
     check_device(args.device)
     if args.draft_path is not None:
         check_draft_file(args.draft_path, "--draft-path")
-    elif args.draft == "embedded" and not (args.use_shards and args.sweep is False and complete_in_shards(
+    elif args.draft == "embedded" and not (args.use_shards and not args.sweep and not getattr(args, "wall_clock", False)
+                                           and complete_in_shards(
             protocol, replace(cfg, pair=pair_id(args.draft, args.verifier)), only)):
         check_draft_built(args.verifier)  # not built yet: say so now, not after the verifier loads
 
@@ -1239,6 +1260,10 @@ def run(args) -> int:
         if dev:
             raise ValueError(f"--sweep reads the primary run's committed shards: it takes no deviation ({'; '.join(dev)})")
         return run_sweep(load, protocol, cfg, args)
+    if getattr(args, "wall_clock", False):
+        from . import wallclock
+
+        return wallclock.run(load, protocol, cfg, args)
     res = evaluate(load, protocol, cfg, args.out_dir, args.cache, deviations=dev, only=only,
                    amendment=args.amend_protocol, progress=not args.no_progress,
                    calibrate_only=args.calibrate_only, lawtests=not args.no_lawtests, use_shards=args.use_shards)
