@@ -143,6 +143,12 @@ STEPS: list[Step] = [
          "additive / multiplicative relaxed, top-m, entropy-thresholded, greedy-tree top-m coverage): closed forms "
          "(`theory.certificates`) against cvxpy, margin bounds, the registry rules inside the radius",
          "- (arXiv 2606.30265)", "~1 min", section=True),
+    Step("q", "table_q_graphcore_grid",
+         "`results/table_q_graphcore_grid.md`: **our result**, by a pre-registered protocol "
+         "(`protocols/graphcore_grid_v1.json`): relaxed-spec-dec-repro's relaxation grid (ens, spec-casc-opt / -tok, "
+         "mentored-dec, spec-cont-dec, r-fuzzy, always-accept) at the one-step level, exact acceptance and KL per "
+         "setting on random and LM-derived pairs, beside Cactus at equal KL; a verdict per rule",
+         "- (relaxed-spec-dec-repro's grid, issue 42)", "~15 s", section=True),
 ]
 """The steps in run order (``c`` after ``e``: its LM panel reads the rows ``e`` saves)."""
 

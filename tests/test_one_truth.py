@@ -156,7 +156,7 @@ def test_committed_results_keys_are_their_configs_keys():
 
 
 @pytest.mark.parametrize("module", ["fig_b_gamma", "fig_c_tradeoff", "fig_d_gamma_delta",
-                                    "fig_i_multi_draft", "table_g_production"])
+                                    "fig_i_multi_draft", "table_g_production", "table_q_graphcore_grid"])
 def test_the_steps_configs_give_the_committed_keys(module):
     import importlib
 
