@@ -19,6 +19,7 @@ import json
 import math
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 
@@ -39,6 +40,7 @@ from .paper_numbers import MAIN_TABLE, OTHER, SETUP, main_table_markdown
 
 NAME = "table_h_eval"
 FULL = ROOT / "paper_repro" / "results" / "eval" / "eval.json"
+FULL_V3 = ROOT / "paper_repro" / "results" / "eval_v3" / "eval.json"  # the pre-registered eval_v3, once complete
 REDUCED = {"problems": 48, "max_new_tokens": 128, "batch_size": 16, "k": 4,
            "lawtest_prompts": 5, "lawtest_draws": 20_000, "loop_draws": 1000}
 FAST = {"problems": 4, "max_new_tokens": 8, "batch_size": 2, "k": 2,
@@ -103,10 +105,15 @@ def compute(ctx: Ctx, cfg: dict) -> dict:
 def full_result(ctx: Ctx, pair: str) -> dict | None:
     """The committed ``make eval`` result, if it was made with this pair: result format 1 (one decode per
     problem, ``claims``) or 2 (the replicated eval of issue 25, ``claims_v2``; ``"format": 2``)."""
-    if ctx.fast or not FULL.exists():
+    if ctx.fast:
         return None
-    res = json.loads(FULL.read_text())
-    return res if res.get("config", {}).get("pair") == pair else None
+    for path in (FULL_V3, FULL):  # eval_v3's assembled run first: it decides; the first design is history then
+        if path.exists():
+            res = json.loads(path.read_text())
+            if res.get("config", {}).get("pair") == pair:
+                res["_source"] = str(path)  # which run this is (in memory only)
+                return res
+    return None
 
 
 # -- verdicts (the claims ledger: cactus_theory.claims) ----------------------------------------------
@@ -577,10 +584,13 @@ def claims_v2(res: dict) -> list[Claim]:
                      verdict="out of reach", paper=OTHER["gpqa_8b_tas"], source=NAME,
                      detail="GPQA and a Qwen3-8B verifier need the dataset and a GPU (results we derived: TAS on the "
                             "eval's tasks)"))
+    tas_key = "tas-scores" if "tas-scores" in a["claims"] else "tas-arith"  # eval_v3 / eval_v2
     for metric, role in ((prim, "primary"), (other, "same runs")):
-        out.append(ni_claim("tas-arith", "TAS does not lose accuracy against the lossless runs (non-inferiority, "
+        out.append(ni_claim(tas_key, "TAS does not lose accuracy against the lossless runs (non-inferiority, "
                             f"margin {m_pts:g} points, on every task of the eval)", "derived from the main table's GSM8K "
                             "column", "derived", "", metric, role))
+    if "aa-equivalence" in res.get("claims", {}):
+        out.append(aa_claim(res, sc, units))
     # acceptance, per task
     lab = {m["key"]: m["label"] for m in res["methods"] if not m.get("tree") and m["key"] not in ("cactus", None)}
     cac = [m["label"] for m in res["methods"] if m["key"] == "cactus" and not m.get("tree")
@@ -608,6 +618,10 @@ def claims_v2(res: dict) -> list[Claim]:
                      decision=f"each of the {len(parts)} parts (AL minus SpS's > 0, Rej < 0, per rule and task) must "
                               "have its 95% interval on the claimed side of 0; the weakest part decides",
                      family=f"a conjunction of {len(parts)} one-sided claims (intersection-union test): no adjustment"))
+    if "wall-clock" not in a["claims"]:  # eval_v3: read from the interleaved benchmark, never from the batches
+        out.append(wall_clock_claim_v3(res, wall_clock_summary()))
+        out.append(make_missing_ablation(res))
+        return out
     # wall clock: the protocol's primary wall-clock metric, per task
     wkey = {"time_per_problem": "time_per_problem", "tokens_per_s": "tokens_per_s_ratio",
             "length_adjusted": "length_adjusted"}[a["wall_clock_primary"]]
@@ -635,6 +649,62 @@ def claims_v2(res: dict) -> list[Claim]:
                      decision=a["decision_rules"]["wall_clock"]))
     out.append(make_missing_ablation(res))
     return out
+
+
+AA_VERDICT = {"equivalent within the margin": "holds", "differs": "differs", "inconclusive": "inconclusive"}
+
+
+def aa_claim(res: dict, sc: str, units: str) -> Claim:
+    """eval_v3's A/A claim (``replicated.aa_equivalence``): the two lossless methods agree. A check of our own loop
+    and sampler: 'equivalent within the margin' reads "holds", an interval that excludes 0 "differs"."""
+    aa = res["claims"]["aa-equivalence"]
+    a = res["protocol"]["content"]["analysis"]
+    base, sps = aa["methods"]
+    m = 100 * aa["margin"]
+    return Claim(key="aa-equivalence", claim=f"the two lossless methods ({base}, {sps}) have the same accuracy: "
+                 f"equivalent within +-{m:g} points, no difference detected", ref="Theorem 1 (SpS is lossless)",
+                 kind="code", how=(f"per question (verifier alone's mean of its runs) minus (SpS's), pooled over the "
+                                   f"tasks, {aa['questions']:,} questions, 95% Student-t interval over questions"),
+                 ours=(f"{100 * aa['estimate']:+.2f} [{100 * aa['low']:+.2f}, {100 * aa['high']:+.2f}] points: "
+                       f"{aa['verdict']}"),
+                 verdict=AA_VERDICT[aa["verdict"]], source=NAME, units=units, scope=sc,
+                 decision=a["decision_rules"]["aa_equivalence"],
+                 family="its own claim (the protocol's A/A equivalence), two one-sided tests at 0.025")
+
+
+def wall_clock_summary() -> dict | None:
+    """The committed wall-clock benchmark of eval_v3 (``cactus-theory eval --wall-clock``), or None."""
+    path = FULL_V3.parent / "wall_clock_summary.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def wall_clock_claim_v3(res: dict, w: dict | None) -> Claim:
+    """eval_v3's wall-clock claim from its interleaved benchmark (``lm.experiments.wallclock``): the time per problem
+    of Cactus delta = 1 over the verifier alone's, pooled over the tasks, t-interval over rounds; "not run yet" reads
+    inconclusive, never a number from the eval's batches."""
+    a = res["protocol"]["content"]["analysis"]
+    base = dict(key="wall-clock", claim="Cactus delta = 1.0 answers faster than the verifier alone",
+                ref="wall-clock experiment", kind="paper", paper=OTHER["speedup"], source=NAME,
+                decision=a["wall_clock"])
+    if w is None:
+        return Claim(**base, how="the protocol's interleaved benchmark (`cactus-theory eval --wall-clock`, a quiet "
+                     "machine)", ours="not run yet", verdict="inconclusive", detail="the eval's batch seconds are "
+                     "reported in section h as such, never as this claim's evidence")
+    c = w["claim"]
+    wsc = f"{SCOPE_MODEL} + embedded draft, {w['cpu']}, batch 1, one thread, tasks {' and '.join(w['tasks'])}"
+    rows = "; ".join(f"{name}: {_wall_text({'time_per_problem': _trio(m['time_per_problem']), 'tokens_per_s_ratio': _trio(m['tokens_per_s_ratio'])})}"
+                     for name, sc in w["scopes"].items() for lab, m in sc["methods"].items() if lab == c["method"])
+    return Claim(**base, how=(f"{w['rounds']} interleaved rounds of every primary method on the first {w['questions']} "
+                              "questions of each task (the eval's row seeds), random order per round; time per problem "
+                              "(the verifier alone's seconds over the method's, same rows), 95% t-interval over rounds of "
+                              "the log ratio; tokens/s beside it"),
+                 ours=rows, verdict=c["verdict"], scope=wsc if c["verdict"] != "out of reach" else "",
+                 units=f"{w['rounds']} rounds", detail=f"verifier alone's drift over rounds "
+                 f"{w['scopes']['pooled']['drift_verifier_alone']:.3f} (max / min tokens/s)")
+
+
+def _trio(r: dict) -> list[float]:
+    return [r["ratio"], *r["ci"]]
 
 
 def make_missing_ablation(res: dict) -> Claim:
@@ -718,6 +788,13 @@ def markdown_v2(reduced: dict, full: dict) -> str:
              "the per-question mean of the replicates); difference vs the pooled lossless runs in points, with the "
              "one-sided non-inferiority p-value at the margin, raw and Holm-adjusted over the family; ratios to the "
              "verifier alone: t-intervals over full batches.", "", format_report(full), ""]
+    here = Path(full.get("_source", FULL)).parent
+    for name, what in (("wall_clock.md", "The wall clock (the protocol's interleaved benchmark, `cactus-theory eval "
+                        "--wall-clock`; the claim's evidence):"),
+                       ("sweep.md", "The secondary sweep (`cactus-theory eval --sweep`; estimates, Holm for "
+                        "'differs', never 'consistent'):")):
+        if (here / name).exists():
+            parts += [what, "", (here / name).read_text().strip(), ""]
     rc = reduced["config"]
     parts += [f"Reduced run (`make repro`; the first eval design: one decode per problem, a seed per batch): task "
               f"`{rc['task']}`, {rc['problems']} problems, k = {rc['k']}.", "", format_table(reduced), ""]
@@ -761,7 +838,7 @@ def run_v2(ctx: Ctx, reduced: dict, full: dict, t0: float) -> StepResult:
     from cactus_theory.lm.experiments.replicated import format_report, plot_accuracy_vs_al
     from cactus_theory.util.atomic import atomic_write_text
 
-    table, md = format_report(full) + "\n", FULL.with_suffix(".md")
+    table, md = format_report(full) + "\n", Path(full.get("_source", FULL)).with_suffix(".md")
     if not md.exists() or md.read_text() != table:
         atomic_write_text(md, table)
     figs = save_figure(plot_accuracy_vs_al(full), ctx, "fig_h_eval")

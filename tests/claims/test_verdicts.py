@@ -422,3 +422,60 @@ def test_results_derived_on_toy_or_random_pairs_name_them_whatever_the_verdict()
                 assert cl.scope and ("pairs" in cl.scope), (cl.key, cl.scope)
                 assert cl.label.startswith(cl.verdict) and cl.scope in cl.label
     assert seen == toy_keys
+
+
+def test_step_h_reads_eval_v3_claims_the_aa_check_and_the_benchmarks_wall_clock(monkeypatch):
+    """An eval_v3 result (format 2 under eval_v3.json, built by the real analysis from constructed rows): step h
+    reads its two accuracy claims by their protocol keys, the A/A equivalence as a check of our loop (its verdict
+    mapped from the protocol's wording), and the wall clock only from the interleaved benchmark: "not run yet" is
+    inconclusive, never a number from the eval's batches; with a benchmark summary, its verdict."""
+    from cactus_theory.lm.experiments import replicated as rp
+    from cactus_theory.lm.experiments import wallclock as wc
+    from cactus_theory.lm.experiments.protocol import load_protocol
+    from cactus_theory.lm.experiments.tasks import Problem
+    from paper_repro import table_h_eval as h
+    from tests.lm.experiments.test_wallclock import _record
+
+    monkeypatch.setattr(rp, "N_BOOT", 300)
+    proto = load_protocol()  # eval_v3
+    info = [rp.method_info(m) for m in rp.protocol_methods(proto)]
+    cfg, _ = rp.RunConfig.from_protocol(proto, "fake", questions=60)
+    rng = np.random.default_rng(5)
+    raw = {"tasks": {}}
+    for t in cfg.tasks:
+        p = rng.beta(2, 3, 60)
+        recs = {}
+        for m in info:
+            out = rng.random((60, 3)) < p[:, None]
+            spec = m["key"] is not None
+            recs[m["label"]] = [{"q": q, "r": r, "correct": bool(out[q, r]), "strict": bool(out[q, r]),
+                                 "new_tokens": 20, "steps": 10 if spec else 20, "accepted": 12 if spec else 0,
+                                 "drafted": 40 if spec else 0, "kl_sum": 0.0, "kl_count": 1, "nll_sum": 1.0,
+                                 "nll_count": 20} for r in range(3) for q in range(60)]
+        timing = {m["label"]: [{"batch": b, "rows": 32, "tokens": 600, "position": 0, "seconds": 1.0 + 0.01 * b}
+                               for b in range(4)] for m in info}
+        raw["tasks"][t] = {"problems": [Problem(f"{t}/{i}", f"q{i}", 1) for i in range(60)], "records": recs,
+                           "timing": timing}
+    res = {"format": 2, "protocol": {"path": str(proto.path), "sha256": proto.sha256, "content": proto.content},
+           "config": cfg.as_dict(), "methods": info}
+    res["summary"] = rp.analyse(raw, info, {**proto.analysis, "aa_splits": 10}, cfg)
+    res["claims"] = rp.claim_verdicts(res)
+    res["claims"]["aa-equivalence"] = aa = rp.aa_equivalence(raw, "verifier alone", "SpS", 60, 3, proto.margin)
+    monkeypatch.setattr(h, "wall_clock_summary", lambda: None)
+    cl = h.claims_v2(res)
+    keys = [c.key for c in cl]
+    assert {"main-scores-cactus", "tas-scores", "aa-equivalence", "wall-clock"} <= set(keys)
+    assert "tas-arith" not in keys
+    a = by_key(cl, "aa-equivalence")
+    assert a.kind == "code" and a.verdict == {"equivalent within the margin": "holds", "differs": "differs",
+                                              "inconclusive": "inconclusive"}[aa["verdict"]]
+    assert f"{100 * aa['low']:+.2f}" in a.ours and f"{aa['questions']:,} questions" in a.how
+    w = by_key(cl, "wall-clock")
+    assert w.verdict == "inconclusive" and w.ours == "not run yet"
+    for scale, want in ((0.5, "consistent"), (2.0, "differs")):
+        base = [10.0, 10.5, 9.8, 10.2, 10.1]
+        summ = wc.analyse_wall_clock(_record({"verifier alone": base, "Cactus delta=1": [b * scale for b in base]},
+                                             {"verifier alone": 100, "Cactus delta=1": 100}))
+        monkeypatch.setattr(h, "wall_clock_summary", lambda s=summ: s)
+        w = by_key(h.claims_v2(res), "wall-clock")
+        assert w.verdict == want == summ["claim"]["verdict"] and f"{1 / scale:.2f}x" in w.ours
