@@ -48,6 +48,11 @@ eval: setup
 eval-sweep: setup
 	$(BIN)/cactus-theory eval --sweep $(if $(EVAL_THREADS),--threads $(EVAL_THREADS)) $(EVAL_ARGS)
 
+# the wall-clock claim's evidence: the protocol's interleaved benchmark (first 24 questions of each task, batch 1, one
+# thread, >= 5 rounds); run it on a quiet machine (nothing else running); rounds are saved as they finish
+eval-wall: setup
+	$(BIN)/cactus-theory eval --wall-clock $(EVAL_ARGS)
+
 # planted wrong ports (tests/mutants.py): each must turn a test red or be proven harmless; prints the table
 # port | caught by | harmless because. Not part of `make test`. Some ports: make mutants PORTS=id1,id2
 mutants: setup
