@@ -1263,7 +1263,7 @@ def run(args) -> int:
     if getattr(args, "wall_clock", False):
         from . import wallclock
 
-        return wallclock.run(load, protocol, cfg, args)
+        return wallclock.run(load, protocol, cfg, args, protocol_methods(protocol), _decode)
     res = evaluate(load, protocol, cfg, args.out_dir, args.cache, deviations=dev, only=only,
                    amendment=args.amend_protocol, progress=not args.no_progress,
                    calibrate_only=args.calibrate_only, lawtests=not args.no_lawtests, use_shards=args.use_shards)

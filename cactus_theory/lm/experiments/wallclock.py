@@ -53,18 +53,17 @@ def plan_orders(labels: list[str], rounds: int, seed: int) -> list[list[str]]:
     return [[labels[i] for i in rng.permutation(len(labels))] for _ in range(rounds)]
 
 
-def one_pass(pair, problems: dict, method, cfg, questions: int) -> dict:
-    """One job: ``method`` decodes rows (q, 0), q < ``questions``, of every task one at a time; per task the wall
-    seconds of each row's decode call (``time.perf_counter`` around it), the tokens each row emitted and the
-    verifier calls (AL = tokens / calls)."""
-    from .replicated import _decode
-
+def one_pass(pair, problems: dict, method, cfg, questions: int, decode) -> dict:
+    """One job: ``method`` decodes rows (q, 0), q < ``questions``, of every task one at a time through ``decode`` (the
+    eval's batch decode, ``replicated._decode``, passed in by the eval command); per task the wall seconds of each
+    row's decode call (``time.perf_counter`` around it), the tokens each row emitted and the verifier calls (AL =
+    tokens / calls)."""
     out = {}
     for t, probs in problems.items():
         secs, toks, calls = [], [], []
         for q in range(questions):
             t0 = time.perf_counter()
-            got = _decode(pair, probs, [(q, 0)], method, cfg, t, track_kl=False)
+            got = decode(pair, probs, [(q, 0)], method, cfg, t, track_kl=False)
             secs.append(time.perf_counter() - t0)
             rec = got["records"][0]
             toks.append(len(rec["tokens"]))
@@ -83,7 +82,7 @@ def _meta(protocol, cfg, labels: list[str], seed: int) -> dict:
             "cpu": cpu_model()}
 
 
-def run_wall_clock(pair, protocol, cfg, methods: list, path: Path, rounds: int = ROUNDS, seed: int = 0,
+def run_wall_clock(pair, protocol, cfg, methods: list, path: Path, decode, rounds: int = ROUNDS, seed: int = 0,
                    progress: bool = True, log=print) -> dict:
     """Decode ``rounds`` interleaved rounds (``plan_orders``) of ``one_pass`` for every method in ``methods`` (the
     protocol's primary methods, the verifier alone first), appending each finished round to ``path`` (atomic); a
@@ -118,7 +117,7 @@ def run_wall_clock(pair, protocol, cfg, methods: list, path: Path, rounds: int =
         for j, label in enumerate(orders[r]):
             if progress:
                 log(f"wall clock: round {r + 1}/{rounds}, job {j + 1}/{len(labels)}: {label}")
-            jobs[label] = one_pass(pair, problems, by_label[label], one, QUESTIONS)
+            jobs[label] = one_pass(pair, problems, by_label[label], one, QUESTIONS, decode)
         rec["rounds"].append({"order": orders[r], "load_before": load, "jobs": jobs})
         atomic_write_json(path, rec)
     return rec
@@ -197,13 +196,11 @@ def format_wall_clock(res: dict) -> str:
     return "\n".join(lines)
 
 
-def run(load, protocol, cfg, args) -> int:
-    """``cactus-theory eval --wall-clock``: the benchmark into ``<out>/wall_clock.json`` and ``.md``."""
-    from .replicated import protocol_methods
-
-    methods = protocol_methods(protocol)
+def run(load, protocol, cfg, args, methods: list, decode) -> int:
+    """``cactus-theory eval --wall-clock``: the benchmark of the protocol's primary ``methods`` into
+    ``<out>/wall_clock.json`` and ``.md`` (``decode``: the eval's batch decode)."""
     path = Path(args.out_dir) / "wall_clock.json"
-    rec = run_wall_clock(load, protocol, cfg, methods, path, rounds=args.rounds, seed=cfg.seed,
+    rec = run_wall_clock(load, protocol, cfg, methods, path, decode, rounds=args.rounds, seed=cfg.seed,
                          progress=not args.no_progress)
     res = analyse_wall_clock(rec)
     text = format_wall_clock(res)

@@ -43,9 +43,9 @@ def test_the_benchmark_decodes_the_evals_rows_and_resumes(tmp_path, monkeypatch)
     cfg, _ = rp.RunConfig.from_protocol(proto, "tiny-ragged")
     methods = [m for m in rp.protocol_methods(proto) if m.label in ("verifier alone", "SpS", "Cactus delta=1")]
     path = tmp_path / "wall_clock.json"
-    first = wc.run_wall_clock(RAGGED, proto, cfg, methods, path, rounds=1, progress=False)
+    first = wc.run_wall_clock(RAGGED, proto, cfg, methods, path, rp._decode, rounds=1, progress=False)
     assert len(first["rounds"]) == 1
-    rec = wc.run_wall_clock(RAGGED, proto, cfg, methods, path, rounds=2, progress=False)
+    rec = wc.run_wall_clock(RAGGED, proto, cfg, methods, path, rp._decode, rounds=2, progress=False)
     assert rec["rounds"][0] == json.loads(json.dumps(first["rounds"][0]))  # round 1 kept, round 2 appended
     assert len(rec["rounds"]) == 2 and [r["order"] for r in rec["rounds"]] == wc.plan_orders(
         [m.label for m in methods], 2, cfg.seed)
@@ -62,7 +62,7 @@ def test_the_benchmark_decodes_the_evals_rows_and_resumes(tmp_path, monkeypatch)
     other = _protocol(tmp_path / "other", max_new_tokens=9)
     cfg2, _ = rp.RunConfig.from_protocol(other, "tiny-ragged")
     with pytest.raises(ValueError, match="made under other settings"):
-        wc.run_wall_clock(RAGGED, other, cfg2, methods, path, rounds=3, progress=False)
+        wc.run_wall_clock(RAGGED, other, cfg2, methods, path, rp._decode, rounds=3, progress=False)
 
 
 def _record(secs: dict[str, list[float]], tokens: dict[str, int]) -> dict:
