@@ -150,7 +150,7 @@ def test_reference_recursion_with_the_standard_residual_is_lossless():
 
 @pytest.mark.parametrize("order", ORDERS)
 def test_multi_draft_law_equals_the_reference_recursion_and_k1_marginal_formula(order):
-    for j, (p, q) in enumerate(CASES[:8]):
+    for j, (p, q) in enumerate(CASES[:6]):
         def shaped(R, x, p=p):
             pr = get_proxy(R, p, x, order=order)
             return pr.r / pr.Z
