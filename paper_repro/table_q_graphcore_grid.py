@@ -59,6 +59,11 @@ FAST = {"pairs_per_cell": 4, "lm_rows": 16, "per_decade": 1, "bisections": 30}
 TAU_SCD = 0.6  # the paper's sampling temperature of the LM rows (the Tok3 'paper' top-set mapping)
 
 
+
+def _p(x: float) -> str:
+    """A p-value as printed: two significant digits; one below float64's smallest normal prints as a bound, never 0."""
+    return "< 1e-300" if x < 1e-300 else f"{x:.2g}"
+
 def load_protocol(path: Path = PROTOCOL) -> tuple[dict, str]:
     """The protocol's content and its sha256 (of the file's bytes)."""
     raw = Path(path).read_bytes()
@@ -272,7 +277,7 @@ def render(d: dict) -> str:
     for t in a["tests"]:
         sub = "" if t["subset"] == "all pairs" else f" ({t['subset']})"
         lines.append(f"| {t['label']} | {SETS[t['set']]}{sub} | {t['X']} of {t['N']} | {t['share']:.3f} "
-                     f"[{t['ci'][0]:.3f}, {t['ci'][1]:.3f}] | {t['p_holm']:.2g} | "
+                     f"[{t['ci'][0]:.3f}, {t['ci'][1]:.3f}] | {_p(t['p_holm'])} | "
                      f"{t['verdict'] if a['checks_pass'] else 'not judged'} | {t['inf_only']} of {t['N'] - t['X']} |")
     lines += ["", "Solver checks (pre-registered): " + "; ".join(
         f"{SETS[n]}: strict ties Cactus at KL 0 on every pair: {'yes' if c['strict_ties'] else 'NO'}, each Cactus "
@@ -326,7 +331,7 @@ def claims(d: dict) -> list[Claim]:
             "exact one-step laws; per pair, Cactus at the largest budget whose step KL is within 1e-9 of the setting's "
             f"({t['subset']})",
             f"{t['X']} of {t['N']} pairs, share {t['share']:.3f} [{t['ci'][0]:.3f}, {t['ci'][1]:.3f}] (exact 95%), "
-            f"Holm-adjusted p {t['p_holm']:.2g}; of the {t['N'] - t['X']} other pairs, {t['inf_only']} only through a "
+            f"Holm-adjusted p {_p(t['p_holm'])}; of the {t['N'] - t['X']} other pairs, {t['inf_only']} only through a "
             "setting of infinite KL (mass outside q's support, which Cactus never emits)",
             _VERDICT[t["verdict"]] if a["checks_pass"] else "out of reach", scope=SCOPES[t["set"]],
             units=f"{t['N']} pairs",
