@@ -50,7 +50,7 @@ def test_the_task_folder_holds_the_eval_questions_scored_as_the_eval_scores(tmp_
     probs = tasks.distinct_problems("add_wide", 5, 0)
     assert [(r["question"], r["answer"]) for r in rows] == [(p.question, p.answer) for p in probs]
     yaml = (tmp_path / f"{name}.yaml").read_text()
-    assert f"task: {name}" in yaml and "dataset_path: json" in yaml and str((tmp_path / f"{name}.jsonl")) in yaml
+    assert f"task: {name}" in yaml and "dataset_path: json" in yaml and str(tmp_path / f"{name}.jsonl") in yaml
     gen = json.loads(next(line for line in yaml.splitlines() if line.startswith("generation_kwargs:")).split(": ", 1)[1])
     assert gen == {"until": [], "do_sample": True, "temperature": 0.6, "max_gen_toks": 128, "top_k": 20, "top_p": 0.95}
     spec = importlib.util.spec_from_file_location("u", tmp_path / f"{name}_utils.py")
