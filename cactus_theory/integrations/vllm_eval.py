@@ -28,8 +28,12 @@ as the loop does for ``--engine loop``:
   sampled tokens (``logprobs=0``; vLLM's default ``raw_logprobs``: the verifier's law before temperature, top-k
   and top-p, as the loop's NLL); ``kl_sum`` 0.0 and ``kl_count`` 0: vLLM does not expose the step's laws, so the
   step KL is not measured (eval.md shows "-" there). ``seconds``: the wall clock of the batch's ``generate``.
-* **Data and tensor parallel** are vLLM's own (``--vllm-arg data_parallel_size=8`` or ``tensor_parallel_size=2``,
-  passed to ``LLM(...)`` as given).
+* **Data and tensor parallel** are vLLM's own (``--vllm-arg tensor_parallel_size=2``, ``--vllm-arg
+  data_parallel_size=8``, passed as given). vLLM's offline ``LLM`` runs one data-parallel rank per process (its
+  ranks are launched from outside), so with ``data_parallel_size > 1`` each engine is vLLM's ``AsyncLLM`` instead,
+  which starts the ranks itself and balances the rows' requests over them (what ``vllm serve
+  --data-parallel-size`` runs); a rule change reaches every rank (vLLM sends a utility call to each engine core),
+  and every rank's refusal stops the run. Not run here (no GPU; the CPU build has one rank).
 """
 
 from __future__ import annotations
@@ -140,6 +144,70 @@ class VllmEvalSpec:
 SPEC = VllmEvalSpec()
 
 
+class _Offline:
+    """vLLM's offline ``LLM`` (one data-parallel rank): ``generate`` in request order, ``collective_rpc``."""
+
+    def __init__(self, kwargs: dict):
+        from vllm import LLM
+
+        self.llm = LLM(**kwargs)
+
+    def generate(self, prompts: list[list[int]], params: list) -> list:
+        return self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+
+    def collective_rpc(self, method: str, args: tuple) -> list:
+        return self.llm.collective_rpc(method, args=args)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):  # best effort: the engine process may be gone already
+            self.llm.llm_engine.engine_core.shutdown()
+
+
+class _DataParallel:
+    """vLLM's ``AsyncLLM`` with ``data_parallel_size > 1`` ranks started and load-balanced by vLLM itself; the same
+    interface as ``_Offline`` on a private event loop. ``collective_rpc`` reaches every rank (an error on any raises)
+    and returns the first rank's workers' answers."""
+
+    def __init__(self, kwargs: dict):
+        import asyncio
+
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        self.loop = asyncio.new_event_loop()
+
+        async def start():
+            return AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
+
+        self.engine = self.loop.run_until_complete(start())
+        self.calls = 0
+
+    def generate(self, prompts: list[list[int]], params: list) -> list:
+        import asyncio
+
+        self.calls += 1
+
+        async def one(i, ids, sp):
+            final = None
+            async for out in self.engine.generate({"prompt_token_ids": ids}, sp, request_id=f"c{self.calls}-r{i}"):
+                final = out
+            return final
+
+        async def every():
+            return await asyncio.gather(*(one(i, ids, sp) for i, (ids, sp) in enumerate(zip(prompts, params,
+                                                                                             strict=True))))
+
+        return self.loop.run_until_complete(every())
+
+    def collective_rpc(self, method: str, args: tuple) -> list:
+        return self.loop.run_until_complete(self.engine.collective_rpc(method, args=args))
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.engine.shutdown()
+        self.loop.close()
+
+
 class VllmEvalEngine:
     """Two vLLM engines (with and without speculation) that decode the eval's batches (``generate_rows``)."""
 
@@ -180,12 +248,12 @@ class VllmEvalEngine:
         return kw
 
     def _start(self, spec: dict | None):
-        from vllm import LLM
-
         from ..util.environ import environment
 
+        kw = self._kwargs(spec)
+        runner = _DataParallel if int(kw.get("data_parallel_size", 1) or 1) > 1 else _Offline
         with environment(self.env, unset=("CACTUS_THEORY_RULE",)):
-            return LLM(**self._kwargs(spec))
+            return runner(kw)
 
     def set_rule(self, method) -> None:
         """Switch the speculative engine to ``method``'s rule on every worker; each worker's answer must be the
@@ -196,7 +264,7 @@ class VllmEvalEngine:
         if spec == self.rule_now:
             return
         try:
-            got = self.spec.collective_rpc(SET_RULE_METHOD, args=(spec,))
+            got = list(self.spec.collective_rpc(SET_RULE_METHOD, args=(spec,)))
         except Exception as e:  # the workers' refusal (ValueError / RuntimeError from the plugin's check_rule)
             raise ValueError(f"--engine vllm: this vLLM cannot apply {method.label!r}: {e}") from None
         want = repr(method.rule)
@@ -248,7 +316,7 @@ class VllmEvalEngine:
                                  top_p=s["top_p"], max_tokens=cfg.max_new_tokens, seed=int(x), logprobs=0)
                   for x in seeds]
         t0 = time.perf_counter()
-        outs = llm.generate([{"prompt_token_ids": p} for p in ids], params, use_tqdm=False)
+        outs = llm.generate(ids, params)
         secs = time.perf_counter() - t0
         texts, tokens, counters = [], [], []
         for o in outs:
@@ -273,8 +341,7 @@ class VllmEvalEngine:
         return {"texts": texts, "tokens": tokens, "counters": counters, "seconds": secs}
 
     def close(self) -> None:
-        for llm in (getattr(self, "spec", None), getattr(self, "plain", None)):
-            if llm is not None:
-                with contextlib.suppress(Exception):  # best effort: the engine process may be gone already
-                    llm.llm_engine.engine_core.shutdown()
+        for runner in (getattr(self, "spec", None), getattr(self, "plain", None)):
+            if runner is not None:
+                runner.close()
 
