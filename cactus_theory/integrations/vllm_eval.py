@@ -229,6 +229,7 @@ class VllmEvalEngine:
         self.engine_args = dict(engine_args or {})
         self.rule_now: str | None = None
         self.workers: int | None = None
+        self.logprobs: int | None = 0  # the sampled token's log-probability (None: this vLLM refused it, no NLL)
         self.plain = self._start(None)
         self.spec = self._start(self.spec_config)
 
@@ -312,11 +313,21 @@ class VllmEvalEngine:
             self.set_rule(method)
             llm = self.spec
         s = cfg.sampling
-        params = [SamplingParams(temperature=s["temperature"], top_k=s["top_k"] if s["top_k"] else -1,
-                                 top_p=s["top_p"], max_tokens=cfg.max_new_tokens, seed=int(x), logprobs=0)
-                  for x in seeds]
+
+        def params():
+            return [SamplingParams(temperature=s["temperature"], top_k=s["top_k"] if s["top_k"] else -1,
+                                   top_p=s["top_p"], max_tokens=cfg.max_new_tokens, seed=int(x), logprobs=self.logprobs)
+                    for x in seeds]
+
         t0 = time.perf_counter()
-        outs = llm.generate(ids, params)
+        try:
+            outs = llm.generate(ids, params())
+        except ValueError as e:  # a vLLM that refuses log-probabilities with speculation: no NLL (nll_count 0)
+            if self.logprobs is None or "logprob" not in str(e).lower():
+                raise
+            self.logprobs = None
+            t0 = time.perf_counter()
+            outs = llm.generate(ids, params())
         secs = time.perf_counter() - t0
         texts, tokens, counters = [], [], []
         for o in outs:
