@@ -164,9 +164,9 @@ class _Offline:
 
 
 class _DataParallel:
-    """vLLM's ``AsyncLLM`` with ``data_parallel_size > 1`` ranks started and load-balanced by vLLM itself; the same
-    interface as ``_Offline`` on a private event loop. ``collective_rpc`` reaches every rank (an error on any raises)
-    and returns the first rank's workers' answers."""
+    """vLLM's ``AsyncLLM`` with ``data_parallel_size > 1`` ranks started and load-balanced by vLLM itself (vLLM 0.32's
+    ``LLM`` refuses ``data_parallel_size > 1`` in one process: "not supported for single-process usage and may hang");
+    the same interface as ``_Offline`` on a private event loop."""
 
     def __init__(self, kwargs: dict):
         import asyncio
@@ -200,7 +200,14 @@ class _DataParallel:
         return self.loop.run_until_complete(every())
 
     def collective_rpc(self, method: str, args: tuple) -> list:
-        return self.loop.run_until_complete(self.engine.collective_rpc(method, args=args))
+        """Every rank's workers' answers (vLLM 0.32's data-parallel client sends a utility call to each engine core
+        with ``call_utility_all_async``; its ``collective_rpc`` returns the first rank's only)."""
+        core = self.engine.engine_core
+        every = getattr(core, "call_utility_all_async", None)
+        if every is None:
+            return self.loop.run_until_complete(self.engine.collective_rpc(method, args=args))
+        per_rank = self.loop.run_until_complete(every("collective_rpc", method, None, args, None))
+        return [w for workers in per_rank for w in workers]
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
