@@ -20,7 +20,9 @@ and each worker's answer is checked and logged: the plugin is live where the eng
 
     python -m cactus_theory.integrations.lm_eval --model cactus-vllm \\
         --model_args pretrained=Qwen/Qwen3-8B,draft=Qwen/Qwen3-0.6B,cactus_rule=cactus,cactus_delta=1.0 \\
-        --tasks gsm8k --apply_chat_template --gen_kwargs do_sample=true,temperature=0.6,top_k=20,top_p=0.95
+        --tasks gsm8k --apply_chat_template --gen_kwargs do_sample=true,temperature=T,top_k=K,top_p=P
+
+(T, K, P: the paper's sampling, ``core.sampling.SAMPLING``)
 
 (any ``lm_eval`` command line after the module name; ``register()`` does the same inside a Python session that
 then calls ``lm_eval.simple_evaluate(model="cactus-vllm", ...)``). A task must sample (``do_sample``, temperature

@@ -222,14 +222,14 @@ class VllmEvalEngine:
                  chat_kwargs: dict | None = None):
         from transformers import AutoTokenizer
 
-        from .engines import _plugin_environment, _vllm_draft, _vllm_verifier
+        from .engines import plugin_environment, vllm_draft_dir, vllm_verifier_dir
 
         self.cfg, self.method = cfg, method
         self.chat_kwargs = dict(chat_kwargs or {})
-        self.model_dir = _vllm_verifier(verifier)
-        self.draft_dir = _vllm_draft(draft, verifier) if method == "eagle3" else draft
+        self.model_dir = vllm_verifier_dir(verifier)
+        self.draft_dir = vllm_draft_dir(draft, verifier) if method == "eagle3" else draft
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
-        self.env = _plugin_environment("fixes")
+        self.env = plugin_environment("fixes")
         self.env.setdefault("VLLM_CPU_KVCACHE_SPACE", os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
         self.spec_config = {"method": method, "model": self.draft_dir, "num_speculative_tokens": cfg.k,
                             "draft_sample_method": DRAFT_SAMPLING}

@@ -31,11 +31,11 @@ QUESTIONS = 8
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    from cactus_theory.integrations.engines import _vllm_draft, _vllm_verifier
+    from cactus_theory.integrations.engines import vllm_draft_dir, vllm_verifier_dir
 
     w = tmp_path_factory.mktemp("lmeval")
     name = write_task(w / "tasks", "add_wide", questions=QUESTIONS, max_gen_toks=64)
-    return w, name, _vllm_verifier("smollm2"), _vllm_draft("embedded", "smollm2")
+    return w, name, vllm_verifier_dir("smollm2"), vllm_draft_dir("embedded", "smollm2")
 
 
 def _lm_eval(w: Path, name: str, model_args: str, out: str, env_extra: dict) -> tuple[subprocess.CompletedProcess, dict]:

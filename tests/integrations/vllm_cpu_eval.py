@@ -90,13 +90,13 @@ def test_vllm_sees_the_loops_prompt_tokens():
     """The exported verifier folder's tokenizer wraps and encodes the protocol's questions into the loop's ids."""
     from transformers import AutoTokenizer
 
-    from cactus_theory.integrations.engines import _vllm_verifier
+    from cactus_theory.integrations.engines import vllm_verifier_dir
     from cactus_theory.lm.data import encode_prompts
     from cactus_theory.lm.experiments import tasks
     from cactus_theory.lm.pair import load_model
 
     _, loop_tok = load_model("smollm2")
-    vllm_tok = AutoTokenizer.from_pretrained(_vllm_verifier("smollm2"))
+    vllm_tok = AutoTokenizer.from_pretrained(vllm_verifier_dir("smollm2"))
     qs = [p.question for t in ("add_wide", "lookup") for p in tasks.distinct_problems(t, 16, 0)]
     assert encode_prompts(vllm_tok, qs) == encode_prompts(loop_tok, qs)
 
