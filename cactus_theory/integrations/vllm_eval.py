@@ -231,6 +231,8 @@ class VllmEvalEngine:
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         self.env = plugin_environment("fixes")
         self.env.setdefault("VLLM_CPU_KVCACHE_SPACE", os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
+        # CPU build: two engines in one run, neither pinned to cores (vLLM's default binds each worker's OpenMP threads)
+        self.env.setdefault("VLLM_CPU_OMP_THREADS_BIND", os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind"))
         self.spec_config = {"method": method, "model": self.draft_dir, "num_speculative_tokens": cfg.k,
                             "draft_sample_method": DRAFT_SAMPLING}
         self.engine_args = dict(engine_args or {})
