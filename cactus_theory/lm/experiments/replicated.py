@@ -34,6 +34,12 @@ Reading (``analyse``; every interval the JSON holds is the one printed, ``format
   and tokens/s ratios (t-interval over full batches, log scale) and the time ratio at equal output length
   (log seconds regressed on log tokens with batch and method effects); the partial last batch is dropped.
 
+Engines (``--engine``): the project's loop decodes by default; any other engine (``vllm``: vLLM with the project's
+plugin, ``integrations.vllm_eval``, handed in by the command) decodes the same rows through ``generate_rows`` with
+its own seed map (``engine_seed``, ``SEED_MAPS``), and the records, shards and verdicts are this module's. The engine
+is in the decode key (``RunConfig.decode_keyed``; the loop's key is unchanged), and a method an engine cannot apply
+is refused before anything loads (``check_methods``, from the capabilities the engine declares).
+
 Resumable: every (task, method, batch) is one JSON file under the cache, valid while its rule identity and
 its rows (question, replicate, seed) match; the first batch of every (task, method) runs first, and the
 compute estimate (problem-runs and projected hours from those batches) is printed before the rest.
@@ -75,7 +81,9 @@ from .protocol import Protocol, git_status, guard
 
 __all__ = ["FORMAT", "RunConfig", "row_seed", "batch_rows", "method_order", "lossless_labels", "run_replicated",
            "analyse", "aa_null", "power_table", "wall_clock", "claim_parts", "claim_verdicts", "format_report",
-           "plot_accuracy_vs_al", "evaluate", "rows_arrays", "N_BOOT", "configure", "check", "run"]
+           "plot_accuracy_vs_al", "evaluate", "rows_arrays", "N_BOOT", "configure", "check", "run", "ENGINES",
+           "SEED_MAPS", "engine_seed", "unsupported", "check_methods", "parse_engine_args", "check_engine_flags",
+           "VLLM_RESERVED"]
 
 FORMAT = 2
 N_BOOT = 4000
