@@ -110,16 +110,16 @@ def register() -> None:
 
 def main(argv=None) -> int:
     """lm-eval's command line with ``cactus-vllm`` registered."""
-    register()
-    try:
-        from lm_eval.__main__ import cli_evaluate
-    except ImportError as e:
-        print(f"lm-eval's command line is not importable here ({e}): install lm-eval 0.4.x (make lmeval-env)",
-              file=sys.stderr)
+    from importlib.metadata import entry_points
+
+    scripts = {e.name: e for e in entry_points(group="console_scripts") if e.name in ("lm_eval", "lm-eval")}
+    if not scripts:
+        print("lm-eval is not installed in this Python: install lm-eval 0.4.x (make lmeval-env)", file=sys.stderr)
         return 2
+    register()
+    cli = scripts.get("lm_eval", next(iter(scripts.values()))).load()  # lm-eval's own command line, whatever its module
     sys.argv = ["lm_eval", *(sys.argv[1:] if argv is None else argv)]
-    cli_evaluate()
-    return 0
+    return int(cli() or 0)
 
 
 if __name__ == "__main__":
