@@ -90,11 +90,15 @@ def _confirm(llm, spec) -> list[str]:
 
 def register() -> None:
     """Register ``cactus-vllm`` with lm-eval (idempotent): lm-eval's ``vllm`` model on ``speculative_model_args``."""
-    from lm_eval.api.registry import MODEL_REGISTRY, register_model
+    from lm_eval.api import registry
     from lm_eval.models.vllm_causallms import VLLM
 
-    if MODEL_NAME in MODEL_REGISTRY:
-        return
+    try:
+        registry.get_model(MODEL_NAME)
+        return  # registered already
+    except Exception:  # noqa: BLE001 - lm-eval raises ValueError or KeyError for an unknown model, by version
+        pass
+    register_model = registry.register_model
 
     @register_model(MODEL_NAME)
     class CactusVLLM(VLLM):
