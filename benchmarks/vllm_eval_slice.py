@@ -99,10 +99,8 @@ def main(argv=None) -> int:
     p.add_argument("--work", default=str(ROOT / "build" / "vllm_eval_slice"))
     p.add_argument("--out", default=str(OUT))
     a = p.parse_args(argv)
-    work = Path(a.work)
-    if work.exists():
-        shutil.rmtree(work)
-    (work / "protocols").mkdir(parents=True)
+    work = Path(a.work)  # a rerun resumes from the runs' caches there (the eval's own resuming)
+    (work / "protocols").mkdir(parents=True, exist_ok=True)
     protocol = work / "protocols" / "eval_v3.json"
     shutil.copyfile(ROOT / "paper_repro" / "protocols" / "eval_v3.json", protocol)
     secs = {"loop": run_engine("loop", protocol, work / "loop", a.questions, a.replicates, ["--threads", "1"]),

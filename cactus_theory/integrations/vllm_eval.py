@@ -233,6 +233,9 @@ class VllmEvalEngine:
         self.env.setdefault("VLLM_CPU_KVCACHE_SPACE", os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
         # CPU build: two engines in one run, neither pinned to cores (vLLM's default binds each worker's OpenMP threads)
         self.env.setdefault("VLLM_CPU_OMP_THREADS_BIND", os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind"))
+        # a step on a loaded CPU can outlast vLLM's 300 s limit on one model step, which then kills the engine
+        self.env.setdefault("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS",
+                            os.environ.get("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", "3600"))
         self.spec_config = {"method": method, "model": self.draft_dir, "num_speculative_tokens": cfg.k,
                             "draft_sample_method": DRAFT_SAMPLING}
         self.engine_args = dict(engine_args or {})
