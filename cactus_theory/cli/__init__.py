@@ -28,8 +28,9 @@ COMMANDS = {
     "build-draft": ("cactus_theory.lm.train.draft_build", "build (or reuse from cache) the embedded draft model"),
     "decode": ("cactus_theory.cli.lm", "speculative decoding with a (draft, verifier) pair, timed against "
                                       "the verifier alone"),
-    "eval": ("cactus_theory.lm.experiments.replicated", "task accuracy (distinct questions x replicates, a pre-registered "
-                                                       "protocol), acceptance and distribution tests of every rule on a real LM"),
+    "eval": ("cactus_theory.cli.eval", "task accuracy (distinct questions x replicates, a pre-registered protocol), "
+                                       "acceptance and distribution tests of every rule on a real LM, decoded by the "
+                                       "project's loop or by vLLM with the plugin (--engine vllm)"),
     "check-engine": ("cactus_theory.cli.check_engine", "is an engine's speculative decoding lossless over whole decodes? "
                                                        "(our loop, transformers)"),
 }

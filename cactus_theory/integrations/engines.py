@@ -39,7 +39,8 @@ from ..core.sampling import SAMPLING
 from ..util.environ import environment
 
 __all__ = ["EngineOptions", "EngineRun", "ENGINES", "loop_engine", "transformers_engine", "vllm_engine", "first_layers",
-           "request_seeds", "vllm_problem", "vllm_speculative_config", "VLLM_SPECS", "VLLM_PLUGIN_MODES", "VLLM_HINT"]
+           "request_seeds", "vllm_problem", "vllm_speculative_config", "vllm_verifier_dir", "vllm_draft_dir",
+           "plugin_environment", "VLLM_SPECS", "VLLM_PLUGIN_MODES", "VLLM_HINT"]
 
 VLLM_HINT = "run `make vllm-env` and use .venv-vllm/bin/cactus-theory"
 VLLM_SPECS = ("ngram", "eagle3")
@@ -259,7 +260,7 @@ def vllm_speculative_config(opts: EngineOptions, draft_dir: str | None = None) -
     raise ValueError(f"the vllm engine needs spec in {VLLM_SPECS}, got {opts.spec!r}")
 
 
-def _vllm_verifier(verifier: str) -> str:
+def vllm_verifier_dir(verifier: str) -> str:
     """A folder vLLM loads: the embedded SmolLM2 or a .gguf file exported once (``vllm_models.export_verifier``,
     reused while its source is unchanged) into the project's cache; a folder or hub id as given."""
     from ..lm.draft import cache_dir, verifier_tag
@@ -270,7 +271,7 @@ def _vllm_verifier(verifier: str) -> str:
     return verifier
 
 
-def _vllm_draft(draft: str, verifier: str) -> str:
+def vllm_draft_dir(draft: str, verifier: str) -> str:
     """The EAGLE-3 folder of ``draft``: ``"embedded"`` (the project's draft for SmolLM2) or a draft file
     (``.pt``), exported once into the project's cache (``vllm_models.export_draft``, float32); a folder
     holding ``config.json`` as given (an EAGLE-3 folder for ``verifier``)."""
@@ -294,7 +295,7 @@ def _vllm_draft(draft: str, verifier: str) -> str:
     return export_draft(path, os.path.join(cache_dir(), "vllm", f"eagle3-{tag}"))
 
 
-def _plugin_environment(mode: str) -> dict:
+def plugin_environment(mode: str) -> dict:
     """``VLLM_PLUGINS`` for ``mode``: every installed ``vllm.general_plugins`` entry point, less the project's
     (``"none"``) or with it (``"fixes"``, refused when it is not installed)."""
     from importlib.metadata import entry_points
@@ -313,7 +314,7 @@ def vllm_engine(opts: EngineOptions, verifier: str = "smollm2", draft: str = "em
     top-p; temperature 0 is vLLM's greedy decoding), ``max_tokens = opts.max_new_tokens``, vLLM's own EOS
     stop (the EOS token is in ``token_ids``). ``verifier``: ``"smollm2"`` (the embedded model) or a .gguf file,
     exported once; a folder or hub id as given. ``draft`` (EAGLE-3): ``"embedded"``, a draft file or an EAGLE-3
-    folder. ``opts.vllm_plugin`` chooses whether the project's plugin loads (``_plugin_environment``);
+    folder. ``opts.vllm_plugin`` chooses whether the project's plugin loads (``plugin_environment``);
     ``threads``: vLLM's CPU worker runs that many OpenMP threads, unpinned
     (``VLLM_CPU_OMP_THREADS_BIND=nobind``); ``VLLM_CPU_KVCACHE_SPACE`` defaults to 1 (GiB) per engine.
 
@@ -339,12 +340,12 @@ def vllm_engine(opts: EngineOptions, verifier: str = "smollm2", draft: str = "em
         raise ValueError(f"--engine vllm: importing vLLM failed ({e}): {VLLM_HINT}") from None
     from transformers import AutoTokenizer
 
-    env = _plugin_environment(opts.vllm_plugin)
+    env = plugin_environment(opts.vllm_plugin)
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
     if threads:
         env.update(VLLM_CPU_OMP_THREADS_BIND="nobind", OMP_NUM_THREADS=str(threads))
-    model_dir = _vllm_verifier(verifier)
-    draft_dir = _vllm_draft(draft, verifier) if opts.spec == "eagle3" else None
+    model_dir = vllm_verifier_dir(verifier)
+    draft_dir = vllm_draft_dir(draft, verifier) if opts.spec == "eagle3" else None
     spec = vllm_speculative_config(opts, draft_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     engines: dict = {}

@@ -124,11 +124,11 @@ def test_vllm_plugin_environment_excludes_or_includes_the_projects_plugin(monkey
 
     installed = [SimpleNamespace(name=n) for n in ("lora_filesystem_resolver", "cactus_theory")]
     monkeypatch.setattr(md, "entry_points", lambda group: installed if group == "vllm.general_plugins" else [])
-    assert eng_mod._plugin_environment("none") == {"VLLM_PLUGINS": "lora_filesystem_resolver"}
-    assert eng_mod._plugin_environment("fixes") == {"VLLM_PLUGINS": "cactus_theory,lora_filesystem_resolver"}
+    assert eng_mod.plugin_environment("none") == {"VLLM_PLUGINS": "lora_filesystem_resolver"}
+    assert eng_mod.plugin_environment("fixes") == {"VLLM_PLUGINS": "cactus_theory,lora_filesystem_resolver"}
     installed.pop()
     with pytest.raises(ValueError, match="not installed"):
-        eng_mod._plugin_environment("fixes")
+        eng_mod.plugin_environment("fixes")
 
 
 def test_first_layers_is_the_verifier_cut_after_its_first_layers():

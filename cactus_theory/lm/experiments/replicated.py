@@ -34,6 +34,12 @@ Reading (``analyse``; every interval the JSON holds is the one printed, ``format
   and tokens/s ratios (t-interval over full batches, log scale) and the time ratio at equal output length
   (log seconds regressed on log tokens with batch and method effects); the partial last batch is dropped.
 
+Engines (``--engine``): the project's loop decodes by default; any other engine (``vllm``: vLLM with the project's
+plugin, ``integrations.vllm_eval``, handed in by the command) decodes the same rows through ``generate_rows`` with
+its own seed map (``engine_seed``, ``SEED_MAPS``), and the records, shards and verdicts are this module's. The engine
+is in the decode key (``RunConfig.decode_keyed``; the loop's key is unchanged), and a method an engine cannot apply
+is refused before anything loads (``check_methods``, from the capabilities the engine declares).
+
 Resumable: every (task, method, batch) is one JSON file under the cache, valid while its rule identity and
 its rows (question, replicate, seed) match; the first batch of every (task, method) runs first, and the
 compute estimate (problem-runs and projected hours from those batches) is printed before the rest.
@@ -75,7 +81,9 @@ from .protocol import Protocol, git_status, guard
 
 __all__ = ["FORMAT", "RunConfig", "row_seed", "batch_rows", "method_order", "lossless_labels", "run_replicated",
            "analyse", "aa_null", "power_table", "wall_clock", "claim_parts", "claim_verdicts", "format_report",
-           "plot_accuracy_vs_al", "evaluate", "rows_arrays", "N_BOOT", "configure", "check", "run"]
+           "plot_accuracy_vs_al", "evaluate", "rows_arrays", "N_BOOT", "configure", "check", "run", "ENGINES",
+           "SEED_MAPS", "engine_seed", "unsupported", "check_methods", "parse_engine_args", "check_engine_flags",
+           "VLLM_RESERVED"]
 
 FORMAT = 2
 N_BOOT = 4000
@@ -99,6 +107,7 @@ class RunConfig:
     trees: list = field(default_factory=list)
     dtype: str = "float32"
     lean: bool = True
+    engine: str = "loop"  # who decodes: "loop" (the project's loop) or an engine's identity ("vllm/eagle3", ...)
 
     FROM_DESIGN = {"tasks": "tasks", "questions": "questions_per_task", "replicates": "replicates", "seed": "seed",
                    "k": "k", "max_new_tokens": "max_new_tokens", "batch_size": "batch_size", "sampling": "sampling",
@@ -145,20 +154,87 @@ class RunConfig:
             raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
         if not isinstance(self.lean, bool):
             raise ValueError(f"lean must be true or false, got {self.lean!r}")
+        if not isinstance(self.engine, str) or self.engine.split("/")[0] not in ENGINES:
+            raise ValueError(f"engine must be 'loop' or an identity starting with one of {ENGINES[1:]} "
+                             f"(e.g. 'vllm/eagle3'), got {self.engine!r}")
 
     def as_dict(self) -> dict:
-        return {"tasks": list(self.tasks), "questions": self.questions, "replicates": self.replicates,
-                "seed": self.seed, "k": self.k, "max_new_tokens": self.max_new_tokens, "batch_size": self.batch_size,
-                "sampling": dict(self.sampling), "pair": self.pair, "trees": [list(t) for t in self.trees],
-                "dtype": self.dtype, "lean": self.lean}
+        d = {"tasks": list(self.tasks), "questions": self.questions, "replicates": self.replicates,
+             "seed": self.seed, "k": self.k, "max_new_tokens": self.max_new_tokens, "batch_size": self.batch_size,
+             "sampling": dict(self.sampling), "pair": self.pair, "trees": [list(t) for t in self.trees],
+             "dtype": self.dtype, "lean": self.lean}
+        if self.engine != "loop":  # the loop's config reads as it did before engines existed
+            d["engine"] = self.engine
+        return d
 
     DECODE_KEYS = ("questions", "seed", "k", "max_new_tokens", "batch_size", "sampling", "pair", "dtype", "lean")
+
+    def decode_keyed(self) -> dict:
+        """What the decode key hashes: ``DECODE_KEYS``, and the engine unless it is the loop (the loop's key is the
+        one its committed shards were written under before engines existed, so it stays as it was; any other
+        engine's key differs from it, and loop and engine shards never share a folder)."""
+        d = self.as_dict()
+        out = {k: d[k] for k in self.DECODE_KEYS}
+        if self.engine != "loop":
+            out["engine"] = self.engine
+        return out
 
     def decode_key(self) -> str:
         """Names the cache folder: what a row's decode depends on besides its method, task and rows. Replicates
         are not in it (rows are replicate-major: more replicates add batches, the earlier stay valid)."""
-        d = self.as_dict()
-        return config_key({k: d[k] for k in self.DECODE_KEYS}, 12)
+        return config_key(self.decode_keyed(), 12)
+
+
+ENGINES = ("loop", "vllm")  # who may decode the eval's rows (``--engine``)
+# how each engine turns a row seed (``row_seed``) into its random source; recorded in every shard and eval.json
+SEED_MAPS = {
+    "loop": "the row seed seeds the row's own torch.Generator (core.draws.RowGenerators): its draws do not depend "
+            "on the rest of its batch",
+    "vllm": "vLLM request seed = row seed mod 2**32 (engine_seed; SamplingParams.seed, one request per row): vLLM "
+            "draws a seeded request's tokens from its own torch.Generator, and torch's CPU generator keeps 32 bits "
+            "of a seed, so every device sees the same value",
+}
+
+
+def engine_seed(row: int, engine: str) -> int:
+    """The seed a row's decode gets from ``engine``: the loop takes the row seed itself (63 bits); vLLM's request
+    seed is its low 32 bits, ``row mod 2**32`` (``SEED_MAPS``). ``ValueError`` for a row seed outside [0, 2**63) or
+    an unknown engine."""
+    if isinstance(row, bool) or not isinstance(row, int) or not 0 <= row < 2**63:
+        raise ValueError(f"row seed must be an integer in [0, 2**63), got {row!r}")
+    kind = engine.split("/")[0] if isinstance(engine, str) else engine
+    if kind == "loop":
+        return row
+    if kind == "vllm":
+        return row & 0xFFFFFFFF
+    raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+
+
+def unsupported(method: Method, caps: dict) -> str | None:
+    """Why an engine with the declared capabilities ``caps`` cannot decode ``method`` (None: it can). ``caps``
+    (booleans, a missing one is False): ``trees`` (tree drafts), ``reads_head`` (rules that read the verifier's
+    LM-head input), ``stateful`` (rules with a state per sequence), ``own_bonus`` (rules that draw their bonus
+    token their own way). Read from the rule's declared flags, never its class."""
+    if method.tree is not None and not caps.get("trees"):
+        return "it decodes a tree, and this engine verifies chains only"
+    rule = method.rule
+    if rule is None:
+        return None
+    for flag, cap, why in (("reads_head", "reads_head", "it reads the verifier's LM-head input"),
+                           ("stateful", "stateful", "it keeps a state per sequence")):
+        if getattr(rule, flag, False) and not caps.get(cap):
+            return f"{why}, which this engine's rejection step does not receive"
+    if not getattr(rule, "bonus_from_q", True) and not caps.get("own_bonus"):
+        return "it draws its bonus token its own way, and this engine draws the bonus from the verifier's law"
+    return None
+
+
+def check_methods(method_list: list[Method], caps: dict, engine: str) -> None:
+    """``ValueError`` naming every method ``engine`` cannot decode (``unsupported``), before anything loads."""
+    bad = [(m.label, why) for m in method_list if (why := unsupported(m, caps)) is not None]
+    if bad:
+        raise ValueError(f"--engine {engine} cannot apply " + "; ".join(f"{lab!r}: {why}" for lab, why in bad)
+                         + " (drop them with --rules, or use --engine loop)")
 
 
 def row_seed(seed: int, task: str, question: str, replicate: int, rule_id: str) -> int:
@@ -189,13 +265,12 @@ def lossless_labels(infos: list[dict]) -> list[str]:
 
 # -- decoding -------------------------------------------------------------------------------------
 
-def _decode(pair, problems: list, rows: list, method: Method, cfg: RunConfig, task: str, track_kl: bool = True) -> dict:
-    """One batch: texts scored, per-row counters, the decode seconds (the loop's, KL tracking excluded).
-    ``track_kl=False`` (the wall-clock benchmark) skips the exact step KL: same tokens, KL counters zero."""
+def _loop_rows(pair, prompts: list[str], seeds: list[int], method: Method, cfg: RunConfig, track_kl: bool = True) -> dict:
+    """The loop's decode of one batch: ``texts``, ``tokens``, ``counters`` (per row, ``COUNTERS``) and ``seconds``
+    (the loop's decode seconds, KL tracking excluded); ``track_kl=False`` (the wall-clock benchmark) skips the
+    exact step KL: same tokens, KL counters zero."""
     from ..loop import autoregressive_generate, speculative_generate, tree_generate
 
-    prompts = [problems[q].question for q, _ in rows]
-    seeds = [row_seed(cfg.seed, task, problems[q].question, r, method.rule_id) for q, r in rows]
     kw = dict(max_new_tokens=cfg.max_new_tokens, batch_size=len(prompts), seeds=seeds, **cfg.sampling)
     if method.rule is None:
         res = autoregressive_generate(pair, prompts, **kw)
@@ -203,14 +278,29 @@ def _decode(pair, problems: list, rows: list, method: Method, cfg: RunConfig, ta
         res = tree_generate(pair, prompts, method.rule, method.tree, "deterministic", **kw)
     else:
         res = speculative_generate(pair, prompts, method.rule, k=cfg.k, track_kl=track_kl, **kw)
+    return {"texts": res.texts, "tokens": res.tokens, "seconds": float(res.stats.seconds),
+            "counters": [{c: getattr(sc, c) for c in COUNTERS} for sc in res.per_sequence]}
+
+
+def _decode(pair, problems: list, rows: list, method: Method, cfg: RunConfig, task: str, track_kl: bool = True) -> dict:
+    """One batch: texts scored, per-row counters, the decode seconds. ``pair`` is the loop's model pair, or an
+    engine that declares ``generate_rows(prompts, seeds, method, cfg)`` (same return as ``_loop_rows``; ``seeds``
+    the rows' engine seeds, ``engine_seed``): the records are built here, the same for every engine."""
+    prompts = [problems[q].question for q, _ in rows]
+    seeds = [row_seed(cfg.seed, task, problems[q].question, r, method.rule_id) for q, r in rows]
+    generate = getattr(pair, "generate_rows", None)
+    if generate is None:
+        res = _loop_rows(pair, prompts, seeds, method, cfg, track_kl)
+    else:
+        res = generate(prompts, [engine_seed(s, cfg.engine) for s in seeds], method, cfg)
     recs = []
-    for (q, r), s, text, sc, toks in zip(rows, seeds, res.texts, res.per_sequence, res.tokens, strict=True):
+    for (q, r), s, text, sc, toks in zip(rows, seeds, res["texts"], res["counters"], res["tokens"], strict=True):
         pred = tasks.extract_answer(text)
         recs.append({"q": q, "r": r, "seed": s, "pred": pred, "correct": pred == problems[q].answer,
                      "strict": tasks.strict_answer(text) == problems[q].answer, "text": text, "tokens": list(toks),
-                     **{c: getattr(sc, c) for c in COUNTERS}})
+                     **{c: sc[c] for c in COUNTERS}})
     return {"rule": method.rule_id, "rows": [[q, r, s] for (q, r), s in zip(rows, seeds, strict=True)],
-            "seconds": float(res.stats.seconds), "records": recs}
+            "seconds": float(res["seconds"]), "records": recs}
 
 
 class _Cache:
@@ -258,7 +348,7 @@ class _Cache:
 def run_replicated(pair, cfg: RunConfig, method_list: list[Method], cache_dir: Path | None = None, *,
                    protocol_sha: str = "", progress: bool = True, calibrate_only: bool = False, log=print,
                    shards=None, seal: list[str] | None = None, max_batches: int | None = None,
-                   reestimate=None) -> dict:
+                   reestimate=None, engine_info: dict | None = None) -> dict:
     """Decode every (batch, task, method), batch-major (the first batch of each first: the calibration; then the
     estimate is logged) and return the raw result: per task the problems, the per-row records of each method (row
     order: ``batch_rows``), the per-batch timings; ``"estimate"``: the compute estimate. ``calibrate_only``: stop
@@ -269,7 +359,8 @@ def run_replicated(pair, cfg: RunConfig, method_list: list[Method], cache_dir: P
     first, and once every method in ``seal`` (labels; default all) has every batch of a chunk, the chunk's shard
     is written. ``max_batches``: only the first batches (the sweep's rows). ``reestimate(got, batches_done)``:
     called after each round of batches; it may return a larger replicate count (the blinded re-estimation),
-    which extends the rows (replicate-major: the batches decoded stay valid)."""
+    which extends the rows (replicate-major: the batches decoded stay valid). ``engine_info``: what a shard records
+    of the engine that decoded it besides the machine (an engine other than the loop: its versions, the seed map)."""
     from tqdm.auto import tqdm
 
     cfg.check()
@@ -312,7 +403,7 @@ def run_replicated(pair, cfg: RunConfig, method_list: list[Method], cache_dir: P
         if shards.sealed(t, c, members) or not all(bb in got[t][lab] for lab in seal for bb in members):
             return
         path = shards.seal(t, c, {by_label[lab].slug: {bb: got[t][lab][bb] for bb in members} for lab in seal},
-                           extra={"machine": _machine()})
+                           extra={"machine": _machine(), **({"engine": engine_info} if engine_info else {})})
         log(f"shard written: {path}")
 
     t0, fresh = time.perf_counter(), 0
@@ -1018,12 +1109,14 @@ def _reestimation(protocol: Protocol, cfg: RunConfig, out_dir: Path, log):
 def evaluate(pair, protocol: Protocol, cfg: RunConfig, out_dir: Path, cache_dir: Path | None = None, *,
              deviations=(), only: list[str] | None = None, amendment: str | None = None, progress: bool = True,
              calibrate_only: bool = False, lawtests: bool = True, figure: bool = True, log=print,
-             use_shards: bool = True) -> dict:
+             use_shards: bool = True, engine_info: dict | None = None) -> dict:
     """The whole eval: the protocol guard (results under another protocol hash refuse to go on unless
     ``amendment``), decoding (``run_replicated``), the summary (``analyse``), the protocol's claims, the distribution
     tests (``lawtests.run_lawtests``, the protocol's sizes) and ``eval.json`` (format 2), ``eval.md`` and the figure
     (``figure``). ``use_shards``: read and write the protocol's committed shards (eval_v3); a run that deviates
-    from the protocol keeps its decodes in its own cache (the command passes False then)."""
+    from the protocol keeps its decodes in its own cache (the command passes False then). ``engine_info``: the
+    engine that decodes, when not the loop (``pair`` is then that engine or its loader): recorded in every shard
+    and in eval.json (``engine``)."""
     from ...core.tree_shapes import BudgetTree
     from .protocol import ProtocolChanged
 
@@ -1051,7 +1144,8 @@ def evaluate(pair, protocol: Protocol, cfg: RunConfig, out_dir: Path, cache_dir:
     reest = _reestimation(protocol, cfg, out_dir, log)
     t0 = time.perf_counter()
     raw = run_replicated(pair, cfg, ml, cache_dir, protocol_sha=protocol.sha256, progress=progress,
-                         calibrate_only=calibrate_only, log=log, shards=shards, reestimate=reest)
+                         calibrate_only=calibrate_only, log=log, shards=shards, reestimate=reest,
+                         engine_info=engine_info)
     if calibrate_only:
         return {"estimate": raw["estimate"]}
     res = {"format": FORMAT,
@@ -1060,6 +1154,8 @@ def evaluate(pair, protocol: Protocol, cfg: RunConfig, out_dir: Path, cache_dir:
                         "content": protocol.content},
            "config": cfg.as_dict(), "methods": info, "estimate": raw["estimate"],
            "pair_name": cfg.pair if callable(pair) else getattr(pair, "name", "pair")}
+    if engine_info:
+        res["engine"] = engine_info
     if shards is not None:
         res["shards"] = {"dir": _shown_path(shards.root), "files": shards.files, "run": shards.run}
     res["summary"] = analyse(raw, info, protocol.analysis, cfg)
@@ -1139,6 +1235,23 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "quiet machine) into <out>/wall_clock.json instead of the primary run")
     parser.add_argument("--rounds", type=positive_int, default=None,
                         help="with --wall-clock: interleaved rounds (the protocol's at least 5; fewer is a deviation)")
+    g = parser.add_argument_group("engine", "who decodes the rows (docs/eval.md#engines): the same protocol, questions, "
+                                            "replicates, row seeds and records under every engine")
+    g.add_argument("--engine", default="loop", choices=ENGINES,
+                   help="'loop': the project's decoding loop; 'vllm': a vLLM engine with the project's plugin applying "
+                        "each rule (the verifier alone: the same vLLM without speculation); its shards and eval.json "
+                        "live under their own decode key")
+    g.add_argument("--vllm-arg", action="append", default=None, metavar="KEY=VALUE",
+                   help="with --engine vllm: an engine argument passed to vLLM's LLM(...) as is (VALUE read as JSON "
+                        "when it parses, else a string), e.g. data_parallel_size=8, tensor_parallel_size=2, "
+                        f"gpu_memory_utilization=0.85; repeatable; the eval sets {', '.join(VLLM_RESERVED)} itself")
+    g.add_argument("--vllm-draft-method", default="auto", choices=("auto", "eagle3", "draft_model"),
+                   help="with --engine vllm: vLLM's speculative method; auto: eagle3 for the project's drafts "
+                        "('embedded', a .pt file, an EAGLE-3 folder), draft_model for a causal LM (a folder or hub id); "
+                        "drafts are sampled (draft_sample_method='probabilistic') so every rule sees the draft's law")
+    g.add_argument("--vllm-chat-kwargs", default=None, metavar="JSON",
+                   help="with --engine vllm: keyword arguments of the chat template, e.g. '{\"enable_thinking\": false}' "
+                        "for Qwen3 (part of the decode key)")
 
 
 def _overrides(args) -> dict:
@@ -1150,13 +1263,77 @@ def _overrides(args) -> dict:
     return out
 
 
+# engine arguments the eval sets itself (the protocol's, the plugin's or what a row's law depends on)
+VLLM_RESERVED = ("model", "tokenizer", "speculative_config", "additional_config", "dtype", "seed",
+                 "skip_tokenizer_init", "max_model_len")
+
+
+def parse_engine_args(values: list[str] | None) -> dict:
+    """``--vllm-arg KEY=VALUE`` flags as a dict: VALUE read as JSON when it parses (numbers, booleans, objects),
+    else kept as a string. ``ValueError`` naming the flag for a missing ``=``, a key that is not an identifier, a key
+    given twice, or one of ``VLLM_RESERVED``."""
+    import json
+
+    out: dict = {}
+    for item in values or []:
+        key, eq, raw = str(item).partition("=")
+        key = key.strip()
+        if not eq or not key.isidentifier():
+            raise ValueError(f"--vllm-arg must read KEY=VALUE with KEY an engine argument's name, got {item!r}")
+        if key in VLLM_RESERVED:
+            raise ValueError(f"--vllm-arg {key}: the eval sets {key} itself (the protocol, the pair or the plugin fix it)")
+        if key in out:
+            raise ValueError(f"--vllm-arg {key} given twice")
+        try:
+            out[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[key] = raw
+    return out
+
+
+def check_engine_flags(args) -> None:
+    """The engine flags (``ValueError`` naming the flag, before anything loads): ``--vllm-*`` only with ``--engine
+    vllm``; ``--vllm-arg`` parsed (``args.engine_args``), ``--vllm-chat-kwargs`` a JSON object
+    (``args.chat_kwargs``); with vLLM, no ``--device`` or ``--draft-path`` (vLLM places and loads the models
+    itself: ``--vllm-arg``)."""
+    import json
+
+    engine = getattr(args, "engine", "loop")
+    if engine not in ENGINES:
+        raise ValueError(f"--engine must be one of {ENGINES}, got {engine!r}")
+    given = [f for f, v in (("--vllm-arg", getattr(args, "vllm_arg", None)),
+                            ("--vllm-draft-method", None if getattr(args, "vllm_draft_method", "auto") == "auto"
+                             else args.vllm_draft_method),
+                            ("--vllm-chat-kwargs", getattr(args, "vllm_chat_kwargs", None))) if v is not None]
+    if engine == "loop":
+        if given:
+            raise ValueError(f"{given[0]} goes with --engine vllm")
+        args.engine_args, args.chat_kwargs = {}, {}
+        return
+    for flag, v in (("--device", args.device), ("--draft-path", args.draft_path)):
+        if v is not None:
+            raise ValueError(f"{flag} goes with --engine loop (vLLM places and loads the models itself: --vllm-arg)")
+    args.engine_args = parse_engine_args(args.vllm_arg)
+    args.chat_kwargs = {}
+    if args.vllm_chat_kwargs is not None:
+        try:
+            ck = json.loads(args.vllm_chat_kwargs)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"--vllm-chat-kwargs must be a JSON object, got {args.vllm_chat_kwargs!r} ({e})") from None
+        if not isinstance(ck, dict):
+            raise ValueError(f"--vllm-chat-kwargs must be a JSON object, got {args.vllm_chat_kwargs!r}")
+        args.chat_kwargs = ck
+
+
 def _plan(args, pair: str = "pair"):
     """The protocol, the run's config and deviations, ``--rules`` and the output folder (``ValueError`` naming the
-    flag)."""
+    flag). An engine other than the loop writes, by default, under the protocol's results folder in
+    ``engines/<decode key>`` (never the loop's eval.json); a run of it that deviates needs its own ``--out``."""
     from .protocol import load_protocol
 
     if args.seed is not None and args.seed < 0:
         raise ValueError(f"--seed must be an integer >= 0, got {args.seed}")
+    check_engine_flags(args)
     protocol = load_protocol(args.protocol)
     cfg, dev = RunConfig.from_protocol(protocol, pair, **_overrides(args))
     only = [s.strip() for s in args.rules.split(",") if s.strip()] if args.rules else None
@@ -1175,6 +1352,9 @@ def _plan(args, pair: str = "pair"):
 
         if args.sweep:
             raise ValueError("--wall-clock and --sweep are two runs: give one")
+        if getattr(args, "engine", "loop") != "loop":
+            raise ValueError(f"--wall-clock times the project's loop (the protocol's wall clock): it takes --engine loop, "
+                             f"got --engine {args.engine}")
         if "wall_clock" not in protocol.analysis:
             raise ValueError(f"--wall-clock: the protocol {args.protocol} has no analysis.wall_clock")
         args.rounds = ROUNDS if rounds is None else rounds
@@ -1183,7 +1363,7 @@ def _plan(args, pair: str = "pair"):
     sh = protocol.design.get("shards")
     committed = protocol_dir_of(protocol)
     out = committed if args.out is None else Path(args.out)
-    if dev and out.resolve() == committed.resolve():
+    if dev and (out.resolve() == committed.resolve() or (args.engine != "loop" and args.out is None)):
         raise ValueError(f"--out: a run that deviates from the protocol ({'; '.join(dev)}) does not write the committed "
                          f"results in {committed}: give another --out")
     args.out_dir = out
@@ -1191,12 +1371,14 @@ def _plan(args, pair: str = "pair"):
     return protocol, cfg, dev, only
 
 
-def check(args) -> None:
+def check(args, engine=None) -> None:
     """Every check that needs no model (``ValueError`` naming the flag), run by the CLI before ``run``: the
-    protocol and the run's config, ``--rules``, the model arguments, ``--out`` / ``--cache`` writable,
-    ``--device`` a torch device present here (this imports torch, no model), and the draft: ``--draft-path``
-    a torch.save file, or the embedded draft built (for a protocol with committed shards, only once a batch
-    must be decoded: a run complete in its shards needs no model)."""
+    protocol and the run's config, ``--rules``, the engine flags, the model arguments, ``--out`` / ``--cache``
+    writable, ``--device`` a torch device present here (this imports torch, no model), and the draft:
+    ``--draft-path`` a torch.save file, or the embedded draft built (for a protocol with committed shards, only once
+    a batch must be decoded: a run complete in its shards needs no model). ``engine`` (with ``--engine vllm``: the
+    engine's spec, ``integrations.vllm_eval.VllmEvalSpec``): its own checks (``engine.check(args)``) and every
+    method the run decodes against its declared capabilities (``check_methods``)."""
     from ...util.args import check_device, check_writable_dir
     from ..draft_config import check_draft_built, check_draft_file
     from ..loading import check_model
@@ -1206,6 +1388,15 @@ def check(args) -> None:
     protocol, cfg, _, only = _plan(args)
     check_model(args.verifier, "--verifier")
     check_model(args.draft, "--draft")
+    if args.engine != "loop":
+        if engine is None:
+            raise ValueError(f"--engine {args.engine}: run it through the cactus-theory command")
+        engine.check(args)
+        _engine_plan(args, protocol, cfg, engine)
+        check_methods(_run_methods(protocol, cfg, only, args.sweep), engine.caps, args.engine)
+        check_writable_dir(str(args.out_dir), "--out")
+        check_writable_dir(args.cache, "--cache")
+        return
     if args.draft_path is not None and (args.draft != "embedded" or not os.path.isfile(args.draft_path)):
         raise ValueError(f"--draft-path must be an existing file and goes with --draft embedded, got "
                          f"{args.draft_path!r} with --draft {args.draft!r}")
@@ -1238,24 +1429,57 @@ def _loader(args, cfg: RunConfig, progress: bool):
     return load
 
 
-def run(args) -> int:
+def _run_methods(protocol: Protocol, cfg: RunConfig, only, sweep: bool) -> list[Method]:
+    """The methods a run decodes: the sweep's (``sweep_plan``) or the primary run's."""
+    from ...core.tree_shapes import BudgetTree
+
+    if sweep:
+        return sweep_plan(protocol, cfg)[1]
+    return protocol_methods(protocol, only, [BudgetTree(*t) for t in cfg.trees])
+
+
+def _engine_plan(args, protocol: Protocol, cfg: RunConfig, engine) -> None:
+    """An engine run's pair, engine identity (both in the decode key) and default output folder
+    (``engines/<decode key>`` under the protocol's results folder)."""
+    cfg.pair = pair_id(args.draft, args.verifier, args.draft_path)
+    cfg.engine = engine.identity(args)
+    cfg.check()
+    if args.out is None:
+        args.out_dir = protocol_dir_of(protocol) / "engines" / cfg.decode_key()
+
+
+def run(args, engine=None) -> int:
     """``cactus-theory eval``: the replicated eval of the protocol (``replicated.evaluate``), or its sweep
-    (``--sweep``)."""
+    (``--sweep``). ``engine``: with ``--engine vllm``, the engine's spec (``integrations.vllm_eval.VllmEvalSpec``:
+    ``identity(args)``, ``caps``, ``info(args, cfg)``, ``load(args, cfg, methods)``), passed by the command; the
+    rows, seeds, records, shards and verdicts are this module's whatever the engine."""
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads!r}")
     if args.draft_path is not None and (args.draft != "embedded" or not os.path.isfile(args.draft_path)):
         raise ValueError(f"--draft-path must be an existing file and goes with --draft embedded, got "
                          f"{args.draft_path!r} with --draft {args.draft!r}")
     protocol, cfg, dev, only = _plan(args)  # every argument checked before a model loads
+    if args.engine != "loop" and engine is None:
+        raise ValueError(f"--engine {args.engine}: run it through the cactus-theory command")
     if args.no_progress:
         os.environ["TQDM_DISABLE"] = "1"  # every bar, the libraries' too
-    import torch
-
-    threads = args.threads or protocol.design.get("threads")
-    if threads:
-        torch.set_num_threads(threads)
     cfg.pair = pair_id(args.draft, args.verifier, args.draft_path)
-    load = _loader(args, cfg, not args.no_progress)
+    info = None
+    if args.engine == "loop":
+        import torch
+
+        threads = args.threads or protocol.design.get("threads")
+        if threads:
+            torch.set_num_threads(threads)
+        load = _loader(args, cfg, not args.no_progress)
+    else:
+        _engine_plan(args, protocol, cfg, engine)
+        ml = _run_methods(protocol, cfg, only, args.sweep)
+        check_methods(ml, engine.caps, args.engine)  # before any model loads
+        info = {**engine.info(args, cfg), "seed_map": SEED_MAPS[args.engine]}
+
+        def load():
+            return engine.load(args, cfg, ml)
     if args.sweep:
         if dev:
             raise ValueError(f"--sweep reads the primary run's committed shards: it takes no deviation ({'; '.join(dev)})")
@@ -1266,7 +1490,8 @@ def run(args) -> int:
         return wallclock.run(load, protocol, cfg, args, protocol_methods(protocol), _decode)
     res = evaluate(load, protocol, cfg, args.out_dir, args.cache, deviations=dev, only=only,
                    amendment=args.amend_protocol, progress=not args.no_progress,
-                   calibrate_only=args.calibrate_only, lawtests=not args.no_lawtests, use_shards=args.use_shards)
+                   calibrate_only=args.calibrate_only, lawtests=not args.no_lawtests and args.engine == "loop",
+                   use_shards=args.use_shards, engine_info=info)
     if args.calibrate_only:
         return 0
     print(format_report(res))

@@ -307,7 +307,7 @@ def test_power_table_follows_the_variance_law_and_a_simulation():
 def test_eval_command_checks_arguments_before_models(argv, msg, tmp_path, monkeypatch):
     from cactus_theory.lm.experiments import eval as legacy
 
-    assert COMMANDS["eval"][0] == "cactus_theory.lm.experiments.replicated"
+    assert COMMANDS["eval"][0] == "cactus_theory.cli.eval"
     monkeypatch.setattr(legacy, "load_eval_pair", lambda *a, **k: pytest.fail("a model was loaded"))
     p = argparse.ArgumentParser()
     rp.configure(p)
