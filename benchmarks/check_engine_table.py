@@ -42,6 +42,7 @@ ORDER = ["vllm_ngram_shipped_paper", "vllm_ngram_planted_paper", "vllm_ngram_shi
 FIRST_SPECULATIVE = {"vllm": 1, "loop": 1, "transformers": 0}
 ROLE_NAMES = {"shipped": "as shipped", "fixes": "with the fix", "planted": "negative control"}
 ROLE_ORDER = ("shipped", "fixes", "planted")
+MISSING = {"shipped": "the run as shipped", "fixes": "the run with the fix", "planted": "the negative control"}
 
 
 def _engine(res: dict) -> str:
@@ -246,19 +247,28 @@ def matched_table() -> str:
 def summary() -> str:
     """One sentence per committed run, in the table's order: its setting and role, then ``wording``."""
     out = []
+    dead = _dead()
     for _key, slot in groups():
+        any_res = next(iter(slot.values()))
         for r in ROLE_ORDER:
             if r not in slot:
                 continue
             res = slot[r]
             c = res["config"]
             head = f"{_engine(res)}, {_speculation(res)}, {_sampling(c)}, {ROLE_NAMES[r]}"
+            bs = batch_sizes(res)
+            if bs[0] != bs[1]:
+                head += f" (batch {bs[0]} against {bs[1]}: not a matched comparison)"
             if r == "planted":
                 head += (f" (the rejection step at temperature T / {res['control']['planted']['c']:g}; planted "
                          f"next-token TV {_planted_size(res)})")
                 out.append(f"{head}: {'caught' if res['reject'] else 'missed'}; {wording(res)}.")
             else:
                 out.append(f"{head}: {wording(res)}.")
+        missing = [MISSING[r] for r in ROLE_ORDER if r not in slot and (r != "fixes" or any_res["engine"] == "vllm")
+                   and not (r != "planted" and _setting(any_res, r) in dead)]
+        if missing:
+            out[-1] = out[-1][:-1] + f"; not yet committed at this setting: {', '.join(missing)}."
     for p in files():
         if p.suffix == ".txt":
             d = load(p)

@@ -62,6 +62,7 @@ from pathlib import Path  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results" / "check_engine"
+STARVED_TIMEOUTS = ("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", "VLLM_ENGINE_READY_TIMEOUT_S")  # vLLM's: 300 s, 600 s
 PLANT_C = 2.0  # the planted target at temperature T / 2 (0.3 for the paper's 0.6)
 
 _COMMON = ["--threads", "1", "--max-new-tokens", "16", "--seed", "0", "--alpha", "0.001", "--min-count", "20"]
@@ -79,8 +80,9 @@ ROLES = {"vllm": ("shipped", "fixes", "planted"), "transformers": ("shipped", "p
 FIRST_SPECULATIVE = {"vllm": 1, "transformers": 0, "loop": 1}  # docs/statistical-tests.md: why
 
 
-def argv_of(setting: str, role: str, n: int | None = None) -> list[str]:
-    """check-engine's arguments for ``setting`` in ``role`` (``n`` overrides the setting's decodes per prompt)."""
+def argv_of(setting: str, role: str, n: int | None = None, quick: bool = False) -> list[str]:
+    """check-engine's arguments for ``setting`` in ``role`` (``n`` overrides the setting's decodes per prompt;
+    ``quick``: check-engine's ``--quick`` smoke test of the wiring instead of the setting's n and length)."""
     if setting not in SETTINGS:
         raise ValueError(f"--setting must be one of {sorted(SETTINGS)}, got {setting!r}")
     base = list(SETTINGS[setting])
@@ -90,7 +92,11 @@ def argv_of(setting: str, role: str, n: int | None = None) -> list[str]:
     if n is not None:
         base[base.index("--n") + 1] = str(n)
     plugin = ["--vllm-plugin", "none" if role == "shipped" else "fixes"] if engine == "vllm" else []
-    return base + plugin + _SAMPLING[setting.rsplit("_", 1)[1]] + _COMMON
+    argv = base + plugin + _SAMPLING[setting.rsplit("_", 1)[1]] + _COMMON
+    if quick:
+        i, j = argv.index("--n"), argv.index("--max-new-tokens")
+        argv = [a for k, a in enumerate(argv) if k not in (i, i + 1, j, j + 1)] + ["--quick"]
+    return argv
 
 
 def out_name(setting: str, role: str) -> str:
@@ -162,19 +168,21 @@ def planted_tv(args, prefixes: list[tuple], c: float) -> list[dict]:
     return rows
 
 
-def run(setting: str, role: str, cache: Path, n: int | None = None, out_dir: Path = OUT) -> dict:
+def run(setting: str, role: str, cache: Path, n: int | None = None, out_dir: Path = OUT, quick: bool = False) -> dict:
     from cactus_theory.cli import check_engine as ce
     from cactus_theory.integrations.engines import ENGINES
     from cactus_theory.theory.check_generation import check_generation
 
     parser = argparse.ArgumentParser()
     ce.configure(parser)
-    args = parser.parse_args(argv_of(setting, role, n))
+    args = parser.parse_args(argv_of(setting, role, n, quick))
     ce.check(args)
     engine = args.engine
+    for var in STARVED_TIMEOUTS:  # a run at low CPU priority on a shared machine: a step may take minutes
+        os.environ.setdefault(var, "86400")
     marker = None
     if role == "planted" and engine == "vllm":  # read by _plant_here in the processes vLLM spawns
-        marker = cache / f"{setting}_planted.pids"
+        marker = cache / f"{setting}{'_quick' if quick else ''}_planted.pids"
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.unlink(missing_ok=True)
         os.environ[PLANT_ENV], os.environ[MARKER_ENV] = str(PLANT_C), str(marker)
@@ -184,8 +192,9 @@ def run(setting: str, role: str, cache: Path, n: int | None = None, out_dir: Pat
         torch.set_num_threads(args.threads)
     models = ce._load(args)
     eng = ENGINES[engine](ce.options(args), **models)
-    gen_a = _cached(eng.generate_a, cache / f"{setting}_{role}_spec.json.gz", _side_key(args, "spec", role))
-    gen_b = _cached(eng.generate_b, cache / f"{setting}_{'shipped' if role == 'shipped' else 'fixes'}_plain.json.gz",
+    tag = f"{setting}{'_quick' if quick else ''}"
+    gen_a = _cached(eng.generate_a, cache / f"{tag}_{role}_spec.json.gz", _side_key(args, "spec", role))
+    gen_b = _cached(eng.generate_b, cache / f"{tag}_{'shipped' if role == 'shipped' else 'fixes'}_plain.json.gz",
                     _side_key(args, "plain", "fixes" if role != "shipped" else role))
     if role == "planted" and engine == "transformers":
         from tests.planted import transformers_tempered_target
@@ -232,6 +241,7 @@ def run(setting: str, role: str, cache: Path, n: int | None = None, out_dir: Pat
                              "exact": args.spec != "ngram"}
         if marker is not None:
             out["control"]["planted_pids"] = marker.read_text().split()
+    out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / out_name(setting, role)
     path.write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
     print(res.table())
@@ -245,13 +255,18 @@ def main(argv=None) -> int:
     ap.add_argument("--role", required=True, choices=("shipped", "fixes", "planted"))
     ap.add_argument("--n", type=int, default=None, help="decodes per prompt per side (default: the setting's)")
     ap.add_argument("--cache", default=str(ROOT / "build" / "engine_controls"), help="decodes kept here (gzip JSON)")
+    ap.add_argument("--out", default=str(OUT), help="the result's folder (default: the committed results')")
+    ap.add_argument("--quick", action="store_true", help="check-engine's --quick smoke test of the wiring (not a "
+                                                         "verdict: write it elsewhere with --out)")
     a = ap.parse_args(argv)
     try:
-        argv_of(a.setting, a.role, a.n)
+        argv_of(a.setting, a.role, a.n, a.quick)
+        if a.quick and Path(a.out).resolve() == OUT.resolve():
+            raise ValueError("--quick is not a verdict: give --out outside benchmarks/results/check_engine")
     except ValueError as e:
         print(f"engine_controls: {e}", file=sys.stderr)
         return 2
-    run(a.setting, a.role, Path(a.cache), a.n)
+    run(a.setting, a.role, Path(a.cache), a.n, Path(a.out), a.quick)
     return 0
 
 
