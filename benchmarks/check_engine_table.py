@@ -34,7 +34,7 @@ HEADER = ("| engine | setting | n decodes per prompt x prompts | positions teste
 ORDER = ["vllm_ngram_shipped_paper", "vllm_ngram_planted_paper", "vllm_ngram_shipped_temperature",
          "vllm_ngram_fixes_temperature", "vllm_ngram_planted_temperature", "vllm_ngram_fixes_paper",
          "vllm_eagle3_shipped_temperature", "vllm_eagle3_fixes_temperature", "vllm_eagle3_planted_temperature",
-         "vllm_eagle3_fixes_paper", "vllm_eagle3_planted_paper", "transformers_shipped_paper",
+         "vllm_eagle3_shipped_paper", "vllm_eagle3_fixes_paper", "vllm_eagle3_planted_paper", "transformers_shipped_paper",
          "transformers_planted_paper", "transformers_assisted_paper"]
 # The first position speculation can change, per engine: vLLM samples a request's first token in its prefill step,
 # which has no drafts, and our loop draws it from the verifier's prompt pass; transformers' assisted generation
