@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup test test-fast repro verify lint bench notebooks vllm-env test-vllm vllm033-env test-vllm-v2 vllm vllm-bench eval eval-sweep mutants lmeval-env test-lmeval vllm-eval-slice
+.PHONY: setup test test-fast repro verify lint bench notebooks vllm-env test-vllm vllm033-env test-vllm-v2 vllm vllm-bench eval eval-sweep eval-wall mutants lmeval-env test-lmeval vllm-eval-slice checker-laws engine-controls
 
 setup: $(VENV)/.installed
 
@@ -57,6 +57,19 @@ eval-wall: setup
 # port | caught by | harmless because. Not part of `make test`. Some ports: make mutants PORTS=id1,id2
 mutants: setup
 	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(BIN)/python tests/mutants.py $(if $(PORTS),--ports $(PORTS))
+
+# check_generation's own laws (size per member at alpha 0.05 / 0.01, Holm, the answer interval's coverage) over
+# 1,000 seeds: recompute every seed and compare with benchmarks/results/check_generation_laws.json, whose laws
+# `make test` re-derives (tests/theory/test_checker_laws.py). Minutes. CHECKER_LAWS_ARGS= (empty) rewrites the file.
+CHECKER_LAWS_ARGS ?= --check
+checker-laws: setup
+	OMP_NUM_THREADS=1 PYTHONPATH=. $(BIN)/python benchmarks/check_generation_laws.py $(CHECKER_LAWS_ARGS)
+
+# the engine verdicts' matched and negative controls (benchmarks/engine_controls.py; hours on CPU): one run, e.g.
+# make engine-controls SETTING=vllm_ngram_temperature ROLE=fixes (vLLM settings from .venv-vllm), then
+# python benchmarks/check_engine_table.py --write (docs) and python -m paper_repro.findings (README)
+engine-controls:
+	OMP_NUM_THREADS=1 VLLM_CPU_KVCACHE_SPACE=1 PYTHONPATH=. $(if $(findstring vllm,$(SETTING)),$(VLLM_VENV),$(VENV))/bin/python benchmarks/engine_controls.py --setting $(SETTING) --role $(ROLE)
 
 verify: setup
 	$(BIN)/cactus-theory verify

@@ -12,7 +12,10 @@ question), Holm over each family at ``ALPHA``.
 
 Pre-registered reading, per comparison: **differs** if the family rejects; **holds** if it does not and the
 answer-level test detects a difference of ``MDD_TARGET`` (6 points, below the 9.3-point verifier-vs-SpS gap
-of the earlier 300-problem eval) at power 0.8; else **inconclusive**.
+of the earlier 300-problem eval) at power 0.8; else **inconclusive**. The words never say more than the test
+found: a non-rejection reads "no difference detected; a next-token TV >= x at every tested prefix of position 1
+... would be detected with probability 0.9 (...)" (``check_generation.verdict_words``; position 1 is the first
+the loop's speculation can change: the verifier's prompt pass draws position 0).
 
 ``python -m paper_repro.table_n_lossless_law [--fast]`` writes ``paper_repro/results/table_n_lossless_law.md``.
 """
@@ -207,6 +210,16 @@ def _verdict(c: dict) -> str:
     return "holds" if c["answer_mdd"] <= MDD_TARGET else "inconclusive"
 
 
+FIRST_SPECULATIVE = 1  # the loop draws position 0 from the verifier's prompt pass
+
+
+def _words(c: dict) -> str:
+    """The comparison's verdict in words (``verdict_words``): what was and was not detected, at what n."""
+    from cactus_theory.theory.check_generation import verdict_words
+
+    return verdict_words(c["check"], FIRST_SPECULATIVE, units="questions")
+
+
 def _answer(c: dict) -> dict:
     return next(t for t in c["check"]["tests"] if t["position"] is None)
 
@@ -222,7 +235,8 @@ def gap_text(d: dict) -> str:
              f"{g['permutations']:,} shuffles)")
     verdicts = {_verdict(c) for c in d["comparisons"]}
     if verdicts == {"holds"}:
-        return (f"With the loops equal to the verifier alone in law over whole answers, {facts}: a draw that rare "
+        return (f"With no difference detected between the loops and the verifier alone over whole answers, {facts}: "
+                "a draw that rare "
                 "happens about once in a hundred under equal laws; the eval's design (one decode per problem on 97 "
                 "distinct questions, seeds shared per batch) leaves it nothing to average over (issue 25).")
     if "differs" in verdicts:
@@ -252,6 +266,8 @@ def render(d: dict) -> str:
         lines.append(f"| {c['method']} vs verifier alone | {100 * c['accuracy']:.1f} / {100 * c['accuracy_reference']:.1f}"
                      f" | {100 * a['tv_observed']:+.1f} [{100 * a['low']:+.1f}, {100 * a['high']:+.1f}] | "
                      f"{100 * c['answer_mdd']:.1f} points | {len(ch['tests'])} | {fmt(ch['pvalue'])} | {_verdict(c)} |")
+    lines += ["", "Read, by the pre-registered rule's words: " + "; ".join(f"{c['method']}: {_words(c)}"
+                                                                       for c in d["comparisons"]) + "."]
     lines += ["", "Per position (first comparison, then second): strata (prefixes seen >= "
               f"{d['comparisons'][0]['check']['min_count']} times on both sides), observed TV, detectable TV at power "
               "0.9 (every tested prefix moved; at the most observed prefix alone).", ""]
@@ -279,7 +295,8 @@ def claims(d: dict) -> list[Claim]:
             f"{ch['n']} decodes per side",
             f"accuracy {100 * c['accuracy']:.1f}% vs {100 * c['accuracy_reference']:.1f}%, difference "
             f"{100 * a['tv_observed']:+.1f} [{100 * a['low']:+.1f}, {100 * a['high']:+.1f}] points (detectable at power "
-            f"0.8: {100 * c['answer_mdd']:.1f}); {len(ch['tests'])} tests, smallest Holm-adjusted p {fmt(ch['pvalue'])}",
+            f"0.8: {100 * c['answer_mdd']:.1f}); {len(ch['tests'])} tests, smallest Holm-adjusted p {fmt(ch['pvalue'])}"
+            f"; {_words(c)}",
             _verdict(c), units=f"{ch['prompts']} questions x {ch['n']} decodes per side",
             decision=f"differs if the family rejects at alpha {ch['alpha']:g}; holds if not and the answer test detects "
                      f"{100 * MDD_TARGET:.0f} points at power 0.8; else inconclusive", family=FAMILY))
@@ -295,7 +312,13 @@ def findings(results, claims: list[Claim]) -> list[str]:
     stored = read_json(results / f"{NAME}.json")
     gap = gap_text(stored["data"]) if isinstance(stored, dict) and "data" in stored else ""
     return ["* **Lossless in law over whole answers** (our check; REPORT.md section n): "
-            + "; ".join(f"{c.claim}: {c.verdict} ({c.ours})" for c in rows) + "." + (f" {gap}" if gap else "")]
+            + "; ".join(f"{c.claim}: {_said(c.verdict)} ({c.ours})" for c in rows) + "." + (f" {gap}" if gap else "")]
+
+
+def _said(verdict: str) -> str:
+    """The ledger's verdict as README says it: "holds" here is a non-rejection with the answer test's power
+    pre-registered, so it is named as that rule's reading; the evidence that follows says what was detected."""
+    return "the pre-registered reading \"holds\"" if verdict == "holds" else verdict
 
 
 def run(ctx: Ctx) -> StepResult:

@@ -15,6 +15,17 @@ Used by ``tests/lm/test_planted_bugs.py`` and ``benchmarks/check_calibration.py`
                            rejected draft stays in its context.
   ``bonus_at_temperature``  the bonus token (all ``k`` drafts accepted) is drawn from the verifier's last row at
                            another temperature; ``bonus_tempered`` is the same bug inside a kernel.
+
+The engines' negative controls (issue 41, ``benchmarks/engine_controls.py``): the same bug planted into an engine
+we do not own, from outside, so that ``check-engine``'s verdict on that engine has a known-positive beside it.
+
+  ``tempered_target``      the rejection step verifies the drafts against the verifier's rows at temperature
+                           ``T / c`` (its logits, already divided by ``T`` and top-k / top-p masked, times ``c``);
+                           the bonus row and every step without drafts stay right. On the drafted positions the
+                           emitted law is then ``q_c = softmax(c log q)`` on ``q``'s support (SpS is exact for the
+                           ``q`` it is given), at next-token TV ``TV(q, q_c)`` from the verifier's. Planted into
+                           transformers' ``_speculative_sampling`` (``transformers_tempered_target``) and into vLLM
+                           V1's ``rejection_sample`` (``plant_vllm_tempered_target``, in every vLLM process).
 """
 
 from __future__ import annotations
@@ -28,7 +39,8 @@ from cactus_theory.core.sampler import sample_rows, verify
 from cactus_theory.core.transforms import sampling_probs
 
 __all__ = ["PLANTED", "WEAKER", "reused_draft_noise", "q_before_transforms", "padded_rows_not_rolled_back",
-           "bonus_at_temperature", "bonus_tempered", "first_row_kernel"]
+           "bonus_at_temperature", "bonus_tempered", "first_row_kernel", "tempered_target", "tempered_law",
+           "transformers_tempered_target", "plant_vllm_tempered_target"]
 
 
 @contextlib.contextmanager
@@ -154,3 +166,60 @@ PLANTED = {
 # a weaker variant, measured by the benchmark only (its power at the tests' setting is below 0.9)
 WEAKER = {"bonus temperature 1.4": ("the bonus token drawn at temperature 1.4 for the loop's 0.7",
                                     lambda: bonus_at_temperature(1.4), bonus_tempered(2.0))}
+
+
+def tempered_target(logits: torch.Tensor, c: float) -> torch.Tensor:
+    """The planted bug's target logits: ``logits * c`` (``-inf`` stays ``-inf``: the support is kept)."""
+    if not c > 0:
+        raise ValueError(f"c must be > 0, got {c!r}")
+    return logits * c
+
+
+def tempered_law(q: torch.Tensor, c: float) -> torch.Tensor:
+    """``q_c = softmax(c log q)`` on ``q``'s support: the law the planted rejection step emits where ``q`` is the
+    verifier's row after the sampling transforms (rows of ``q`` sum to 1)."""
+    logq = torch.where(q > 0, q.log(), torch.full_like(q, -torch.inf))
+    return torch.softmax(tempered_target(logq, c), dim=-1)
+
+
+@contextlib.contextmanager
+def transformers_tempered_target(c: float):
+    """transformers' ``_speculative_sampling`` handed ``new_logits`` whose drafted rows (``:candidate_length``,
+    already through the logits processors) are multiplied by ``c``; the bonus row stays right."""
+    from transformers.generation import utils as gu
+
+    real = gu._speculative_sampling
+
+    def planted(candidate_input_ids, candidate_logits, candidate_length, new_logits, *args, **kwargs):
+        new_logits = new_logits.clone()
+        new_logits[:, :candidate_length] = tempered_target(new_logits[:, :candidate_length], c)
+        return real(candidate_input_ids, candidate_logits, candidate_length, new_logits, *args, **kwargs)
+
+    with mock.patch.object(gu, "_speculative_sampling", planted):
+        yield
+
+
+def plant_vllm_tempered_target(c: float, marker: str | None = None) -> None:
+    """vLLM V1's module function ``rejection_sample`` (what ``RejectionSampler.forward`` calls, and what the project's
+    plugin calls when no rule is set) handed ``target_logits * c``; ``bonus_token_ids``, sampled before it, stay
+    right. For the process it runs in, for good (vLLM's CPU build spawns its engine processes: the caller runs this
+    in each of them, see benchmarks/engine_controls.py). ``marker``: a file this process appends its pid to at its
+    first call with drafts, so that the caller can confirm the bug reached the process that verifies."""
+    import os
+
+    from vllm.v1.sample import rejection_sampler as rs
+
+    tempered_target(torch.zeros(1), c)  # refuses a bad c here, not inside the engine
+    real = rs.rejection_sample
+    seen: list = []
+
+    def planted(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs, target_logits,
+                *args, **kwargs):
+        if marker and not seen and sum(num_draft_tokens):
+            seen.append(True)
+            with open(marker, "a", encoding="utf-8") as f:
+                f.write(f"{os.getpid()}\n")
+        return real(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
+                    tempered_target(target_logits, c), *args, **kwargs)
+
+    rs.rejection_sample = planted

@@ -28,7 +28,7 @@ from ..core.tree_shapes import BUDGET_DEPTH, BUDGET_TOPK, flag_tree
 from ..lm.loading import check_model, quiet_transformers
 from ..util.args import check_writable_file, positive_int, read_prompts
 
-__all__ = ["DESCRIPTION", "ENGINE_NAMES", "configure", "check", "run"]
+__all__ = ["DESCRIPTION", "ENGINE_NAMES", "configure", "check", "run", "result_json"]
 
 DESCRIPTION = ("Judge an engine's speculative decoding against the same engine without it, over whole decodes: "
                "per-position next-token tests along the observed prefix tree (Holm), with the detectable TV of "
@@ -73,7 +73,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         "--tree-depth levels, --tree-topk per node")
     g.add_argument("--tree-depth", type=positive_int, default=None, metavar="D", help=f"(default {BUDGET_DEPTH})")
     g.add_argument("--tree-topk", type=positive_int, default=None, metavar="K", help=f"(default {BUDGET_TOPK})")
-    g.add_argument("--batch-size", type=positive_int, default=32, help="decodes run together (vllm: max_num_seqs)")
+    g.add_argument("--batch-size", type=positive_int, default=32,
+                   help="decodes run together, on both sides (vllm: max_num_seqs; transformers: 1, since its assisted "
+                        "generation takes one sequence)")
     g.add_argument("--spec", choices=VLLM_SPECS, default=None,
                    help="--engine vllm: vLLM's speculation, n-gram lookup or EAGLE-3 with --draft (required there)")
     g.add_argument("--draft-sampling", choices=("greedy", "probabilistic"), default=None,
@@ -326,13 +328,19 @@ def run(args: argparse.Namespace, models: dict | None = None) -> int:
     for note in eng.notes:
         print(f"note: {note}")
     if args.json:
-        config = {k: v for k, v in vars(args).items() if k not in ("rule_obj",) and not callable(v)}
-        config["rule"] = repr(args.rule_obj)
-        out = res.as_dict()
-        out = ({"engine": args.engine, "config": config, "labels": [eng.label_a, eng.label_b],
-                "decode_seconds": round(seconds, 1)} | out | {"notes": list(eng.notes) + out["notes"]})
-        atomic_write_json(args.json, out)
+        atomic_write_json(args.json, result_json(args, eng, res, seconds))
     return exit_status(res)
+
+
+def result_json(args: argparse.Namespace, eng, res, seconds: float) -> dict:
+    """What ``--json`` writes: the engine, the configuration (every argument), the generators' labels, each side's
+    batch size, the decoding seconds, then ``res.as_dict()`` with the engine's notes first."""
+    config = {k: v for k, v in vars(args).items() if k not in ("rule_obj",) and not callable(v)}
+    config["rule"] = repr(args.rule_obj)
+    out = res.as_dict()
+    return ({"engine": args.engine, "config": config, "labels": [eng.label_a, eng.label_b],
+             "batch_sizes": list(eng.batch_sizes), "decode_seconds": round(seconds, 1)} | out
+            | {"notes": list(eng.notes) + out["notes"]})
 
 
 def exit_status(res) -> int:

@@ -14,7 +14,8 @@ an engine added later is one function and one entry.
                     against plain ``generate`` with the same sampling, on the verifier; the assistant is a real
                     causal LM with the verifier's tokenizer: its first ``assistant_layers`` decoder layers with
                     its final norm and LM head (``first_layers``), made on the fly. transformers' assisted
-                    generation takes one sequence at a time, so the assisted side runs ``n`` calls per prompt.
+                    generation takes one sequence at a time, so both sides run one sequence per ``generate``
+                    call (equal batch sizes: a difference cannot come from batching alone).
   ``vllm``          vLLM's offline ``LLM.generate`` with speculative decoding (``spec``: vLLM's n-gram lookup, or
                     EAGLE-3 with the project's draft exported for vLLM) against the same vLLM without it, on the
                     verifier (default: the embedded SmolLM2, exported once to a float32 folder). vLLM is imported
@@ -54,7 +55,7 @@ class EngineOptions:
     """What every engine reads. ``rule`` (a Rule; SpS: lossless), ``k`` drafts per step (for transformers:
     ``num_assistant_tokens``, constant schedule, no confidence stop), ``tree`` (loop only: a tree for
     ``tree_generate``, e.g. ``core.tree.BudgetTree(8, 4, 2)``, with ``tree_scheme``), ``max_new_tokens``, the
-    sampling transforms, ``batch_size`` (decodes run together; transformers' assisted side runs one at a time),
+    sampling transforms, ``batch_size`` (decodes run together; transformers runs both sides one at a time),
     ``chat`` (wrap text prompts in the chat template), ``assistant_layers`` (transformers: the assistant's
     depth); vLLM: ``spec`` (``"ngram"`` or ``"eagle3"``), ``draft_sampling`` (EAGLE-3's
     ``draft_sample_method``: vLLM's default ``"greedy"``, argmax drafts, or ``"probabilistic"``) and
@@ -81,7 +82,8 @@ class EngineOptions:
 class EngineRun:
     """Two generators for ``check_generation`` and what they are: ``label_a`` / ``label_b`` and ``notes``
     (models built on the fly, settings that differ from the options); ``close`` (if any) releases what the
-    generators hold (vLLM's engine processes)."""
+    generators hold (vLLM's engine processes); ``batch_sizes``: the decodes each side runs together (at most),
+    equal on both sides for every engine here, so that a difference is not batching alone."""
 
     generate_a: Callable
     generate_b: Callable
@@ -89,6 +91,7 @@ class EngineRun:
     label_b: str
     notes: list = field(default_factory=list)
     close: Callable | None = None
+    batch_sizes: tuple = (None, None)
 
 
 def _expand(prompts, n: int) -> list:
@@ -119,7 +122,8 @@ def loop_engine(opts: EngineOptions, pair=None) -> EngineRun:
 
     what = (f"tree {opts.tree!r} ({opts.tree_scheme})" if opts.tree is not None else f"chain k = {opts.k}")
     return EngineRun(speculative, plain, f"loop {opts.rule!r}, {what}", "loop, verifier alone",
-                     [f"pair: {pair.name}; batches of {opts.batch_size} decodes (ragged prompts share batches)"])
+                     [f"pair: {pair.name}; batches of {opts.batch_size} decodes (ragged prompts share batches)"],
+                     batch_sizes=(opts.batch_size, opts.batch_size))
 
 
 def first_layers(model, layers: int):
@@ -156,8 +160,10 @@ def _cut(row: list[int], eos: int | None) -> list[int]:
 def transformers_engine(opts: EngineOptions, model=None, tokenizer=None, assistant=None) -> EngineRun:
     """transformers' assisted ``generate`` (SpS, its own verification) against plain ``generate``, both with
     ``do_sample=True`` and the options' sampling, on ``model`` (default: SmolLM2-135M-Instruct, loaded), with
-    ``assistant`` (default ``first_layers(model, opts.assistant_layers)``). Seeds: torch's global RNG seeded
-    with ``seed`` at the start of each generator call (and restored afterwards)."""
+    ``assistant`` (default ``first_layers(model, opts.assistant_layers)``). Both sides run one sequence per
+    ``generate`` call (assisted generation takes batch 1; ``opts.batch_size`` is not used), so the two sides
+    differ in the assistant only. Seeds: torch's global RNG seeded with ``seed`` at the start of each generator
+    call (and restored afterwards)."""
     import torch
 
     if not isinstance(opts.rule, SpS):
@@ -193,15 +199,10 @@ def transformers_engine(opts: EngineOptions, model=None, tokenizer=None, assista
             for p in ids:
                 x = torch.tensor([p], device=model.device)
                 mask = torch.ones_like(x)
-                if assisted:  # one sequence per call: transformers' assisted generation takes batch 1
-                    for _ in range(n):
-                        seq = model.generate(x, attention_mask=mask, assistant_model=assistant, **kw)
-                        out.append(_cut(seq[0, len(p):].tolist(), eos))
-                else:
-                    for s in range(0, n, opts.batch_size):
-                        m = min(opts.batch_size, n - s)
-                        seq = model.generate(x.repeat(m, 1), attention_mask=mask.repeat(m, 1), **kw)
-                        out += [_cut(r[len(p):].tolist(), eos) for r in seq]
+                extra = dict(assistant_model=assistant) if assisted else {}
+                for _ in range(n):  # one sequence per call on both sides: assisted generation takes batch 1
+                    seq = model.generate(x, attention_mask=mask, **extra, **kw)
+                    out.append(_cut(seq[0, len(p):].tolist(), eos))
         return out
 
     import transformers
@@ -209,8 +210,9 @@ def transformers_engine(opts: EngineOptions, model=None, tokenizer=None, assista
     notes.append(f"transformers {transformers.__version__}, torch {torch.__version__}")
     notes.append(f"k = {opts.k} assistant tokens per step (constant schedule, no confidence stop); sampling "
                  f"temperature {opts.temperature}, top-k {opts.top_k}, top-p {opts.top_p} on both sides")
+    notes.append("batch 1 on both sides: one sequence per generate call (assisted generation takes one)")
     return EngineRun(lambda p, n, s: run(p, n, s, True), lambda p, n, s: run(p, n, s, False),
-                     "transformers generate(assistant_model=...)", "transformers generate", notes)
+                     "transformers generate(assistant_model=...)", "transformers generate", notes, batch_sizes=(1, 1))
 
 
 def vllm_problem() -> str | None:
@@ -400,7 +402,7 @@ def vllm_engine(opts: EngineOptions, verifier: str = "smollm2", draft: str = "em
                      "speculative side's decodes are independent but not reproducible from their seeds")
     return EngineRun(lambda p, n, s: run(p, n, s, "spec"), lambda p, n, s: run(p, n, s, "plain"),
                      f"vLLM {vllm.__version__} {what}, k = {opts.k}", f"vLLM {vllm.__version__} without speculation",
-                     notes, close)
+                     notes, close, batch_sizes=(opts.batch_size, opts.batch_size))
 
 
 ENGINES = {"loop": loop_engine, "transformers": transformers_engine, "vllm": vllm_engine}

@@ -60,7 +60,8 @@ from ..core.validate import check_int, check_number
 from .equivalence import scale_needed, score_upper_bound, tv_upper_bound
 from .stats import TestResult, detectable_tv, holm, homogeneity, samples_needed
 
-__all__ = ["check_generation", "GenerationCheckResult", "GenerationTest", "EquivalenceBound", "read_decodes", "END"]
+__all__ = ["check_generation", "GenerationCheckResult", "GenerationTest", "EquivalenceBound", "read_decodes", "END",
+           "verdict_words"]
 
 END = -1  # the next-token category "the decode ended after this prefix"
 
@@ -234,6 +235,34 @@ class GenerationCheckResult(TestResult):
                     "rows": [{f: (None if isinstance(getattr(r, f), float) and not math.isfinite(getattr(r, f))
                                   else getattr(r, f)) for f in r.__dataclass_fields__} | {"holds": r.holds}
                              for r in self.equivalence]}}
+
+
+def verdict_words(result, first: int = 0, units: str = "prompts") -> str:
+    """The verdict in words a reviewer can sign. A rejection: "differs (smallest Holm-adjusted p ...; scope)"; a
+    non-rejection never reads "holds": "no difference detected; a next-token TV >= x at every tested prefix of
+    position ``first`` (the first position speculation can change) would be detected with probability ``power``
+    (scope)", ``x`` the detectable TV of the pooled test at ``first`` (the TV that, moved into every tested prefix's
+    next-token law there, is detected with that probability at Holm's first-step level); the scope: prompts (called
+    ``units``), positions tested of those asked, decodes per prompt per side. ``result``: a ``GenerationCheckResult``
+    or its ``as_dict()`` (a committed JSON)."""
+    d = result.as_dict() if isinstance(result, GenerationCheckResult) else result
+    tests = d["tests"]
+    if not tests:
+        return f"untested: no position had a prefix seen often enough ({d['prompts']} {units}, n = {d['n']})"
+    tested = sorted({t["position"] for t in tests if t["position"] is not None})
+    asked = tested + [int(m.split()[1].rstrip(":")) for m in d["not_tested"] if m.startswith("position ")]
+    one = units[:-1] if units.endswith("s") else units
+    scope = (f"{d['prompts']} {units}, {len(tested)} of positions {min(asked)}-{max(asked)} tested, n = {d['n']} "
+             f"decodes per {one} per side")
+    if d["reject"]:
+        return f"differs (smallest Holm-adjusted p {min(t['holm'] for t in tests):.2g}; {scope})"
+    t = next((t for t in tests if t["name"] == f"position {first}"), None)
+    if t is None:
+        return (f"no difference detected, but position {first} (the first position speculation can change) was not "
+                f"tested ({scope})")
+    return (f"no difference detected; a next-token TV >= {t['detectable']:.3f} at every tested prefix of position "
+            f"{first} (the first position speculation can change) would be detected with probability "
+            f"{d['power']:g} ({scope})")
 
 
 def _finite(x: float) -> float | None:

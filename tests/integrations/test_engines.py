@@ -180,10 +180,30 @@ def test_check_engine_transformers_runs_on_a_tiny_llama():
     assert any("first 1 of 2 decoder layers" in n for n in eng.notes)
     a = eng.generate_a([[3, 5, 7]], 5, 0)
     assert len(a) == 5 and all(len(d) == 3 for d in a) and eng.generate_a([[3, 5, 7]], 5, 0) == a  # seeded
-    res = check_generation(eng.generate_a, eng.generate_b, [[3, 5, 7]], n=100, positions=2, alpha=1e-3, seed=0)
-    assert res.tests and res.n == 100
+    res = check_generation(eng.generate_a, eng.generate_b, [[3, 5, 7]], n=60, positions=2, alpha=1e-3, seed=0)
+    assert res.tests and res.n == 60
     with pytest.raises(ValueError, match="its own rule"):
         transformers_engine(EngineOptions(rule=ct.Cactus(0.5)), model=model)
+
+
+def test_the_transformers_check_runs_both_sides_at_batch_1():
+    """Matched sides (issue 41 item 1): assisted generation takes one sequence per call, so plain generate gets
+    one too, whatever batch_size says; the sides differ in the assistant only. Read off the calls themselves."""
+    model = tiny_llama(2, 10, layers=2)
+    eng = transformers_engine(EngineOptions(k=2, assistant_layers=1, max_new_tokens=2, temperature=1.0, top_k=0,
+                                            top_p=1.0, batch_size=8), model=model)
+    calls = []
+    real = model.generate
+
+    def generate(x, **kw):
+        calls.append((x.shape[0], "assistant_model" in kw))
+        return real(x, **kw)
+
+    model.generate = generate  # after the assistant is copied from the model
+    a, b = eng.generate_a([[3, 5], [1]], 3, 0), eng.generate_b([[3, 5], [1]], 3, 1)
+    assert len(a) == len(b) == 6 and eng.batch_sizes == (1, 1)
+    assert sorted(calls) == [(1, False)] * 6 + [(1, True)] * 6
+    assert any("batch 1 on both sides" in n for n in eng.notes)
 
 
 @pytest.mark.lm
@@ -200,9 +220,7 @@ def test_check_engine_transformers_on_the_real_smollm2(smollm2, tmp_path, capsys
     assert "transformers generate(assistant_model=...)" in capsys.readouterr().out
 
 
-def test_the_docs_engine_verdicts_are_the_committed_results():
-    """docs/statistical-tests.md's verdict table is benchmarks/check_engine_table.py's output for the committed
-    check-engine JSON files (every number there traces to a file)."""
+def _table_module():
     import importlib.util
     from pathlib import Path
 
@@ -210,7 +228,72 @@ def test_the_docs_engine_verdicts_are_the_committed_results():
     spec = importlib.util.spec_from_file_location("check_engine_table", root / "benchmarks" / "check_engine_table.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    return mod, root
+
+
+def test_the_docs_engine_verdicts_are_the_committed_results():
+    """docs/statistical-tests.md's matched-control table, its wording and its per-position table are
+    benchmarks/check_engine_table.py's output for the committed check-engine JSON files (every number there traces
+    to a file); read independently of the generator: each file's row states its own n, prompts, batch sizes and
+    verdict, rows of one block share every setting (the whole configuration compared, less the role), and each
+    non-rejection is worded with the detectable TV its file states at the first speculative position."""
+    mod, root = _table_module()
     text = (root / "docs" / "statistical-tests.md").read_text(encoding="utf-8")
-    block = text.split("<!-- check_engine_table -->\n", 1)[1].split("\n<!-- /check_engine_table -->", 1)[0]
-    assert block == mod.table()
+    assert mod.blocks(text) == {name: make() for name, make in mod.BLOCKS.items()}
     assert len(mod.files()) >= 3 and all(p.stem in mod.ORDER for p in mod.files())
+    matched, summary = mod.matched_table(), mod.summary()
+    block, blocks = None, {}
+    for line in matched.splitlines()[2:]:
+        cells = [c.strip() for c in line.split("|")[1:-1]]
+        block = cells[0] or block
+        blocks.setdefault(block, []).append(cells)
+    for path in mod.RESULTS.glob("*.json"):
+        d = json.loads(path.read_text(encoding="utf-8"))
+        (cells,) = [c for rows in blocks.values() for c in rows if f"[{path.name}]" in c[-1]]
+        assert cells[2] == f"{d['n']} x {len(d['config']['prompts'])}"
+        sides = d.get("batch_sizes") or ([1, d["config"]["batch_size"]] if d["engine"] == "transformers"
+                                          else [d["config"]["batch_size"]] * 2)
+        assert cells[3].startswith(f"{sides[0]} / {sides[1]}") and ("unmatched" in cells[3]) == (sides[0] != sides[1])
+        assert ("differs" in cells[4] or "caught" in cells[4]) == d["reject"]
+        if not d["reject"]:
+            f = 0 if d["engine"] == "transformers" else 1
+            det = next(t["detectable"] for t in d["tests"] if t["name"] == f"position {f}")
+            assert f"a next-token TV >= {det:.3f} at every tested prefix of position {f}" in summary
+            assert f"{det:.3f} (position {f})" == cells[6]
+    for rows in blocks.values():
+        res = [json.loads((mod.RESULTS / r[-1].split("](")[0].lstrip("[")).read_text()) for r in rows
+               if r[-1].endswith(".json)")]
+        strip = [{k: v for k, v in r["config"].items() if k not in ("vllm_plugin", "json")} for r in res]
+        assert all(s == strip[0] for s in strip) and len({str(r.get("batch_sizes")) for r in res}) <= 1
+
+
+def test_the_matched_table_pairs_roles_by_setting_and_reads_a_negative_control(tmp_path, monkeypatch):
+    """Constructed files: an as-shipped run, its fixed run and a caught negative control at one setting form one
+    block; a fixed run at another n forms its own block with its missing roles said; a planted row states its TV."""
+    import shutil
+
+    mod, _ = _table_module()
+    src = mod.RESULTS / "vllm_ngram_shipped_temperature.json"
+    d = json.loads(src.read_text())
+    fixed = json.loads(json.dumps(d))
+    fixed["config"]["vllm_plugin"], fixed["reject"] = "fixes", False
+    for t in fixed["tests"]:
+        t["holm"], t["reject"] = 1.0, False
+    planted = json.loads(json.dumps(fixed))
+    planted["reject"] = True
+    planted["tests"][1]["holm"] = 1e-9
+    planted["control"] = {"role": "planted", "planted": {"c": 2.0}, "setting": "vllm_ngram_temperature"}
+    planted["planted_tv"] = {"position": 1, "exact": False, "prefixes": [{"tv": 0.3}, {"tv": 0.1}, {"tv": 0.2}]}
+    other = json.loads(json.dumps(fixed))
+    other["n"] = 400
+    shutil.copy(src, tmp_path / src.name)
+    for name, res in (("vllm_ngram_fixes_temperature", fixed), ("vllm_ngram_planted_temperature", planted),
+                      ("zz_other", other)):
+        (tmp_path / f"{name}.json").write_text(json.dumps(res))
+    monkeypatch.setattr(mod, "RESULTS", tmp_path)
+    lines = mod.matched_table().splitlines()[2:]
+    assert [ln.split("|")[2].strip() for ln in lines] == ["as shipped", "with the fix", "negative control"] * 2
+    assert lines[0].split("|")[1].strip() and not lines[1].split("|")[1].strip() and lines[3].split("|")[1].strip()
+    assert "**caught**" in lines[2] and "at most 0.100-0.300 (median 0.200) at its 3 tested prefixes of position 1" in lines[2]
+    assert "| 400 x 3 |" in lines[4] and "no committed run at this setting" in lines[3] and "no committed" in lines[5]
+    assert "caught; differs (smallest Holm-adjusted p 1e-09" in mod.summary()

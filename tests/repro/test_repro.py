@@ -215,6 +215,30 @@ def test_readme_findings_are_generated_from_the_committed_results():
     assert block() == findings()
 
 
+def test_readme_engine_paragraph_is_generated_from_the_committed_engine_runs():
+    """README.md's engines block is paper_repro.findings.engines_paragraph(): benchmarks/check_engine_table.py's
+    wording of the committed check-engine files (python -m paper_repro.findings renders it)."""
+    from paper_repro.findings import engines_block, engines_paragraph
+
+    assert engines_block() == engines_paragraph()
+
+
+def test_the_engines_block_takes_the_place_of_the_hand_written_paragraph(tmp_path):
+    """A README from before the engines block: the render puts the block where the paragraph starting with
+    ENGINES_HEAD stood (up to its blank line), keeps everything else, and a second render changes nothing."""
+    from paper_repro import findings as fi
+    from paper_repro.common import RESULTS
+
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{fi.BEGIN}\nold\n{fi.END}\n\n{fi.ENGINES_HEAD} (old words,\nold numbers 0.134)."
+                      f"\n\n![fig](x.png)\n")
+    assert fi.update_readme(RESULTS, readme)
+    text = readme.read_text()
+    assert f"{fi.ENGINES_BEGIN}\n{fi.engines_paragraph()}\n{fi.ENGINES_END}\n\n![fig](x.png)\n" in text
+    assert "old numbers" not in text and text.startswith("intro\n") and text.count(fi.ENGINES_HEAD) == 1
+    assert not fi.update_readme(RESULTS, readme)
+
+
 def test_committed_report_matches_the_committed_claims():
     from paper_repro.common import REPORT, RESULTS
     from paper_repro.findings import load_claims

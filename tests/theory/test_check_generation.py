@@ -139,3 +139,24 @@ def test_bad_arguments_are_refused_by_name(kwargs, err, needle):
     with pytest.raises(err) as e:
         check_generation(args.pop("generate_a"), args.pop("generate_b"), args.pop("prompts"), **args)
     assert needle in str(e.value)
+
+
+def test_a_non_rejection_is_worded_with_its_detectable_tv_never_as_holds():
+    """verdict_words (issue 41 item 4) on a result written out by hand: the detectable TV quoted is the pooled
+    test's at the first speculative position, the scope counts the positions tested of those asked."""
+    from cactus_theory.theory.check_generation import verdict_words
+
+    def t(pos, det, holm=1.0, exact=False):
+        return {"name": f"position {pos}" + (" exact" if exact else ""), "position": pos, "detectable": det, "holm": holm}
+
+    d = {"tests": [t(0, 0.2), t(1, 0.31), t(1, 0.5, exact=True), t(3, 0.4)], "reject": False, "prompts": 3, "n": 50,
+         "power": 0.9, "not_tested": ["position 2: no prefix seen >= 20 times on both sides"]}
+    assert verdict_words(d, 1) == ("no difference detected; a next-token TV >= 0.310 at every tested prefix of position 1 "
+                                   "(the first position speculation can change) would be detected with probability "
+                                   "0.9 (3 prompts, 3 of positions 0-3 tested, n = 50 decodes per prompt per side)")
+    assert "TV >= 0.200 at every tested prefix of position 0" in verdict_words(d, 0)
+    assert "position 2 (the first position speculation can change) was not tested" in verdict_words(d, 2)
+    d |= {"reject": True, "tests": d["tests"][:3] + [t(3, 0.4, holm=2e-7)]}
+    assert verdict_words(d, 1).startswith("differs (smallest Holm-adjusted p 2e-07; 3 prompts")
+    assert "holds" not in verdict_words(d, 1) + verdict_words(d | {"reject": False}, 1)
+    assert verdict_words(d | {"tests": []}, 1).startswith("untested")
