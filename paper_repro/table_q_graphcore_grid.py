@@ -224,6 +224,8 @@ def analyse(d: dict, proto: dict) -> dict:
                 keep = _unbits(s["scd_rows"])
                 D, inf_only, subset = D[keep], inf_only[keep], "rows without a hole"
             x, n = int(D.sum()), int(D.size)
+            if n == 0:  # no pair in this subset (a fast run's few LM rows may all have a hole): no test, none counted
+                continue
             p = float(stats.binomtest(x, n, pi0).pvalue)
             lo, hi = _clopper_pearson(x, n)
             tests.append({"method": m, "label": own[0]["label"], "set": name, "subset": subset, "X": x, "N": n,
