@@ -20,7 +20,7 @@ HEADER = ("| engine | setting | n decodes per prompt x prompts | positions teste
           "| detectable TV per position (power 0.9) |")
 ORDER = ["vllm_ngram_shipped_paper", "vllm_ngram_shipped_temperature", "vllm_ngram_fixes_temperature",
          "vllm_ngram_fixes_paper", "vllm_eagle3_fixes_paper", "vllm_eagle3_shipped_temperature",
-         "transformers_assisted_paper"]
+         "transformers_assisted_paper", "llamacpp_lookup_paper"]
 
 
 def _engine(res: dict) -> str:
@@ -31,6 +31,9 @@ def _engine(res: dict) -> str:
     if res["engine"] == "transformers":
         m = re.search(r"transformers (\S+),", notes)
         return f"transformers {m.group(1) if m else '?'}"
+    if res["engine"] == "llamacpp":
+        m = re.search(r"llama-cpp-python (\S+),", notes)
+        return f"llama.cpp (llama-cpp-python {m.group(1) if m else '?'}, CPU)"
     return res["engine"]
 
 
@@ -51,6 +54,8 @@ def _setting(res: dict) -> str:
         what = f"{spec}, k = {c['num_drafts']}, {plugin}"
     elif res["engine"] == "transformers":
         what = f"assistant: the verifier's first {c['assistant_layers'] or 4} layers, k = {c['num_drafts']}"
+    elif res["engine"] == "llamacpp":
+        what = f"prompt lookup, k = {c['num_drafts']}, GGUF {c.get('dtype') or 'as shipped'}"
     else:
         what = f"rule {c['rule']}, k = {c['num_drafts']}"
     return f"{what}; {_sampling(c)}; {c['max_new_tokens']} new tokens, {'raw' if c['no_chat'] else 'chat'} prompts"
@@ -67,6 +72,12 @@ def row(path: Path) -> str:
     res = json.loads(path.read_text(encoding="utf-8"))
     tests = [t for t in res["tests"] if t["name"].startswith("position")]
     verdict = "**differs**" if res["reject"] else "holds (no difference found)"
+    nc = res.get("negative_control")
+    if nc:
+        size = nc["size"]
+        verdict += (f"; negative control (planted: draws after an accepted draft at T {nc['plant_temperature']:g}, acting"
+                    f" at {size['acting']} of {size['prefixes']} compared prefixes, TV there mean {size['mean_tv']:.3f}):"
+                    f" {'caught' if nc['caught'] else '**missed**'}")
     holm = min(t["holm"] for t in res["tests"])
     tvs = ", ".join(f"{t['position']}: {t['detectable']:.3f}" for t in tests)
     positions = f"{len(tests)} of {res['config']['positions']}"
