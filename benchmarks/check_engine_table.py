@@ -75,8 +75,9 @@ def row(path: Path) -> str:
     nc = res.get("negative_control")
     if nc:
         size = nc["size"]
+        tv = f", TV there mean {size['mean_tv']:.3f}" if size["acting"] else ""
         verdict += (f"; negative control (planted: draws after an accepted draft at T {nc['plant_temperature']:g}, acting"
-                    f" at {size['acting']} of {size['prefixes']} compared prefixes, TV there mean {size['mean_tv']:.3f}):"
+                    f" at {size['acting']} of {size['prefixes']} compared prefixes{tv}):"
                     f" {'caught' if nc['caught'] else '**missed**'}")
     holm = min(t["holm"] for t in res["tests"])
     tvs = ", ".join(f"{t['position']}: {t['detectable']:.3f}" for t in tests)

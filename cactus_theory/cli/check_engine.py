@@ -434,8 +434,8 @@ def _negative_control(eng, generate_planted, generate_b, decodes: dict, kw: dict
     caught = bool(res.tested and res.reject)
     verdict = "CAUGHT" if caught else ("UNTESTED" if not res.tested else "MISSED")
     line = (f"negative control ({eng.plant_label}): {verdict} (smallest Holm p {res.pvalue:.3g} at alpha "
-            f"{args.alpha:g}); the bug acts at {size['acting']} of the {size['prefixes']} compared prefixes, "
-            f"next-token TV there mean {size['mean_tv']:.3f}, max {size['max_tv']:.3f}")
+            f"{args.alpha:g}); the bug acts at {size['acting']} of the {size['prefixes']} compared prefixes"
+            + (f", next-token TV there mean {size['mean_tv']:.3f}, max {size['max_tv']:.3f}" if size["acting"] else ""))
     return {"plant": eng.plant_label, "plant_temperature": args.plant_temperature, "caught": caught,
             "verdict": res.verdict, "size": size, "decode_seconds": round(seconds, 1), "line": line,
             "table": res.table(), "result": res.as_dict()}

@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -313,7 +312,7 @@ class LlamaCppEngine:
         """The planted bug's size at ``prefixes`` ((position, prompt index, tokens), e.g. ``tested_prefixes``):
         per position, how many of them the bug acts at (``planted_positions``) and the TV between llama.cpp's
         law at ``T`` and at ``T'`` there (``llamacpp_law`` on llama.cpp's logits); overall, the mean and largest
-        TV where it acts."""
+        TV where it acts (None where it acts nowhere)."""
         per: dict = {}
         tvs = []
         for pos, i, toks in prefixes:
@@ -330,7 +329,7 @@ class LlamaCppEngine:
             row["tv"].append(round(tv, 4))
             tvs.append(tv)
         return {"per_position": per, "prefixes": len(prefixes), "acting": len(tvs),
-                "mean_tv": float(np.mean(tvs)) if tvs else math.nan, "max_tv": float(np.max(tvs)) if tvs else math.nan}
+                "mean_tv": float(np.mean(tvs)) if tvs else None, "max_tv": float(np.max(tvs)) if tvs else None}
 
     def close(self):
         for llm in self._llms.values():
