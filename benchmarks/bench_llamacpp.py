@@ -92,7 +92,6 @@ def parse(argv=None) -> argparse.Namespace:
     """The checked arguments (argparse errors, exit 2, before anything loads)."""
     from cactus_theory.integrations.engines import engine_problem
     from cactus_theory.lm.data import MATH_PROMPTS
-    from cactus_theory.lm.experiments.experiment import DRIFT_BOUND
 
     ap = build_parser()
     args = ap.parse_args(argv)
@@ -106,9 +105,7 @@ def parse(argv=None) -> argparse.Namespace:
         ap.error(f"--per-style must be 1 to {len(MATH_PROMPTS)}, got {args.per_style}")
     if args.seed < 0:
         ap.error(f"--seed must be >= 0, got {args.seed}")
-    if args.drift_bound is None:
-        args.drift_bound = DRIFT_BOUND
-    if not (math.isfinite(args.drift_bound) and args.drift_bound >= 1):
+    if args.drift_bound is not None and not (math.isfinite(args.drift_bound) and args.drift_bound >= 1):
         ap.error(f"--drift-bound must be a finite number >= 1, got {args.drift_bound}")
     problem = engine_problem("llamacpp")
     if problem:
@@ -209,6 +206,10 @@ def main(argv=None) -> int:
     import llama_cpp
     import torch
 
+    from cactus_theory.lm.experiments.experiment import DRIFT_BOUND
+
+    if args.drift_bound is None:
+        args.drift_bound = DRIFT_BOUND
     from cactus_theory.integrations.llamacpp import converted_gguf, gguf_path
     from cactus_theory.lm.data import encode_prompts, prompt_set
     from cactus_theory.lm.pair import load_pair

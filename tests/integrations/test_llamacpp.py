@@ -174,3 +174,26 @@ def test_the_verdict_table_reads_a_llamacpp_run(tmp_path):
     row = mod.row(path)
     assert row.startswith("| llama.cpp (llama-cpp-python 0.3.36, CPU) | prompt lookup, k = 4, GGUF as shipped; T 0.6")
     assert "acting at 12 of 40 compared prefixes, TV there mean 0.210): caught" in row and "| 500 x 3 |" in row
+
+
+BENCH_BAD = [(["--threads", "0"], "--threads"), (["--threads", "-1"], "--threads"), (["--per-style", "99"], "--per-style"),
+             (["--rounds", "0"], "--rounds"), (["-k", "0"], "-k"), (["--dtype", "float16"], "--dtype"),
+             (["--drift-bound", "0.5"], "--drift-bound"), (["--seed", "-1"], "--seed"), ([], "make llamacpp-env")]
+
+
+@pytest.mark.parametrize("argv, needle", BENCH_BAD)
+def test_bench_llamacpp_flags_fail_fast(argv, needle, monkeypatch, capsys):
+    """benchmarks/bench_llamacpp.py: each bad flag, and a Python without llama-cpp-python, is one argparse error (exit
+    2) naming it, before llama.cpp, torch or a model loads."""
+    import importlib.util
+    from pathlib import Path
+
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_llamacpp.py"
+    spec = importlib.util.spec_from_file_location("bench_llamacpp", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    with pytest.raises(SystemExit) as e:
+        mod.parse(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and needle in err, err
