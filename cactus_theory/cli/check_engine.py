@@ -96,7 +96,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                    help="weights and compute (default float32; --engine llamacpp: the GGUF file as it is, or a copy in "
                         "this precision written by llama.cpp's quantizer)")
     g.add_argument("--threads", type=positive_int, default=None,
-                   help="torch CPU threads (vllm: its CPU worker's OpenMP threads, unpinned)")
+                   help="torch CPU threads (vllm: its CPU worker's OpenMP threads, unpinned; llamacpp: llama.cpp's threads)")
     g = parser.add_argument_group("the test")
     g.add_argument("--n", type=positive_int, default=None,
                    help=f"decodes of each prompt on each side (default {DEFAULT_N}; --quick: {QUICK['n']})")
