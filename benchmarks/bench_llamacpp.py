@@ -122,7 +122,7 @@ def _llamacpp_job(path, ids, args, speculative: bool):
     eng = LlamaCppEngine(path, args.k, args.max_new_tokens, SAMPLING.temperature, SAMPLING.top_k, SAMPLING.top_p,
                          args.threads)
     side = "lookup" if speculative else "plain"
-    llm = eng._open(side, max(len(p) for p in ids))
+    llm = eng._open(side, max(len(p) for p in ids) + args.max_new_tokens + args.k + 8)
 
     def call():
         out = []

@@ -240,17 +240,19 @@ class LlamaCppEngine:
         self._llms: dict = {}
         self._n_ctx: int | None = None
 
-    def _open(self, side: str, longest: int):
+    def _open(self, side: str, need: int):
+        """The context of ``side``, opened on first use with room for ``need`` tokens (every side gets the first
+        opening's size); ``ValueError`` when a later call needs more."""
+        if self._n_ctx is None:
+            self._n_ctx = need
+        if need > self._n_ctx:
+            raise ValueError(f"{need} tokens do not fit the context of {self._n_ctx} opened for the first call (its "
+                             f"longest prompt + max_new_tokens + k + 8)")
         if side in self._llms:
-            if longest + self.max_new_tokens + self.k + 8 > self._n_ctx:
-                raise ValueError(f"a prompt of {longest} tokens does not fit the context of {self._n_ctx} opened for "
-                                 f"the first call")
             return self._llms[side]
         import llama_cpp
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-        if self._n_ctx is None:
-            self._n_ctx = longest + self.max_new_tokens + self.k + 8
         cls = llama_cpp.Llama if side != "planted" else _planted_class()
         kw = dict(model_path=self.path, n_ctx=self._n_ctx, n_batch=max(512, self._n_ctx), seed=0, verbose=False)
         if self.threads:
@@ -289,7 +291,7 @@ class LlamaCppEngine:
     def generate(self, ids: list[list[int]], n: int, seed: int, side: str) -> list[list[int]]:
         from .engines import request_seeds
 
-        llm = self._open(side, max(len(p) for p in ids))
+        llm = self._open(side, max(len(p) for p in ids) + self.max_new_tokens + self.k + 8)
         seeds = request_seeds(int(seed), len(ids) * n)
         return [self.decode(llm, p, seeds[i * n + j]) for i, p in enumerate(ids) for j in range(n)]
 

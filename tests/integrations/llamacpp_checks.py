@@ -71,7 +71,7 @@ def test_llamacpp_law_is_the_binding_sampler(path, ids):
 def test_planted_draws_are_the_replayed_ones(path, ids):
     """The planted Llama's draws made with the planted chain are exactly those ``planted_positions`` replays."""
     eng = _engine(path, k=3, max_new=24, plant_temperature=1.5)
-    llm = eng._open("planted", len(ids))
+    llm = eng._open("planted", len(ids) + 24 + 3 + 8)
     logged = []
     real = type(llm).sample
 
