@@ -97,9 +97,10 @@ def test_planted_draws_are_the_replayed_ones(path, ids):
 
 def test_engine_speculation_holds_and_the_planted_bug_is_caught(path):
     """llama.cpp's prompt lookup against no speculation: no difference at alpha 1e-3 (400 decodes of one prompt per
-    side, positions 0-5); the planted bug at T' = 2 (its size stated by ``plant_size``) through the same check at
-    the same n against the same plain decodes: rejected."""
-    opts = E.EngineOptions(k=4, max_new_tokens=6, plant_temperature=2.0)
+    side, positions 0-11); the planted bug at T' = 3 (its size stated by ``plant_size``: it must act at some compared
+    prefix, else this design cannot show anything) through the same check at the same n against the same plain
+    decodes: rejected."""
+    opts = E.EngineOptions(k=4, max_new_tokens=12, plant_temperature=3.0)
     run = E.llamacpp_engine(opts, threads=1)
     kept = {}
 
@@ -109,12 +110,12 @@ def test_engine_speculation_holds_and_the_planted_bug_is_caught(path):
         return kept[(n, s)]
 
     try:
-        res = check_generation(run.generate_a, plain, [PROMPT], n=400, positions=6, alpha=ALPHA)
+        res = check_generation(run.generate_a, plain, [PROMPT], n=400, positions=12, alpha=ALPHA)
         assert res.tested and not res.reject, res.table()
         planted = {}
         res_p = check_generation(lambda p, n, s: planted.setdefault((n, s), run.generate_planted(p, n, s)), plain,
-                                 [PROMPT], n=400, positions=6, alpha=ALPHA)
-        size = run.plant_size([PROMPT], planted[(400, 0)], kept[(400, 1)], 400, 6, 20)
+                                 [PROMPT], n=400, positions=12, alpha=ALPHA)
+        size = run.plant_size([PROMPT], planted[(400, 0)], kept[(400, 1)], 400, 12, 20)
         assert size["acting"] > 0 and size["mean_tv"] > 0.05, size
         assert res_p.reject, (size, res_p.table())
     finally:
