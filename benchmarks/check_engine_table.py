@@ -75,6 +75,8 @@ def _speculation(res: dict) -> str:
                 f"EAGLE-3 (the project's draft, {c['draft_sampling'] or 'greedy'} drafts)") + f", k = {c['num_drafts']}"
     if res["engine"] == "transformers":
         return f"assistant: the verifier's first {c['assistant_layers'] or 4} layers, k = {c['num_drafts']}"
+    if res["engine"] == "llamacpp":
+        return f"prompt lookup, k = {c['num_drafts']}, GGUF {c.get('dtype') or 'as shipped'}"
     return f"rule {c['rule']}, k = {c['num_drafts']}"
 
 
@@ -150,7 +152,15 @@ def _planted_size(res: dict) -> str:
 def _verdict_cell(res: dict) -> str:
     if role(res) == "planted":
         return "**caught**" if res["reject"] else "**missed**"
-    return "**differs**" if res["reject"] else "no difference detected"
+    out = "**differs**" if res["reject"] else "no difference detected"
+    nc = res.get("negative_control")  # a check-engine run with its own planted control (--negative-control)
+    if nc:
+        size = nc["size"]
+        tv = f", TV there mean {size['mean_tv']:.3f}" if size["acting"] else ""
+        out += (f"; negative control (planted: draws after an accepted draft at T {nc['plant_temperature']:g}, acting"
+                f" at {size['acting']} of {size['prefixes']} compared prefixes{tv}): "
+                f"{'caught' if nc['caught'] else '**missed**'}")
+    return out
 
 
 def load(path: Path) -> dict:

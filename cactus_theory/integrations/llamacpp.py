@@ -125,11 +125,12 @@ def converted_gguf(path: str, dtype: str | None) -> str:
     params.ftype = GGUF_TYPES[dtype]
     params.allow_requantize = True
     params.nthread = 1
-    tmp = f"{out}.{os.getpid()}.tmp"
-    rc = llama_cpp.llama_model_quantize(path.encode(), tmp.encode(), ctypes.byref(params))
-    if rc != 0 or not os.path.isfile(tmp):
-        raise RuntimeError(f"llama_model_quantize({path!r} -> {dtype}) failed with status {rc}")
-    os.replace(tmp, out)
+    from ..util.atomic import atomic_path
+
+    with atomic_path(out) as tmp:
+        rc = llama_cpp.llama_model_quantize(path.encode(), str(tmp).encode(), ctypes.byref(params))
+        if rc != 0 or not tmp.is_file():
+            raise RuntimeError(f"llama_model_quantize({path!r} -> {dtype}) failed with status {rc}")
     return out
 
 
@@ -289,7 +290,7 @@ class LlamaCppEngine:
         return out
 
     def generate(self, ids: list[list[int]], n: int, seed: int, side: str) -> list[list[int]]:
-        from .engines import request_seeds
+        from .seeds import request_seeds
 
         llm = self._open(side, max(len(p) for p in ids) + self.max_new_tokens + self.k + 8)
         seeds = request_seeds(int(seed), len(ids) * n)
