@@ -102,7 +102,7 @@ test-vllm: vllm-env
 		-p no:cacheprovider
 
 # the slice of the protocol decoded by both engines, written to benchmarks/results/vllm_cpu/eval_slice.json
-# (benchmarks/vllm_eval_slice.py; about 20 minutes of the 2-core CPU with nothing else running)
+# (benchmarks/vllm_eval_slice.py; tens of minutes on the 2-core CPU; a rerun resumes from its runs' caches)
 vllm-eval-slice: vllm-env
 	OMP_NUM_THREADS=1 VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python benchmarks/vllm_eval_slice.py
 
