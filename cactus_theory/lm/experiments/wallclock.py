@@ -131,8 +131,6 @@ def analyse_wall_clock(rec: dict, level: float = 0.95) -> dict:
     """Per method (against the verifier alone) and per scope (each task, and ``"pooled"`` over the tasks): the time
     per problem and tokens/s ratios over rounds (``ratio_over_rounds``), tokens per problem, AL; the claim's
     verdict; the verifier alone's drift and the load averages. Needs 1 round (an interval needs 2)."""
-    from .. import rounds as _r  # noqa: F401  (the interval's definition)
-
     meta, rounds = rec["meta"], rec["rounds"]
     if not rounds:
         raise ValueError("the wall-clock record holds no finished round")
